@@ -1,0 +1,57 @@
+"""tdshare: share one nested dictionary of tensors between processes through memory-mapped files
+and shared memory, in the on-disk format of tensordict 0.15.3."""
+
+from ._errors import (
+    ArgumentTypeError,
+    AtomicTargetError,
+    BatchSizeError,
+    CorruptDataError,
+    FileExistsRuntimeError,
+    FormatError,
+    InvalidArgumentError,
+    KeyTypeError,
+    LockedError,
+    MemmapError,
+    MissingKeyError,
+    MissingMetadataError,
+    NotMemmapError,
+    NotSupportedError,
+    PickleRefusedError,
+    TdshareError,
+    UnsupportedFormatError,
+)
+from ._future import TensorDictFuture
+from ._memmap import MemoryMappedTensor
+from ._nontensor import NonTensorData
+from ._td import TensorDict, load, load_memmap, memmap, save
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArgumentTypeError",
+    "AtomicTargetError",
+    "BatchSizeError",
+    "CorruptDataError",
+    "FileExistsRuntimeError",
+    "FormatError",
+    "InvalidArgumentError",
+    "KeyTypeError",
+    "LockedError",
+    "MemmapError",
+    "MemoryMappedTensor",
+    "MissingKeyError",
+    "MissingMetadataError",
+    "NonTensorData",
+    "NotMemmapError",
+    "NotSupportedError",
+    "PickleRefusedError",
+    "TdshareError",
+    "TensorDict",
+    "TensorDictFuture",
+    "UnsupportedFormatError",
+    "__version__",
+    "load",
+    "load_memmap",
+    "memmap",
+    "save",
+]

@@ -1,0 +1,74 @@
+"""Atomic directory commit: write a whole tree next to its target, then rename it into place.
+
+Readers see the old directory or the new one, never a mix.  Between the two renames that replace
+an existing directory, the target is briefly missing (POSIX has no atomic directory exchange that
+works on every file system).  The staging folder ``.tdtmp-*`` sits next to the target, so the
+renames stay on one file system; it is removed on failure.  Nothing is synced to disk: this
+guards against a killed process, not against a power failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ._errors import AtomicTargetError, FileExistsRuntimeError, MemmapError, NotSupportedError
+from ._format import META_FILE
+
+__all__ = ["check_atomic_target", "atomic_directory", "STAGING_PREFIX"]
+
+STAGING_PREFIX = ".tdtmp-"
+
+
+def check_atomic_target(prefix: str, existsok: bool) -> None:
+    """Raise if ``prefix`` may not be replaced by an atomic write."""
+    if sys.platform == "win32":
+        raise NotSupportedError("atomic=True is not supported on Windows.")
+    if not os.path.lexists(prefix):
+        return
+    if not os.path.isdir(prefix):
+        raise AtomicTargetError(f"{prefix} exists and is not a directory: atomic=True replaces directories only.")
+    if os.listdir(prefix):
+        if not existsok:
+            raise FileExistsRuntimeError(f"{prefix} is not empty and existsok=False.")
+        if not os.path.isfile(os.path.join(prefix, META_FILE)):
+            raise MemmapError(
+                f"Refusing to replace {prefix} with atomic=True: it is not empty and holds no saved tensordict "
+                f"(no {META_FILE}). Choose an empty or new directory."
+            )
+
+
+@contextmanager
+def atomic_directory(prefix: str, existsok: bool) -> Iterator[str]:
+    """Yield a staging directory; on success it replaces ``prefix`` whole, on error it is removed."""
+    target = os.path.realpath(prefix)  # through a symlink, the pointed-to directory is replaced
+    check_atomic_target(target, existsok)
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent)
+    new = os.path.join(work, "new")
+    old = os.path.join(work, "old")
+    remove_work = True
+    try:
+        os.mkdir(new)
+        yield new
+        if os.path.lexists(target):
+            shutil.copymode(target, new)
+            os.rename(target, old)
+            try:
+                os.rename(new, target)
+            except BaseException:
+                try:
+                    os.rename(old, target)
+                except OSError:
+                    remove_work = False  # the old tree only survives in `old`: never delete it
+                raise
+        else:
+            os.rename(new, target)
+    finally:
+        if remove_work:
+            shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,100 @@
+"""One exception hierarchy for tdshare.
+
+Every error tdshare raises on purpose derives from :class:`TdshareError` *and* from the builtin
+that the reference documents for that situation, so ``except RuntimeError`` (or ``ValueError``,
+``NotADirectoryError``, ...) written against tensordict keeps working.  Each class takes a single
+message argument, so instances pickle and cross process boundaries unchanged.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TdshareError",
+    "LockedError",
+    "BatchSizeError",
+    "MemmapError",
+    "FileExistsRuntimeError",
+    "NotMemmapError",
+    "PickleRefusedError",
+    "FormatError",
+    "CorruptDataError",
+    "UnsupportedFormatError",
+    "InvalidArgumentError",
+    "AtomicTargetError",
+    "NotSupportedError",
+    "KeyTypeError",
+    "MissingKeyError",
+    "MissingMetadataError",
+    "ArgumentTypeError",
+]
+
+
+class TdshareError(Exception):
+    """Base class of every error tdshare raises deliberately."""
+
+
+class LockedError(TdshareError, RuntimeError):
+    """A structural change (add, remove or replace an entry) on a locked TensorDict."""
+
+
+class BatchSizeError(TdshareError, RuntimeError):
+    """A value whose leading dimensions disagree with the TensorDict's batch size."""
+
+
+class MemmapError(TdshareError, RuntimeError):
+    """A memory-mapping request that cannot be honoured as asked (see the message for the fix)."""
+
+
+class FileExistsRuntimeError(MemmapError):
+    """A file exists where ``existsok=False`` forbids overwriting it."""
+
+
+class NotMemmapError(MemmapError):
+    """An operation that needs a memory-mapped TensorDict got one that is not."""
+
+
+class PickleRefusedError(TdshareError, RuntimeError):
+    """Loading would unpickle data while ``allow_pickle=False``."""
+
+
+class FormatError(TdshareError, ValueError):
+    """Saved data that tdshare cannot read: malformed, truncated or inconsistent."""
+
+
+class CorruptDataError(FormatError):
+    """A leaf file or metadata file whose content disagrees with the committed metadata."""
+
+
+class UnsupportedFormatError(TdshareError, RuntimeError):
+    """Saved data in a format version, dtype or class this version does not read."""
+
+
+class InvalidArgumentError(TdshareError, ValueError):
+    """An argument with a value outside what the function accepts."""
+
+
+class AtomicTargetError(TdshareError, NotADirectoryError):
+    """``atomic=True`` was asked to replace something that is not a directory."""
+
+
+class NotSupportedError(TdshareError, NotImplementedError):
+    """A combination of options or a tensor kind that tdshare does not support."""
+
+
+class KeyTypeError(TdshareError, TypeError):
+    """A key that is neither a string nor a non-empty tuple of strings."""
+
+
+class MissingKeyError(TdshareError, KeyError):
+    """A key that is not in the TensorDict."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; a sentence reads better unquoted
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingMetadataError(TdshareError, FileNotFoundError):
+    """No saved tensordict (no ``meta.json``) where one was expected."""
+
+
+class ArgumentTypeError(TdshareError, TypeError):
+    """An argument of the wrong type."""

@@ -1,0 +1,187 @@
+"""File primitives: create leaf files, replace files atomically, reserve space, map files.
+
+The rules every writer follows (DESIGN.md §8):
+
+* a file another process may have mapped is never truncated or rewritten in place: a new file is
+  written under a temporary name in the same directory and renamed over the old one;
+* files are created with their bytes written (or their space reserved with ``posix_fallocate``),
+  so a full disk raises ``OSError`` naming the path now, instead of ``SIGBUS`` at a later write;
+* temporary names are unique per call and recognisable (``.<name>.tdshare-<pid>-<hex>.tmp``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from typing import Any
+
+import torch
+
+from ._errors import CorruptDataError, FileExistsRuntimeError, MemmapError
+
+__all__ = [
+    "TMP_MARK",
+    "tmp_name",
+    "tensor_buffer",
+    "write_file",
+    "replace_file",
+    "reserve_file",
+    "map_file",
+    "check_not_symlink",
+]
+
+TMP_MARK = ".tdshare-"
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def tmp_name(path: str) -> str:
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def tensor_buffer(tensor: torch.Tensor) -> memoryview:
+    """The C-order bytes of a CPU tensor as a memoryview (copies only if not contiguous)."""
+    t = tensor.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    t = t.contiguous().reshape(-1)
+    if t.dtype.itemsize == 0 or t.numel() == 0:
+        return memoryview(b"")
+    array: Any = t.view(torch.uint8).numpy()
+    return memoryview(array).cast("B")
+
+
+def _write_all(fd: int, data: memoryview, path: str) -> None:
+    total = len(data)
+    done = 0
+    try:
+        while done < total:
+            done += os.write(fd, data[done : done + (1 << 30)])
+    except OSError as err:
+        raise OSError(
+            err.errno, f"{os.strerror(err.errno or 0)}: writing {total} bytes to {path!r} failed after {done}"
+        ) from err
+
+
+def check_not_symlink(path: str) -> None:
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            raise MemmapError(f"Refusing to write through the symbolic link {path!r}: remove it or save elsewhere.")
+    except FileNotFoundError:
+        pass
+
+
+def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True) -> None:
+    """Write ``data`` as the whole content of ``path``.
+
+    A new path is created exclusively and written.  An existing path is replaced by a new inode
+    (write to a temporary name, then rename), so processes that mapped the old file keep reading
+    its old bytes instead of seeing it truncated.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o666)
+    except FileExistsError:
+        if not existsok:
+            raise FileExistsRuntimeError(
+                f"The file {path!r} already exists and existsok=False. Pass existsok=True to overwrite it."
+            ) from None
+        check_not_symlink(path)
+        replace_file(path, data)
+        return
+    try:
+        _write_all(fd, memoryview(data), path)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(path)
+        raise
+    os.close(fd)
+
+
+def replace_file(path: str, data: memoryview | bytes) -> None:
+    """Atomically replace (or create) ``path`` with ``data`` (temporary file + rename)."""
+    tmp = tmp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o666)
+    try:
+        _write_all(fd, memoryview(data), path)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        _unlink_quietly(tmp)
+        raise
+
+
+def reserve_file(path: str, nbytes: int, *, existsok: bool = True) -> None:
+    """Create ``path`` holding ``nbytes`` zero bytes with the space reserved on disk.
+
+    An existing file is replaced by a new zero-filled inode: stale bytes are never reused.
+    """
+    target = path
+    exists = os.path.lexists(path)
+    if exists:
+        if not existsok:
+            raise FileExistsRuntimeError(
+                f"The file {path!r} already exists and existsok=False. Pass existsok=True to overwrite it."
+            )
+        check_not_symlink(path)
+        target = tmp_name(path)
+    fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o666)
+    try:
+        if nbytes:
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as err:
+                if err.errno in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", -1)):
+                    os.ftruncate(fd, nbytes)  # file systems without fallocate: best effort
+                else:
+                    raise OSError(
+                        err.errno,
+                        f"{os.strerror(err.errno or 0)}: cannot reserve {nbytes} bytes for {path!r}",
+                    ) from err
+        os.close(fd)
+        fd = -1
+        if exists:
+            os.replace(target, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        _unlink_quietly(target)
+        raise
+
+
+def map_file(path: str, dtype: torch.dtype, numel: int, mode: str | None) -> torch.Tensor:
+    """Map ``numel`` elements of ``path`` as a flat tensor.
+
+    ``mode`` None maps shared when the file is writable, else copy-on-write; ``"r"`` maps
+    copy-on-write (writes stay in this process); ``"r+"`` maps shared and needs a writable file.
+    The file must already hold at least ``numel`` elements: it is never grown.
+    """
+    nbytes = numel * dtype.itemsize
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise CorruptDataError(f"The file {path!r} is missing: expected {nbytes} bytes of {dtype} data.") from None
+    if size < nbytes:
+        raise CorruptDataError(
+            f"The file {path!r} holds {size} bytes but {nbytes} are expected "
+            f"({numel} elements of {dtype}): it is truncated. Save the tensordict again."
+        )
+    if mode == "r+" and not os.access(path, os.W_OK):
+        raise PermissionError(f"Cannot open {path!r} with mode='r+': the file is not writable.")
+    shared = mode == "r+" or (mode is None and os.access(path, os.W_OK))
+    if numel == 0:
+        return torch.empty(0, dtype=dtype)
+    return torch.from_file(path, shared=shared, size=numel, dtype=dtype)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

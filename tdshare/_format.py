@@ -1,0 +1,199 @@
+"""The on-disk format, shared with tensordict 0.15.3 (the writer and the reader both use this module).
+
+Layout
+------
+A saved TensorDict is a directory per nesting level. Each level holds:
+
+``meta.json``
+    A JSON object.  First one entry per key, in insertion order:
+
+    * a tensor leaf: ``{"device": "cpu", "shape": [...], "dtype": "torch.float32", "is_nested": false}``;
+    * a nested collection: ``{"type": "TensorDict"}`` (or ``"NonTensorData"``...), a marker only:
+      the nested level's own ``meta.json`` says what it is.
+
+    Then the level's fields: ``"shape"`` (the batch size), ``"device"`` (``"cpu"``), ``"_type"``
+    (``"<class 'tensordict._td.TensorDict'>"``), ``"_format_version"`` (1), ``"_class"``
+    (``"tensordict:TensorDict"``) and, when the batch dimensions are named, ``"_names"``.
+    Keys equal to a field name are refused at save time (the reference silently loses them).
+    Files without ``_format_version`` are version 0 and read the same way.
+
+``<enc(key)>.memmap``
+    One file per non-empty tensor leaf: the raw elements in C order, native byte order, no
+    header.  Its size must be exactly ``numel * itemsize``.  Zero-element leaves have no file.
+
+``<enc(key)>/``
+    A nested level.  A non-tensor value is a level whose ``meta.json`` is
+    ``{"_type": "<class 'tensordict.tensorclass.NonTensorData'>", "data": ..., "_metadata": null,
+    "_is_non_tensor": true}``; a value that JSON cannot hold is left out of ``meta.json`` and
+    pickled into ``other.pickle`` as ``{"data": value}``.
+
+``enc`` is the robust-key encoding of :mod:`tdshare._keys` (or the raw key with
+``robust_key=False``).  JSON is written with Python's default separators, ``ensure_ascii`` and
+``NaN`` literals, like the reference, and read in either spacing style.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ._errors import CorruptDataError, UnsupportedFormatError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "META_FILE",
+    "PICKLE_FILE",
+    "LEAF_SUFFIX",
+    "TD_TYPE",
+    "TD_CLASS",
+    "NONTENSOR_TYPE",
+    "NONTENSOR_STACK_TYPE",
+    "RESERVED_KEYS",
+    "dtype_to_str",
+    "str_to_dtype",
+    "leaf_entry",
+    "level_meta",
+    "nontensor_meta",
+    "dumps_json",
+    "loads_json",
+    "LevelMeta",
+    "LeafInfo",
+    "parse_level",
+]
+
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+PICKLE_FILE = "other.pickle"
+LEAF_SUFFIX = ".memmap"
+TD_TYPE = "<class 'tensordict._td.TensorDict'>"
+TD_CLASS = "tensordict:TensorDict"
+NONTENSOR_TYPE = "<class 'tensordict.tensorclass.NonTensorData'>"
+NONTENSOR_STACK_TYPE = "<class 'tensordict.tensorclass.NonTensorStack'>"
+LAZY_STACK_TYPE = "<class 'tensordict._lazy.LazyStackedTensorDict'>"
+#: Level fields of meta.json: a user key with one of these names would be overwritten by them.
+RESERVED_KEYS = frozenset({"shape", "device", "_type", "_format_version", "_class", "_names"})
+
+_DTYPES: dict[str, torch.dtype] = {str(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
+
+
+def dtype_to_str(dtype: torch.dtype) -> str:
+    return str(dtype)
+
+
+def str_to_dtype(name: object, where: str) -> torch.dtype:
+    """Parse a dtype string of meta.json, naming ``where`` (the file) on failure."""
+    dtype = _DTYPES.get(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise UnsupportedFormatError(
+            f"{where}: unknown dtype {name!r}; this torch ({torch.__version__}) knows "
+            f"{sorted(_DTYPES)}. Load it with the torch version that wrote it."
+        )
+    return dtype
+
+
+def leaf_entry(shape: torch.Size | list[int], dtype: torch.dtype, *, is_nested: bool = False) -> dict:
+    return {"device": "cpu", "shape": list(shape), "dtype": str(dtype), "is_nested": is_nested}
+
+
+def level_meta(entries: dict[str, dict], batch_size: torch.Size, names: list | None) -> dict:
+    """A TensorDict level's meta.json object (entries first, level fields last)."""
+    meta: dict[str, Any] = dict(entries)
+    meta["shape"] = list(batch_size)
+    meta["device"] = "cpu"
+    meta["_type"] = TD_TYPE
+    meta["_format_version"] = FORMAT_VERSION
+    meta["_class"] = TD_CLASS
+    if names is not None:
+        meta["_names"] = list(names)
+    return meta
+
+
+def nontensor_meta(data: Any, json_ok: bool) -> dict:
+    meta: dict[str, Any] = {"_type": NONTENSOR_TYPE}
+    if json_ok:
+        meta["data"] = data
+    meta["_metadata"] = None
+    meta["_is_non_tensor"] = True
+    return meta
+
+
+def dumps_json(obj: Any) -> bytes:
+    return json.dumps(obj).encode("utf-8")
+
+
+def loads_json(raw: bytes, where: str) -> dict:
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CorruptDataError(
+            f"{where} is not valid JSON ({err}); the file is truncated or was not written by "
+            "tensordict/tdshare. Save the tensordict again."
+        ) from None
+    if not isinstance(obj, dict):
+        raise CorruptDataError(f"{where} must hold a JSON object, found {type(obj).__name__}.")
+    version = obj.get("_format_version", 0)
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            f"{where} was saved in format version {version}, but tdshare reads versions up to "
+            f"{FORMAT_VERSION}. Upgrade tdshare to load it."
+        )
+    return obj
+
+
+@dataclass(frozen=True)
+class LeafInfo:
+    key: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    is_nested: bool
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class LevelMeta:
+    """A parsed TensorDict-level meta.json."""
+
+    leaves: list[LeafInfo]
+    children: list[tuple[str, str]]  # (key, marker type name)
+    batch_size: tuple[int, ...] | None
+    names: list | None
+    raw: dict
+
+
+def _int_list(value: object, what: str, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise CorruptDataError(f"{where}: {what} must be a list of non-negative integers, found {value!r}.")
+    return tuple(value)
+
+
+def parse_level(meta: dict, where: str) -> LevelMeta:
+    """Validate a TensorDict level's meta.json and split it into leaves and children."""
+    leaves: list[LeafInfo] = []
+    children: list[tuple[str, str]] = []
+    for key, entry in meta.items():
+        if key in RESERVED_KEYS or not isinstance(entry, dict):
+            continue
+        if "type" in entry:
+            children.append((key, str(entry["type"])))
+            continue
+        if "dtype" not in entry or "shape" not in entry:
+            continue  # not an entry of any writer we know; the reference skips it too
+        dtype = str_to_dtype(entry["dtype"], where)
+        shape = _int_list(entry["shape"], f"the shape of {key!r}", where)
+        is_nested = bool(entry.get("is_nested", False))
+        leaves.append(LeafInfo(key, shape, dtype, is_nested))
+    batch = meta.get("shape")
+    batch_size = None if batch is None else _int_list(batch, "the batch size ('shape')", where)
+    names = meta.get("_names")
+    return LevelMeta(leaves, children, batch_size, names if isinstance(names, list) else None, meta)

@@ -1,0 +1,368 @@
+"""MemoryMappedTensor: a ``torch.Tensor`` over a file or an anonymous shared-memory segment.
+
+Operations return plain tensors (torch functions are disabled for the subclass), except basic
+indexing, ``unbind``, ``chunk`` and ``split``, which return MemoryMappedTensor views of the same
+memory.  Pickling sends a handle (file path or segment descriptor, dtype and view geometry),
+never the bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+
+from ._errors import InvalidArgumentError, MemmapError
+from ._files import map_file, reserve_file, tensor_buffer, write_file
+from ._segments import Segment
+
+__all__ = ["MemoryMappedTensor"]
+
+_MODES = (None, "r", "r+")
+
+
+def _check_mode(mode: object) -> None:
+    if mode not in _MODES:
+        raise InvalidArgumentError(f"mode must be None, 'r' or 'r+', got {mode!r}.")
+
+
+def _parse_size(size: tuple[Any, ...], shape: Any) -> torch.Size:
+    if shape is not None:
+        if size:
+            raise InvalidArgumentError("Pass the size either as positional arguments or as shape=, not both.")
+        size = (shape,)
+    if len(size) == 1 and isinstance(size[0], (Sequence, torch.Size, torch.Tensor)):
+        size = tuple(size[0])
+    try:
+        return torch.Size([int(s) for s in size])
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"A size must be integers or one sequence of integers, got {size!r}.") from None
+
+
+def _check_cpu(device: Any) -> None:
+    if device is not None and torch.device(device).type != "cpu":
+        raise MemmapError(f"Only CPU tensors are supported by MemoryMappedTensor, got device {device!r}.")
+
+
+class MemoryMappedTensor(torch.Tensor):
+    """A tensor whose memory is a mapped file (``filename``) or an anonymous shared segment."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    _filename: str | None
+    _segment: Segment | None
+    _mode: str | None
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def _wrap(
+        cls, tensor: torch.Tensor, filename: str | None, segment: Segment | None, mode: str | None
+    ) -> MemoryMappedTensor:
+        out = torch.Tensor._make_subclass(cls, tensor)
+        out._filename = filename
+        out._segment = segment
+        out._mode = mode
+        return out
+
+    @classmethod
+    def _anonymous(cls, shape: torch.Size, dtype: torch.dtype) -> MemoryMappedTensor:
+        nbytes = math.prod(shape) * dtype.itemsize
+        seg = Segment.create(nbytes)
+        return cls._wrap(seg.view(0, dtype, shape), None, seg, None)
+
+    @classmethod
+    def from_tensor(
+        cls,
+        input: torch.Tensor,
+        *,
+        filename: str | os.PathLike | None = None,
+        existsok: bool = False,
+        copy_existing: bool = False,
+        copy_data: bool = True,
+        shape: torch.Size | Sequence[int] | None = None,
+    ) -> MemoryMappedTensor:
+        """Copy ``input`` to a new file (``filename``) or anonymous memory, and map it.
+
+        An input that already is a MemoryMappedTensor at the same place is returned unchanged.
+        One with a file elsewhere raises unless ``copy_existing=True``.
+        """
+        if not isinstance(input, torch.Tensor):
+            raise TypeError(f"from_tensor expects a torch.Tensor, got {type(input).__name__}.")
+        if input.requires_grad:
+            raise MemmapError("Cannot memory-map a tensor that requires grad: pass tensor.detach() instead.")
+        path = None if filename is None else os.path.abspath(os.fspath(filename))
+        if isinstance(input, MemoryMappedTensor) and shape is None:
+            if path is None and input._filename is None and input._segment is not None:
+                return input
+            if path is not None and input._filename == path and input._mode != "r":
+                return input
+            if path is not None and input._filename not in (None, path) and not copy_existing:
+                raise MemmapError(
+                    f"The tensor is already memory-mapped to {input._filename!r}; copying it to {path!r} "
+                    "would duplicate the data on disk. Pass copy_existing=True to copy it."
+                )
+        src = input.detach()
+        if src.device.type != "cpu":
+            src = src.cpu()
+        out_shape = src.shape if shape is None else torch.Size(shape)
+        if shape is not None:
+            src = src.expand(out_shape)
+        if path is None:
+            out = cls._anonymous(out_shape, src.dtype)
+            if copy_data:
+                torch.Tensor.copy_(out, src)
+            return out
+        numel = math.prod(out_shape)
+        if numel == 0:
+            return cls._wrap(torch.empty(out_shape, dtype=src.dtype), None, None, None)
+        if copy_data:
+            write_file(path, tensor_buffer(src), existsok=existsok)
+        else:
+            reserve_file(path, numel * src.dtype.itemsize, existsok=existsok)
+        flat = map_file(path, src.dtype, numel, None)
+        return cls._wrap(flat.view(out_shape), path, None, None)
+
+    @classmethod
+    def from_filename(
+        cls,
+        filename: str | os.PathLike,
+        dtype: torch.dtype,
+        shape: torch.Size | Sequence[int],
+        index: Any = None,
+        mode: str | None = None,
+    ) -> MemoryMappedTensor:
+        """Map an existing file of raw C-order elements.
+
+        The file must hold at least ``prod(shape)`` elements (a shorter one raises, it is never
+        grown).  ``mode``: None writes through when the file is writable, ``"r"`` keeps writes
+        private to this process, ``"r+"`` writes through and needs a writable file.
+        """
+        _check_mode(mode)
+        path = os.path.abspath(os.fspath(filename))
+        shape = torch.Size(shape)
+        flat = map_file(path, dtype, math.prod(shape), mode)
+        out = cls._wrap(flat.view(shape), path, None, mode)
+        return out if index is None else out[index]
+
+    @classmethod
+    def from_storage(
+        cls,
+        storage: torch.UntypedStorage | torch.TypedStorage,
+        *,
+        shape: torch.Size | Sequence[int] | None = None,
+        dtype: torch.dtype | None = None,
+        device: Any = None,
+        index: Any = None,
+        filename: str | os.PathLike | None = None,
+    ) -> MemoryMappedTensor:
+        """Wrap ``storage`` without copying (dtype defaults to the storage's, int64 if untyped)."""
+        _check_cpu(device)
+        if isinstance(storage, torch.TypedStorage):
+            dtype = dtype or storage.dtype
+            storage = storage.untyped()
+        if not isinstance(storage, torch.UntypedStorage):
+            raise TypeError(f"from_storage expects a torch storage, got {type(storage).__name__}.")
+        dtype = dtype or torch.int64
+        stored = _storage_filename(storage)
+        path = None if filename is None else os.path.abspath(os.fspath(filename))
+        if path is not None and stored is not None and stored != path:
+            raise MemmapError(
+                f"The storage is mapped to {stored!r}, which differs from filename={path!r}: pass the "
+                "storage of that file, or filename=None."
+            )
+        numel = storage.nbytes() // dtype.itemsize
+        shape = torch.Size([numel]) if shape is None else torch.Size(shape)
+        if math.prod(shape) > numel:
+            raise InvalidArgumentError(
+                f"A storage of {storage.nbytes()} bytes cannot hold shape {list(shape)} of {dtype}."
+            )
+        t = torch.empty(0, dtype=dtype).set_(storage, 0, shape, _contiguous_strides(shape))
+        out = cls._wrap(t, path or stored, None, None)
+        return out if index is None else out[index]
+
+    # -- factories ----------------------------------------------------------------------------
+    @classmethod
+    def _factory(
+        cls, size: tuple, shape: Any, dtype: Any, device: Any, filename: Any, existsok: bool, fill: Any
+    ) -> MemoryMappedTensor:
+        _check_cpu(device)
+        shape = _parse_size(size, shape)
+        dtype = dtype or torch.get_default_dtype()
+        if filename is None:
+            out = cls._anonymous(shape, dtype)
+        else:
+            path = os.path.abspath(os.fspath(filename))
+            numel = math.prod(shape)
+            if numel == 0:
+                return cls._wrap(torch.empty(shape, dtype=dtype), None, None, None)
+            reserve_file(path, numel * dtype.itemsize, existsok=existsok)
+            out = cls._wrap(map_file(path, dtype, numel, None).view(shape), path, None, None)
+        if fill is not None and fill != 0:
+            torch.Tensor.fill_(out, fill)
+        return out
+
+    @classmethod
+    def empty(
+        cls,
+        *size: Any,
+        shape: Any = None,
+        dtype: torch.dtype | None = None,
+        device: Any = None,
+        filename: str | os.PathLike | None = None,
+        existsok: bool = False,
+    ) -> MemoryMappedTensor:
+        """A new mapped tensor (zero-filled: fresh files and segments never expose stale bytes)."""
+        return cls._factory(size, shape, dtype, device, filename, existsok, None)
+
+    @classmethod
+    def zeros(
+        cls,
+        *size: Any,
+        shape: Any = None,
+        dtype: torch.dtype | None = None,
+        device: Any = None,
+        filename: str | os.PathLike | None = None,
+        existsok: bool = False,
+    ) -> MemoryMappedTensor:
+        return cls._factory(size, shape, dtype, device, filename, existsok, None)
+
+    @classmethod
+    def ones(
+        cls,
+        *size: Any,
+        shape: Any = None,
+        dtype: torch.dtype | None = None,
+        device: Any = None,
+        filename: str | os.PathLike | None = None,
+        existsok: bool = False,
+    ) -> MemoryMappedTensor:
+        return cls._factory(size, shape, dtype, device, filename, existsok, 1)
+
+    @classmethod
+    def full(
+        cls,
+        *size: Any,
+        fill_value: Any,
+        shape: Any = None,
+        dtype: torch.dtype | None = None,
+        device: Any = None,
+        filename: str | os.PathLike | None = None,
+        existsok: bool = False,
+    ) -> MemoryMappedTensor:
+        return cls._factory(size, shape, dtype, device, filename, existsok, fill_value)
+
+    @classmethod
+    def empty_like(cls, input: torch.Tensor, *, filename: str | os.PathLike | None = None) -> MemoryMappedTensor:
+        return cls._factory((), input.shape, input.dtype, None, filename, False, None)
+
+    @classmethod
+    def zeros_like(cls, input: torch.Tensor, *, filename: str | os.PathLike | None = None) -> MemoryMappedTensor:
+        return cls._factory((), input.shape, input.dtype, None, filename, False, None)
+
+    @classmethod
+    def ones_like(cls, input: torch.Tensor, *, filename: str | os.PathLike | None = None) -> MemoryMappedTensor:
+        return cls._factory((), input.shape, input.dtype, None, filename, False, 1)
+
+    @classmethod
+    def full_like(
+        cls, input: torch.Tensor, fill_value: Any, *, filename: str | os.PathLike | None = None
+    ) -> MemoryMappedTensor:
+        return cls._factory((), input.shape, input.dtype, None, filename, False, fill_value)
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def filename(self) -> str:
+        """The absolute path of the mapped file; ``RuntimeError`` for anonymous memory."""
+        if self._filename is None:
+            raise MemmapError("The MemoryMappedTensor has no file associated (it is in anonymous shared memory).")
+        return self._filename
+
+    @property
+    def is_anonymous(self) -> bool:
+        return self._filename is None
+
+    def share_memory_(self) -> MemoryMappedTensor:
+        return self
+
+    def is_shared(self) -> bool:
+        return True
+
+    # -- views --------------------------------------------------------------------------------
+    def _same_memory(self, out: Any) -> Any:
+        if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() == self.untyped_storage().data_ptr():
+            return MemoryMappedTensor._wrap(out, self._filename, self._segment, self._mode)
+        return out
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._same_memory(torch.Tensor.__getitem__(self, index))
+
+    def unbind(self, dim: int = 0) -> tuple[Any, ...]:
+        return tuple(self._same_memory(t) for t in torch.Tensor.unbind(self, dim))
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[Any, ...]:
+        return tuple(self._same_memory(t) for t in torch.Tensor.chunk(self, chunks, dim))
+
+    def split(self, split_size: Any, dim: int = 0) -> tuple[Any, ...]:
+        return tuple(self._same_memory(t) for t in torch.Tensor.split(self, split_size, dim))
+
+    # -- pickling -----------------------------------------------------------------------------
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return _reduce(self)
+
+
+def _reduce(t: MemoryMappedTensor) -> tuple[Any, ...]:
+    geometry = (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    if t.numel() == 0:
+        return (_rebuild_empty, (t.dtype, tuple(t.shape)))
+    if t._segment is not None:
+        return (
+            _rebuild_segment_view,
+            (t._segment, t.untyped_storage().data_ptr() - t._segment.buffer.data_ptr(), *geometry),
+        )
+    if t._filename is not None:
+        numel = t.untyped_storage().nbytes() // t.dtype.itemsize
+        return (_rebuild_file_view, (t._filename, numel, t._mode, *geometry))
+    raise MemmapError(
+        "This MemoryMappedTensor has neither a file nor a shared segment, so it cannot be sent to another "
+        "process by reference: create it with MemoryMappedTensor.from_tensor(...) instead."
+    )
+
+
+def _rebuild_empty(dtype: torch.dtype, shape: tuple[int, ...]) -> MemoryMappedTensor:
+    return MemoryMappedTensor._wrap(torch.empty(shape, dtype=dtype), None, None, None)
+
+
+def _rebuild_segment_view(
+    seg: Segment, base: int, dtype: torch.dtype, shape: tuple, stride: tuple, offset: int
+) -> MemoryMappedTensor:
+    storage = seg.buffer[base:].view(dtype)
+    return MemoryMappedTensor._wrap(storage.as_strided(shape, stride, offset), None, seg, None)
+
+
+def _rebuild_file_view(
+    path: str, numel: int, mode: str | None, dtype: torch.dtype, shape: tuple, stride: tuple, offset: int
+) -> MemoryMappedTensor:
+    flat = map_file(path, dtype, numel, mode)
+    return MemoryMappedTensor._wrap(flat.as_strided(shape, stride, offset), path, None, mode)
+
+
+def _contiguous_strides(shape: torch.Size) -> list[int]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return strides[::-1]
+
+
+def _storage_filename(storage: torch.UntypedStorage) -> str | None:
+    name = getattr(storage, "filename", None)
+    if not name or name.startswith("/proc/self/fd/"):
+        return None  # no file, or one of our anonymous segments
+    return os.path.abspath(name)
+
+
+ForkingPickler.register(MemoryMappedTensor, _reduce)

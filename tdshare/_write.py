@@ -1,0 +1,450 @@
+"""The write path: ``memmap_``, ``memmap``, ``save``/``dumps`` to a directory or anonymous memory.
+
+A write runs in three phases, so that a bad input never leaves a half-written directory:
+
+1. **plan**: walk the tree, encode every file name, check every key, dtype, existing file and
+   pickle (``_plan``) without touching the disk;
+2. **write**: leaf files first (in threads when asked), then non-tensor folders, then each
+   level's ``meta.json`` replaced whole, children before parents (data first, metadata last);
+3. **install**: swap the new MemoryMappedTensors into the tensordict (``memmap_``) or into a new
+   one (``memmap``), then lock it.  The source tensordict is changed only after every file is
+   written, so an error leaves it as it was.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import pickle
+import threading
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from ._commit import atomic_directory
+from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
+from ._files import check_not_symlink, replace_file, tensor_buffer, write_file
+from ._format import (
+    LEAF_SUFFIX,
+    META_FILE,
+    PICKLE_FILE,
+    RESERVED_KEYS,
+    dumps_json,
+    leaf_entry,
+    level_meta,
+    nontensor_meta,
+)
+from ._future import TensorDictFuture
+from ._keys import encode_key, is_safe_legacy_name
+from ._memmap import MemoryMappedTensor
+from ._nontensor import NonTensorData, is_json_value
+from ._segments import Segment, align
+from ._tensordict import TensorDictBase
+
+__all__ = ["memmap_tree", "write_nontensor", "encode_nontensor"]
+
+T = TypeVar("T", bound=TensorDictBase)
+_NAME_MAX = 255
+
+
+@dataclass
+class _Leaf:
+    key: str
+    src: torch.Tensor
+    path: str | None
+    reuse: MemoryMappedTensor | None = None
+    result: MemoryMappedTensor | None = None
+
+
+@dataclass
+class _NonTensor:
+    key: str
+    value: NonTensorData
+    path: str | None
+    meta: bytes = b""
+    pickled: bytes | None = None
+
+
+@dataclass
+class _Level:
+    src: TensorDictBase
+    path: str | None
+    entries: dict[str, dict] = field(default_factory=dict)
+    leaves: list[_Leaf] = field(default_factory=list)
+    nontensors: list[_NonTensor] = field(default_factory=list)
+    children: list[tuple[str, _Level]] = field(default_factory=list)
+
+    def walk(self) -> list[_Level]:
+        """Every level, children before their parent."""
+        out: list[_Level] = []
+        for _, child in self.children:
+            out.extend(child.walk())
+        out.append(self)
+        return out
+
+
+# -- phase 1: plan ----------------------------------------------------------------------------
+def _file_name(key: str, robust: bool, suffix: str, where: str, directory: bool) -> str:
+    if key in RESERVED_KEYS:
+        raise InvalidArgumentError(
+            f"The key {key!r} (in {where}) is a field name of meta.json and would be lost on reload; "
+            "rename the entry before saving."
+        )
+    if robust:
+        name = encode_key(key)
+    else:
+        if not is_safe_legacy_name(key, directory=directory):
+            raise InvalidArgumentError(
+                f"The key {key!r} (in {where}) cannot be a file name with robust_key=False; save with "
+                "robust_key=True, which percent-encodes it."
+            )
+        name = key
+    if directory and name in (META_FILE, PICKLE_FILE):
+        raise InvalidArgumentError(
+            f"The nested key {key!r} (in {where}) would collide with the level's own {name}; rename it."
+        )
+    if len((name + suffix).encode("utf-8")) > _NAME_MAX:
+        raise InvalidArgumentError(
+            f"The key {key[:40]!r}... (in {where}) is too long: its file name {name + suffix!r} exceeds "
+            f"{_NAME_MAX} bytes. Use a shorter key."
+        )
+    return name
+
+
+def _same_file(t: MemoryMappedTensor, path: str) -> bool:
+    return (
+        t._filename == path
+        and t._mode != "r"
+        and t.storage_offset() == 0
+        and t.is_contiguous()
+        and t.numel() * t.dtype.itemsize == t.untyped_storage().nbytes()
+    )
+
+
+def _plan(
+    td: TensorDictBase,
+    path: str | None,
+    robust: bool,
+    copy_existing: bool,
+    existsok: bool,
+    where: str = "the tensordict",
+) -> _Level:
+    level = _Level(td, path)
+    for key, value in td._tensordict.items():
+        here = f"{where}[{key!r}]" if where != "the tensordict" else f"key {key!r}"
+        if isinstance(value, TensorDictBase):
+            name = _file_name(key, robust, "", where, directory=True)
+            child = _plan(
+                value, None if path is None else os.path.join(path, name), robust, copy_existing, existsok, here
+            )
+            level.children.append((key, child))
+            level.entries[key] = {"type": "TensorDict"}
+        elif isinstance(value, NonTensorData):
+            name = _file_name(key, robust, "", where, directory=True)
+            nt = _NonTensor(key, value, None if path is None else os.path.join(path, name))
+            if path is not None:
+                nt.meta, nt.pickled = encode_nontensor(value.data, here)
+            level.nontensors.append(nt)
+            level.entries[key] = {"type": "NonTensorData"}
+        else:
+            level.leaves.append(_plan_leaf(key, value, path, robust, copy_existing, existsok, where, here))
+            level.entries[key] = leaf_entry(value.shape, value.dtype)
+    return level
+
+
+def encode_nontensor(value: Any, where: str) -> tuple[bytes, bytes | None]:
+    """The ``meta.json`` bytes of a non-tensor value and, if JSON cannot hold it, its pickle."""
+    json_ok = is_json_value(value)
+    try:
+        meta = dumps_json(nontensor_meta(value, json_ok))
+    except (TypeError, ValueError):  # e.g. a float subclass json refuses
+        json_ok = False
+        meta = dumps_json(nontensor_meta(value, False))
+    if json_ok:
+        return meta, None
+    try:
+        return meta, pickle.dumps({"data": value})
+    except Exception as err:
+        raise InvalidArgumentError(
+            f"The non-tensor value at {where} is neither JSON nor picklable ({err}); convert it before saving."
+        ) from err
+
+
+def _plan_leaf(
+    key: str,
+    value: torch.Tensor,
+    path: str | None,
+    robust: bool,
+    copy_existing: bool,
+    existsok: bool,
+    where: str,
+    here: str,
+) -> _Leaf:
+    if value.is_nested or value.layout != torch.strided:
+        raise NotSupportedError(
+            f"The entry {here} is a nested or sparse tensor, which tdshare cannot memory-map yet; "
+            "store its values and offsets as dense tensors."
+        )
+    file = (
+        None if path is None else os.path.join(path, _file_name(key, robust, LEAF_SUFFIX, where, False) + LEAF_SUFFIX)
+    )
+    leaf = _Leaf(key, value, file)
+    if isinstance(value, MemoryMappedTensor):
+        if file is None and value._segment is not None:
+            leaf.reuse = value
+        elif file is not None and _same_file(value, file):
+            leaf.reuse = value
+        elif file is not None and value._filename is not None and not copy_existing:
+            raise MemmapError(
+                f"The entry {here} is already memory-mapped to {value._filename!r}; writing it to {file!r} "
+                "would duplicate the data on disk. Pass copy_existing=True to copy it."
+            )
+    if file is not None and leaf.reuse is None and not existsok and os.path.lexists(file):
+        raise MemmapError(f"The file {file!r} already exists and existsok=False. Pass existsok=True to overwrite it.")
+    return leaf
+
+
+# -- phase 2: write ---------------------------------------------------------------------------
+def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
+    if leaf.reuse is not None:
+        leaf.result = leaf.reuse
+        return
+    src = leaf.src.detach()
+    shape, dtype, numel = src.shape, src.dtype, src.numel()
+    if numel == 0:
+        leaf.result = MemoryMappedTensor._wrap(torch.empty(shape, dtype=dtype), None, None, None)
+        return
+    assert leaf.path is not None
+    write_file(leaf.path, tensor_buffer(src.cpu()), existsok=existsok)
+    flat = torch.from_file(leaf.path, shared=True, size=numel, dtype=dtype)
+    leaf.result = MemoryMappedTensor._wrap(flat.view(shape), leaf.path, None, None)
+
+
+def write_nontensor(path: str, meta: bytes, pickled: bytes | None) -> None:
+    """Write one non-tensor folder: ``other.pickle`` first (if any), then ``meta.json``."""
+    os.makedirs(path, exist_ok=True)
+    check_not_symlink(path)
+    pickle_path = os.path.join(path, PICKLE_FILE)
+    if pickled is not None:
+        replace_file(pickle_path, pickled)
+    _replace_if_changed(os.path.join(path, META_FILE), meta)
+    if pickled is None and os.path.exists(pickle_path):
+        os.unlink(pickle_path)  # stale: the value is JSON now
+
+
+def _replace_if_changed(path: str, data: bytes) -> None:
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(data) + 1) == data:
+                return  # identical metadata: no write, no new inode for readers to notice
+    except OSError:
+        pass
+    replace_file(path, data)
+
+
+def _make_dirs(root: _Level) -> None:
+    for level in reversed(root.walk()):  # parents first
+        assert level.path is not None
+        os.makedirs(level.path, exist_ok=True)
+        check_not_symlink(level.path)
+
+
+def _write_metadata(root: _Level) -> None:
+    for level in root.walk():  # children first: a level's meta.json only names complete children
+        assert level.path is not None
+        for nt in level.nontensors:
+            assert nt.path is not None
+            write_nontensor(nt.path, nt.meta, nt.pickled)
+        src = level.src
+        meta = level_meta(level.entries, src.batch_size, src._names)
+        _replace_if_changed(os.path.join(level.path, META_FILE), dumps_json(meta))
+
+
+def _write_anonymous(root: _Level) -> None:
+    """Copy every new leaf of the tree into one shared segment (an arena)."""
+    pending = []
+    total = 0
+    for level in root.walk():
+        for leaf in level.leaves:
+            if leaf.reuse is not None:
+                leaf.result = leaf.reuse
+            elif leaf.src.numel() == 0:
+                leaf.result = MemoryMappedTensor._wrap(
+                    torch.empty(leaf.src.shape, dtype=leaf.src.dtype), None, None, None
+                )
+            else:
+                pending.append((leaf, total))
+                total += align(leaf.src.numel() * leaf.src.dtype.itemsize)
+    if not pending:
+        return
+    seg = Segment.create(total)
+    for leaf, offset in pending:
+        view = seg.view(offset, leaf.src.dtype, leaf.src.shape)
+        src = leaf.src.detach()
+        view.copy_(src.resolve_conj().resolve_neg() if src.is_complex() else src)
+        leaf.result = MemoryMappedTensor._wrap(view, None, seg, None)
+
+
+# -- phase 3: install -------------------------------------------------------------------------
+def _install(level: _Level, dest: TensorDictBase, final_path: str | None) -> None:
+    values = dict(dest._tensordict) if dest is level.src else {}
+    for leaf in level.leaves:
+        assert leaf.result is not None
+        values[leaf.key] = leaf.result
+    for nt in level.nontensors:
+        values[nt.key] = nt.value if dest is level.src else NonTensorData(nt.value.data)
+    for key, child in level.children:
+        child_dest = (
+            child.src
+            if dest is level.src
+            else type(dest)._from_leaves({}, child.src.batch_size, None, child.src._names)
+        )
+        child_path = (
+            None if final_path is None or child.path is None else os.path.join(final_path, os.path.basename(child.path))
+        )
+        _install(child, child_dest, child_path)
+        values[key] = child_dest
+    # keep the source's key order
+    dest._tensordict = {k: values[k] for k in level.src._tensordict}
+    dest._device = torch.device("cpu")
+    dest._names = level.src._names
+    dest._is_memmap = True
+    dest._is_shared = False
+    dest._memmap_prefix = final_path
+    dest._is_locked = True
+
+
+def _rebase(level: _Level, staging: str, final: str) -> None:
+    for lvl in level.walk():
+        for leaf in lvl.leaves:
+            r = leaf.result
+            if r is not None and r is not leaf.reuse and r._filename is not None:
+                r._filename = final + r._filename[len(staging) :]
+
+
+# -- entry point ------------------------------------------------------------------------------
+_EXECUTORS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_EXECUTORS_LOCK = threading.Lock()
+
+
+def _executor(num_threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    with _EXECUTORS_LOCK:
+        ex = _EXECUTORS.get(num_threads)
+        if ex is None:
+            ex = concurrent.futures.ThreadPoolExecutor(num_threads, thread_name_prefix="tdshare-write")
+            _EXECUTORS[num_threads] = ex
+        return ex
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_EXECUTORS.clear)  # threads do not survive a fork
+
+
+def memmap_tree(
+    td: T,
+    prefix: str | os.PathLike | None,
+    *,
+    inplace: bool,
+    copy_existing: bool = False,
+    num_threads: int = 0,
+    return_early: bool = False,
+    share_non_tensor: bool = False,
+    existsok: bool = True,
+    robust_key: bool | None = True,
+    atomic: bool = False,
+) -> T | TensorDictFuture[T]:
+    """Write ``td`` to ``prefix`` (None: its own directory, else anonymous memory) and map it."""
+    if inplace and td._is_shared:
+        raise MemmapError(
+            "memmap and shared memory are mutually exclusive features: this tensordict is in shared memory "
+            "(share_memory_()); use memmap() to make a memory-mapped copy instead."
+        )
+    if share_non_tensor:
+        raise NotSupportedError(
+            "share_non_tensor=True is not supported by this version of tdshare: non-tensor values are "
+            "saved with the tensordict but not shared live between processes."
+        )
+    if atomic and return_early:
+        raise NotSupportedError("return_early is not supported with atomic=True.")
+    robust = True if robust_key is None else bool(robust_key)
+    if prefix is None and td._memmap_prefix is not None:
+        prefix = td._memmap_prefix
+    if prefix is None:
+        if atomic:
+            raise InvalidArgumentError("atomic=True needs a prefix to write the directory to.")
+        root = _plan(td, None, robust, copy_existing, existsok)
+        _write_anonymous(root)
+        dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
+        _install(root, dest, None)
+        return dest
+    path = os.path.abspath(os.fspath(prefix))
+    if atomic:
+        with atomic_directory(path, existsok) as staging:
+            root = _plan(td, staging, robust, copy_existing, existsok=True)
+            _make_dirs(root)
+            _run_writes(root, num_threads, existsok=True)
+            _write_metadata(root)
+        _rebase(root, staging, path)
+        dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
+        _install(root, dest, path)
+        return dest
+    root = _plan(td, path, robust, copy_existing, existsok)
+    dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
+    if return_early and num_threads > 1:
+        _make_dirs(root)
+        return _write_in_background(root, dest, path, num_threads, existsok)
+    _make_dirs(root)
+    _run_writes(root, num_threads, existsok)
+    _write_metadata(root)
+    _install(root, dest, path)
+    return dest
+
+
+def _run_writes(root: _Level, num_threads: int, existsok: bool) -> None:
+    leaves = [leaf for lvl in root.walk() for leaf in lvl.leaves]
+    if num_threads > 1 and len(leaves) > 1:
+        for f in [_executor(num_threads).submit(_write_leaf, leaf, existsok) for leaf in leaves]:
+            f.result()
+    else:
+        for leaf in leaves:
+            _write_leaf(leaf, existsok)
+
+
+def _write_in_background(root: _Level, dest: T, path: str, num_threads: int, existsok: bool) -> TensorDictFuture[T]:
+    """Write the leaves in the pool; the last one to finish commits the metadata and installs.
+
+    The commit runs in a completion callback rather than as a pool job waiting on the others, so
+    concurrent early-returning writes can never fill the pool with waiting jobs and deadlock.
+    """
+    leaves = [leaf for lvl in root.walk() for leaf in lvl.leaves]
+    committed: concurrent.futures.Future[None] = concurrent.futures.Future()
+    remaining = [len(leaves)]
+    lock = threading.Lock()
+    futures: list[concurrent.futures.Future[Any]] = []
+
+    def commit() -> None:
+        try:
+            for f in futures:
+                f.result()
+            _write_metadata(root)
+            _install(root, dest, path)
+        except BaseException as err:  # delivered by TensorDictFuture.result()
+            committed.set_exception(err)
+        else:
+            committed.set_result(None)
+
+    def on_done(_: concurrent.futures.Future[Any]) -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            commit()
+
+    ex = _executor(num_threads)
+    futures.extend(ex.submit(_write_leaf, leaf, existsok) for leaf in leaves)
+    if not leaves:
+        commit()
+    for f in list(futures):
+        f.add_done_callback(on_done)
+    return TensorDictFuture([*futures, committed], dest)

@@ -1,0 +1,49 @@
+"""The README's python snippets and the examples run as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SNIPPETS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+
+
+def test_readme_has_snippets() -> None:
+    assert len(SNIPPETS) >= 4
+
+
+@pytest.mark.parametrize("index", range(len(SNIPPETS)))
+def test_readme_snippet_runs(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    exec(compile(SNIPPETS[index], f"README.md snippet {index}", "exec"), {"__name__": "__readme__"})
+
+
+def test_readme_commands_pin_torch() -> None:
+    head = (ROOT / "README.md").read_text().split("---")[0]
+    commands = re.findall(r"```bash\n(.*?)```", head, flags=re.S)
+    assert len(commands) == 2
+    assert all("torch==2.13.0" in c for c in commands)
+    assert "examples/quickstart.py" in commands[0] and "pytest -n auto" in commands[1]
+
+
+@pytest.mark.timeout(300)
+def test_quickstart_example_runs(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "worker 2: obs row sum=38" in out.stdout
+    assert "rewards written by the workers: [10.0, 20.0, 30.0]" in out.stdout
+    assert "anonymous shared counter: [1, 2, 3]" in out.stdout
