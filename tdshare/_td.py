@@ -7,15 +7,31 @@ and :mod:`tdshare._read`, which do the work.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from ._errors import MemmapError
+import torch
+
+from ._entries import (
+    add_entry,
+    build_empty,
+    build_from_storage,
+    build_from_tensor,
+    check_storage,
+    storage_entry_checks,
+)
+from ._errors import MemmapError, NotMemmapError
 from ._future import TensorDictFuture
-from ._keys import encode_key
+from ._keys import NestedKey, encode_key
+from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
-from ._read import load_tree
+from ._nontensor_files import encode_nontensor, write_nontensor
+from ._read import load_into, load_tree
+from ._refresh import refresh
+from ._registry import SharedRegistry
+from ._shared_nontensor import SharedNonTensorData
 from ._tensordict import TensorDictBase
-from ._write import encode_nontensor, memmap_tree, write_nontensor
+from ._write import memmap_tree
 
 __all__ = ["TensorDict", "load", "load_memmap", "save", "memmap"]
 
@@ -164,26 +180,84 @@ class TensorDict(TensorDictBase):
         allow_pickle: bool | None = None,
         mode: str | None = None,
     ) -> T:
-        """Load a saved tensordict into ``self`` (nested tensordicts reused, leaves replaced)."""
-        was_memmap = self._is_memmap
-        if was_memmap:
-            self.unlock_()
-            self._last_op.pop()
-        load_tree(
-            type(self), prefix, self.device, out=self, robust_key=robust_key, mode=mode, allow_pickle=allow_pickle
+        """Load a saved tensordict into ``self`` (nested tensordicts reused, leaves replaced).
+
+        A memory-mapped ``self`` ends memory-mapped into the loaded folder and locked (nothing is
+        written); ``self`` is unchanged if the load fails.
+        """
+        return load_into(self, prefix, robust_key, allow_pickle=allow_pickle, mode=mode)
+
+    # -- live entries and refresh ------------------------------------------------------------
+    def make_memmap(
+        self,
+        key: NestedKey,
+        shape: Sequence[int] | torch.Size,
+        *,
+        dtype: torch.dtype | None = None,
+        robust_key: bool | None = True,
+    ) -> MemoryMappedTensor:
+        """Add a zero-filled memory-mapped entry at ``key`` (allowed while locked) and return it.
+
+        Other processes sharing the folder see it after ``memmap_refresh_()``.
+        """
+        return add_entry(self, key, shape, dtype, robust_key, build_empty)
+
+    def make_memmap_from_tensor(
+        self, key: NestedKey, tensor: torch.Tensor, *, copy_data: bool = True, robust_key: bool | None = True
+    ) -> MemoryMappedTensor:
+        """Add a memory-mapped copy of ``tensor`` at ``key`` (``copy_data=False``: zeros of its shape)."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"make_memmap_from_tensor expects a torch.Tensor, got {type(tensor).__name__}.")
+        return add_entry(self, key, tensor.shape, tensor.dtype, robust_key, build_from_tensor(tensor, copy_data))
+
+    def make_memmap_from_storage(
+        self,
+        key: NestedKey,
+        storage: torch.UntypedStorage,
+        shape: Sequence[int] | torch.Size,
+        *,
+        dtype: torch.dtype | None = None,
+        robust_key: bool | None = True,
+    ) -> MemoryMappedTensor:
+        """Add an entry at ``key`` that reads its data from ``storage`` (no copy) and return it.
+
+        A storage with a file must be the entry's own file; a file-less one is used as it is and
+        is dropped by ``load_memmap``/``memmap_refresh_`` (with a ``FutureWarning``) when the
+        tensordict has a folder.
+        """
+        if not self._is_memmap:
+            raise NotMemmapError(
+                "Can only make a memmap tensor within a memory-mapped tensordict: call memmap_() first."
+            )
+        storage = check_storage(storage, shape, dtype)
+        has_file = storage_entry_checks(self, key, storage, robust_key)
+        return add_entry(
+            self, key, shape, dtype, robust_key, build_from_storage(storage), has_file=has_file, creates_file=False
         )
-        if was_memmap and self._memmap_prefix is not None:
-            self.memmap_(self._memmap_prefix, robust_key=robust_key)
+
+    def memmap_refresh_(self: T, *, allow_pickle: bool | None = None) -> T:
+        """Map the entries other processes added or changed since this tensordict last looked.
+
+        Returns at once (one memory read) when nothing was committed since; never writes.
+        """
+        refresh(self, allow_pickle)
         return self
 
     # -- non-tensor writes persist ------------------------------------------------------------
     def _write_non_tensor(self, key: str, leaf: NonTensorData, value: Any) -> None:
+        if isinstance(leaf, SharedNonTensorData):
+            leaf.write(value)  # under the tree's lock, seen by every process at its next read
+            return
         super()._write_non_tensor(key, leaf, value)
         if self._is_memmap and self._memmap_prefix is not None:
             folder = os.path.join(self._memmap_prefix, encode_key(key))
             if not os.path.isdir(folder) and os.path.isdir(os.path.join(self._memmap_prefix, key)):
                 folder = os.path.join(self._memmap_prefix, key)  # legacy (robust_key=False) layout
-            write_nontensor(folder, *encode_nontensor(value, f"key {key!r}"))
+            meta, pickled = encode_nontensor(value, f"key {key!r}")
+            registry = SharedRegistry.for_directory(self._memmap_prefix)
+            with registry.lock():
+                if write_nontensor(folder, meta, pickled):
+                    registry.bump()  # other processes see the new value after memmap_refresh_()
 
     def share_memory_(self: T) -> T:
         if self._is_memmap:

@@ -1,0 +1,298 @@
+"""Adding entries to a live memory-mapped tensordict: ``make_memmap``, ``make_memmap_from_tensor``,
+``make_memmap_from_storage``.
+
+Everything is validated before anything is written (key, file name, shape against the batch
+size, storage), so a failing call leaves no trace on disk or in memory.  For a tensordict with a
+folder, the whole addition runs under the tree's lock: the level's ``meta.json`` is re-read from
+disk (another process may have added entries), the new data file is written first (a new inode:
+stale bytes of an old file are never reused), then the metadata is replaced and the generation
+bumped, so other processes see the entry after ``memmap_refresh_()``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ._errors import BatchSizeError, MemmapError, NotMemmapError, NotSupportedError
+from ._files import replace_file, reserve_file, tensor_buffer, write_file
+from ._format import LEAF_SUFFIX, META_FILE, NO_FILE_FIELD, dumps_json, leaf_entry, level_meta
+from ._keys import NestedKey, unravel_key
+from ._memmap import MemoryMappedTensor, _storage_filename
+from ._read import read_meta
+from ._registry import SharedRegistry
+from ._tensordict import TensorDictBase
+from ._write import _file_name
+
+__all__ = ["add_entry", "build_empty", "build_from_tensor", "build_from_storage", "storage_entry_checks"]
+
+
+Builder = Callable[[str | None, torch.Size, torch.dtype], MemoryMappedTensor]
+
+
+def _parse_shape(shape: Any) -> torch.Size:
+    if isinstance(shape, torch.Tensor):
+        raise NotSupportedError(
+            "A tensor of shapes (a nested tensor entry) is not supported by make_memmap* yet; pass a flat shape."
+        )
+    if isinstance(shape, int):
+        return torch.Size([shape])
+    return torch.Size([int(s) for s in shape])
+
+
+def _target_level(td: TensorDictBase, parts: tuple[str, ...], robust: bool) -> tuple[list[str], TensorDictBase | None]:
+    """Encoded folder names down to the entry's level, and the deepest existing in-memory level."""
+    names: list[str] = []
+    node: TensorDictBase | None = td
+    for part in parts[:-1]:
+        names.append(_file_name(part, robust, "", "the tensordict", directory=True))
+        child = node._tensordict.get(part) if node is not None else None
+        if child is not None and not isinstance(child, TensorDictBase):
+            raise MemmapError(f"Cannot add {parts!r}: {part!r} is a leaf, not a nested tensordict.")
+        node = child
+    return names, node
+
+
+def add_entry(
+    td: TensorDictBase,
+    key: NestedKey,
+    shape: Any,
+    dtype: torch.dtype | None,
+    robust_key: bool | None,
+    build: Builder,
+    *,
+    has_file: bool = True,
+    creates_file: bool = True,
+) -> MemoryMappedTensor:
+    """Validate, write and register a new leaf; ``build(path, shape, dtype)`` makes its tensor.
+
+    ``has_file``: the entry's data lives in its file (False for a file-less storage, which
+    readers drop).  ``creates_file``: ``build`` writes that file (removed again on failure).
+    """
+    if not td._is_memmap:
+        raise NotMemmapError(
+            "Can only make a memmap tensor within a memory-mapped tensordict: call memmap_() first "
+            "(is_memmap() is False, for example after unlock_() or for a load_memmap() result)."
+        )
+    parts = unravel_key(key)
+    robust = True if robust_key is None else bool(robust_key)
+    shape_ = _parse_shape(shape)
+    dtype_ = dtype or torch.get_default_dtype()
+    folders, existing = _target_level(td, parts, robust)
+    last = parts[-1]
+    if existing is not None and last in existing._tensordict:
+        raise MemmapError(
+            f"The key {last!r} already exists within the target tensordict. Delete that entry before overwriting it."
+        )
+    batch = td.batch_size if existing is None else existing.batch_size
+    if shape_[: len(batch)] != batch:
+        raise BatchSizeError(
+            f"batch dimension mismatch for key {parts!r}: shape {list(shape_)} does not start with the batch "
+            f"size {list(batch)}."
+        )
+    prefix = td._memmap_prefix
+    if prefix is None:
+        anonymous = build(None, shape_, dtype_)
+        _insert(td, parts, anonymous, None, robust)
+        return anonymous
+    file_name = _file_name(last, robust, LEAF_SUFFIX, "the tensordict", directory=False) + LEAF_SUFFIX
+    level_dir = os.path.join(prefix, *folders)
+    path = os.path.join(level_dir, file_name)
+    registry = SharedRegistry.for_directory(prefix)
+    with registry.lock():
+        before = registry.state()
+        metas = _read_chain(prefix, folders)
+        if metas[-1] is not None and last in metas[-1]:
+            raise MemmapError(
+                f"The key {last!r} already exists in {os.path.join(level_dir, META_FILE)} (added by another "
+                "process): call memmap_refresh_() to see it."
+            )
+        created = _make_level_dirs(prefix, folders)
+        tensor: MemoryMappedTensor | None = None
+        try:
+            tensor = build(path if has_file else None, shape_, dtype_)
+            entry = leaf_entry(shape_, dtype_)
+            if not has_file:
+                entry[NO_FILE_FIELD] = True
+            _commit_chain(prefix, folders, parts, metas, entry, batch, td)
+        except BaseException:
+            if tensor is not None and has_file and creates_file and tensor.numel():
+                os.unlink(path)
+            for folder in reversed(created):
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        after = registry.bump()
+    _insert(td, parts, tensor, prefix, robust)
+    if td._generation == before:
+        td._generation = after  # we were current: our own addition is all that changed
+    return tensor
+
+
+def _make_level_dirs(prefix: str, folders: list[str]) -> list[str]:
+    """Create the missing folders of the entry's level; return those created (for cleanup)."""
+    created = []
+    path = prefix
+    for name in folders:
+        path = os.path.join(path, name)
+        if not os.path.isdir(path):
+            os.mkdir(path)
+            created.append(path)
+    return created
+
+
+def _read_chain(prefix: str, folders: list[str]) -> list[dict | None]:
+    """The on-disk meta.json of each level down to the target (None where it does not exist yet)."""
+    metas: list[dict | None] = [read_meta(prefix)]
+    path = prefix
+    for name in folders:
+        path = os.path.join(path, name)
+        parent = metas[-1]
+        metas.append(read_meta(path) if parent is not None and os.path.isfile(os.path.join(path, META_FILE)) else None)
+    return metas
+
+
+def _commit_chain(
+    prefix: str,
+    folders: list[str],
+    parts: tuple[str, ...],
+    metas: list[dict | None],
+    entry: dict,
+    batch: torch.Size,
+    td: TensorDictBase,
+) -> None:
+    """Write the new levels' and the target level's meta.json, deepest first."""
+    paths = [prefix]
+    for name in folders:
+        paths.append(os.path.join(paths[-1], name))
+    names = td._names
+    for depth in range(len(paths) - 1, -1, -1):
+        meta = metas[depth]
+        if meta is None:
+            meta = level_meta({}, batch, names)
+        meta = dict(meta)
+        if depth == len(paths) - 1:
+            meta[parts[-1]] = entry
+        elif metas[depth + 1] is None:
+            meta[parts[depth]] = {"type": "TensorDict"}
+        else:
+            continue  # this level is unchanged
+        replace_file(os.path.join(paths[depth], META_FILE), dumps_json(meta))
+
+
+def _insert(td: TensorDictBase, parts: tuple[str, ...], tensor: torch.Tensor, prefix: str | None, robust: bool) -> None:
+    node = td
+    path = prefix
+    for part in parts[:-1]:
+        if path is not None:
+            path = os.path.join(path, _file_name(part, robust, "", "the tensordict", directory=True))
+        child = node._tensordict.get(part)
+        if child is None:
+            child = type(td)._from_leaves({}, node.batch_size, torch.device("cpu"), node._names)
+            child._is_memmap = True
+            child._is_locked = node._is_locked
+            child._memmap_prefix = path
+            node._tensordict[part] = child  # entries are added although the tensordict is locked
+        node = child
+    node._tensordict[parts[-1]] = tensor
+
+
+# -- builders ---------------------------------------------------------------------------------
+def build_empty(path: str | None, shape: torch.Size, dtype: torch.dtype) -> MemoryMappedTensor:
+    """Zero-filled storage for ``make_memmap`` (a fresh file or segment: never stale bytes)."""
+    if path is None:
+        return MemoryMappedTensor._anonymous(shape, dtype)
+    numel = math.prod(shape)
+    if numel == 0:
+        return MemoryMappedTensor._wrap(torch.empty(shape, dtype=dtype), None, None, None)
+    reserve_file(path, numel * dtype.itemsize, existsok=True)
+    flat = torch.from_file(path, shared=True, size=numel, dtype=dtype)
+    return MemoryMappedTensor._wrap(flat.view(shape), path, None, None)
+
+
+def build_from_tensor(tensor: torch.Tensor, copy_data: bool) -> Builder:
+    src = tensor.detach().cpu()
+
+    def build(path: str | None, shape: torch.Size, dtype: torch.dtype) -> MemoryMappedTensor:
+        if not copy_data:
+            return build_empty(path, shape, dtype)
+        if path is None:
+            out = MemoryMappedTensor._anonymous(shape, dtype)
+            torch.Tensor.copy_(out, src)
+            return out
+        if src.numel() == 0:
+            return MemoryMappedTensor._wrap(torch.empty(shape, dtype=dtype), None, None, None)
+        write_file(path, tensor_buffer(src), existsok=True)
+        flat = torch.from_file(path, shared=True, size=src.numel(), dtype=dtype)
+        return MemoryMappedTensor._wrap(flat.view(shape), path, None, None)
+
+    return build
+
+
+def check_storage(storage: Any, shape: torch.Size | Sequence[int], dtype: torch.dtype | None) -> torch.UntypedStorage:
+    if isinstance(storage, torch.TypedStorage):
+        storage = storage.untyped()
+    if not isinstance(storage, torch.UntypedStorage):
+        raise TypeError(f"make_memmap_from_storage expects a torch.UntypedStorage, got {type(storage).__name__}.")
+    if storage.device.type != "cpu":
+        raise MemmapError(f"The storage must be in physical (cpu) memory, got device {storage.device}.")
+    need = math.prod(_parse_shape(shape)) * (dtype or torch.get_default_dtype()).itemsize
+    if storage.nbytes() < need:
+        raise MemmapError(f"The storage holds {storage.nbytes()} bytes but shape {list(shape)} needs {need}.")
+    return storage
+
+
+def build_from_storage(storage: torch.UntypedStorage) -> Builder:
+    """Wrap ``storage`` without copying."""
+    stored = _storage_filename(storage)
+
+    def build(path: str | None, shape: torch.Size, dtype: torch.dtype) -> MemoryMappedTensor:
+        t = torch.empty(0, dtype=dtype).set_(storage, 0, shape, _strides(shape))
+        return MemoryMappedTensor._wrap(t, stored, None, None)
+
+    return build
+
+
+def storage_entry_checks(
+    td: TensorDictBase, key: NestedKey, storage: torch.UntypedStorage, robust_key: bool | None
+) -> bool:
+    """Check the storage's file against the entry's; return whether the entry has a file."""
+    stored = _storage_filename(storage)
+    prefix = td._memmap_prefix
+    parts = unravel_key(key)
+    robust = True if robust_key is None else bool(robust_key)
+    if stored is None:
+        if prefix is not None and storage.nbytes():
+            warnings.warn(
+                f"make_memmap_from_storage: the storage of {parts!r} has no file, so its data is not written to "
+                f"{prefix!r}; load_memmap() and memmap_refresh_() drop this entry. Use make_memmap_from_tensor() to "
+                "copy the data into the directory. Starting with TensorDict 0.17 this will raise a RuntimeError.",
+                FutureWarning,
+                stacklevel=4,
+            )
+        return False
+    expected = None
+    if prefix is not None:
+        folders, _ = _target_level(td, parts, robust)
+        expected = os.path.join(
+            prefix, *folders, _file_name(parts[-1], robust, LEAF_SUFFIX, "the tensordict", False) + LEAF_SUFFIX
+        )
+    if stored != expected:
+        raise MemmapError(
+            "Providing a storage with an associated filename that differs from the filename argument is not "
+            f"permitted: the entry's file is {expected!r}, storage.filename is {stored!r}."
+        )
+    return True
+
+
+def _strides(shape: torch.Size) -> list[int]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return strides[::-1]

@@ -1,0 +1,127 @@
+"""``memmap_refresh_``: bring a memory-mapped tensordict up to date with its folder.
+
+A refresh never writes.  It reads the tree's registry counters first (one memory read): when
+the generation is the one this tensordict last saw, it returns at once.  Otherwise it re-reads
+the committed ``meta.json`` files and maps only what is new.  While the file epoch is unchanged
+(no leaf file was replaced since), a known leaf with the same file, shape and dtype is kept as
+it is, without a ``stat``; after a re-save every leaf is checked by inode and remapped if its file
+changed.  Keys no longer in the metadata are dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ._errors import CorruptDataError, NotMemmapError
+from ._format import META_FILE, NO_FILE_FIELD, RESERVED_KEYS, parse_level
+from ._keys import encode_key
+from ._memmap import MemoryMappedTensor
+from ._nontensor import NonTensorData
+from ._read import _Ctx, _load_leaf, _load_level, _locate, check_load_args, read_meta
+from ._registry import SharedRegistry
+from ._shared_nontensor import SharedNonTensorData
+from ._tensordict import TensorDictBase
+
+__all__ = ["refresh"]
+
+
+def refresh(td: TensorDictBase, allow_pickle: bool | None = None) -> TensorDictBase:
+    check_load_args(None, allow_pickle)
+    prefix = td._memmap_prefix
+    if not td._is_memmap or prefix is None:
+        raise NotMemmapError(
+            "Cannot refresh a TensorDict that is not memory mapped or has no path associated: memmap_() it to a "
+            "folder first (a load_memmap() result needs td.memmap_(), which writes nothing if nothing changed)."
+        )
+    registry = SharedRegistry.for_directory(prefix)
+    state = registry.state()
+    if state is not None and state == td._generation:
+        return td
+    seen = td._generation
+    same_files = state is not None and seen is not None and state[1] == seen[1]
+    ctx = _Ctx(os.path.realpath(prefix), True, None, allow_pickle)
+    _refresh_level(type(td), ctx, td, prefix, same_files)
+    td._generation = state
+    return td
+
+
+def _refresh_level(cls: Any, ctx: _Ctx, td: TensorDictBase, directory: str, same_files: bool) -> None:
+    meta = read_meta(directory)
+    meta_path = os.path.join(directory, META_FILE)
+    if "shape" not in meta:
+        raise CorruptDataError(f"{meta_path} no longer describes a TensorDict level: load the folder again.")
+    seen = td._meta_seen if same_files else None
+    if seen is not None and all(meta.get(k) == seen.get(k) for k in RESERVED_KEYS):
+        # Only entries whose metadata changed need work; unchanged nested levels are still read,
+        # since their own meta.json may have changed.
+        changed = {k: v for k, v in meta.items() if seen.get(k) != v}
+        removed = [k for k in seen if k not in meta]
+    else:
+        changed, removed = meta, list(td._tensordict)
+    level = parse_level({**changed, "shape": meta["shape"]}, meta_path)
+    batch = tuple(level.batch_size or ())
+    if batch != tuple(td.batch_size):
+        raise CorruptDataError(
+            f"{meta_path}: the batch size changed from {list(td.batch_size)} to {list(batch)}; load the folder again."
+        )
+    current = td._tensordict
+    leaves: dict[str, Any] = {k: v for k, v in current.items() if k not in changed and k not in removed}
+    names: dict[str, os.DirEntry] | None = None
+    for info in level.leaves:
+        if meta[info.key].get(NO_FILE_FIELD):
+            continue
+        old = current.get(info.key)
+        if (
+            same_files
+            and isinstance(old, MemoryMappedTensor)
+            and old.shape == info.shape
+            and old.dtype == info.dtype
+            and (old._filename is None or os.path.dirname(old._filename) == directory)
+            and (old._filename is not None or info.numel == 0)
+        ):
+            leaves[info.key] = old
+            continue
+        if names is None:
+            names = {e.name: e for e in os.scandir(directory)}
+        leaves[info.key] = _load_leaf(ctx, directory, names, info, batch, meta_path, old)
+    child_keys = [k for k, _ in level.children]
+    # unchanged nested levels and non-tensor values live in their own meta.json: read them again
+    # (a SharedNonTensorData re-reads itself on use)
+    child_keys += [
+        k
+        for k, v in leaves.items()
+        if k not in changed
+        and (isinstance(v, TensorDictBase) or (isinstance(v, NonTensorData) and not isinstance(v, SharedNonTensorData)))
+    ]
+    for key in child_keys:
+        old = current.get(key)
+        if isinstance(old, TensorDictBase) and old._memmap_prefix is not None and key not in changed:
+            _refresh_level(cls, ctx, old, old._memmap_prefix, same_files)
+            continue
+        if names is None:
+            names = {e.name: e for e in os.scandir(directory)}
+        path = _locate(ctx, directory, names, key, "", True)
+        if path is None or not os.path.isdir(path):
+            raise CorruptDataError(
+                f"{meta_path} lists the nested entry {key!r}, but its folder "
+                f"{os.path.join(directory, encode_key(key))!r} is missing."
+            )
+        if isinstance(old, TensorDictBase) and old._memmap_prefix == path:
+            _refresh_level(cls, ctx, old, path, same_files)
+            leaves[key] = old
+        else:
+            value = _load_level(cls, ctx, path, read_meta(path), None, batch, None)
+            if isinstance(value, TensorDictBase):
+                _mark_memmap(value, td._is_locked)
+            leaves[key] = value
+    td._tensordict = {k: leaves[k] for k in meta if k in leaves}
+    td._meta_seen = meta
+
+
+def _mark_memmap(td: TensorDictBase, locked: bool) -> None:
+    def fix(level: TensorDictBase) -> None:
+        level._is_memmap = True
+        level._is_locked = locked
+
+    td._propagate(fix)
