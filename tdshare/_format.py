@@ -53,6 +53,7 @@ __all__ = [
     "NONTENSOR_TYPE",
     "NONTENSOR_STACK_TYPE",
     "RESERVED_KEYS",
+    "NO_FILE_FIELD",
     "dtype_to_str",
     "str_to_dtype",
     "leaf_entry",
@@ -74,6 +75,8 @@ TD_CLASS = "tensordict:TensorDict"
 NONTENSOR_TYPE = "<class 'tensordict.tensorclass.NonTensorData'>"
 NONTENSOR_STACK_TYPE = "<class 'tensordict.tensorclass.NonTensorStack'>"
 LAZY_STACK_TYPE = "<class 'tensordict._lazy.LazyStackedTensorDict'>"
+#: Marks a leaf entry whose data has no file (added from a file-less storage): readers drop it.
+NO_FILE_FIELD = "_tdshare_no_file"
 #: Level fields of meta.json: a user key with one of these names would be overwritten by them.
 RESERVED_KEYS = frozenset({"shape", "device", "_type", "_format_version", "_class", "_names"})
 
@@ -107,7 +110,7 @@ def level_meta(entries: dict[str, dict], batch_size: torch.Size, names: list | N
     meta["_type"] = TD_TYPE
     meta["_format_version"] = FORMAT_VERSION
     meta["_class"] = TD_CLASS
-    if names is not None:
+    if names is not None and any(n is not None for n in names):  # all-None names: none, as the reference
         meta["_names"] = list(names)
     return meta
 
@@ -136,7 +139,11 @@ def loads_json(raw: bytes, where: str) -> dict:
     if not isinstance(obj, dict):
         raise CorruptDataError(f"{where} must hold a JSON object, found {type(obj).__name__}.")
     version = obj.get("_format_version", 0)
-    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+    if isinstance(version, dict):
+        version = 0  # a user leaf named "_format_version" (the reference's setdefault kept it): version 0
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise CorruptDataError(f"{where}: _format_version must be a non-negative integer, found {version!r}.")
+    if version > FORMAT_VERSION:
         raise UnsupportedFormatError(
             f"{where} was saved in format version {version}, but tdshare reads versions up to "
             f"{FORMAT_VERSION}. Upgrade tdshare to load it."
@@ -182,8 +189,8 @@ def parse_level(meta: dict, where: str) -> LevelMeta:
     leaves: list[LeafInfo] = []
     children: list[tuple[str, str]] = []
     for key, entry in meta.items():
-        if key in RESERVED_KEYS or not isinstance(entry, dict):
-            continue
+        if not isinstance(entry, dict):
+            continue  # a level field; a dict under a field name is a user entry the reference kept
         if "type" in entry:
             children.append((key, str(entry["type"])))
             continue
@@ -196,4 +203,15 @@ def parse_level(meta: dict, where: str) -> LevelMeta:
     batch = meta.get("shape")
     batch_size = None if batch is None else _int_list(batch, "the batch size ('shape')", where)
     names = meta.get("_names")
-    return LevelMeta(leaves, children, batch_size, names if isinstance(names, list) else None, meta)
+    if isinstance(names, dict):
+        names = None  # a user entry named "_names": the level has no dim names
+    elif names is not None and (
+        not isinstance(names, list)
+        or (batch_size is not None and len(names) != len(batch_size))
+        or not all(n is None or isinstance(n, str) for n in names)
+    ):
+        raise CorruptDataError(
+            f"{where}: _names must be a list of {'' if batch_size is None else len(batch_size)} dimension names "
+            f"(strings or null), one per batch dimension, found {names!r}."
+        )
+    return LevelMeta(leaves, children, batch_size, names, meta)

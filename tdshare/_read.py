@@ -12,9 +12,13 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import stat
+import sys
 import warnings
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -23,6 +27,7 @@ from ._errors import (
     ArgumentTypeError,
     CorruptDataError,
     InvalidArgumentError,
+    LockedError,
     MissingMetadataError,
     NotSupportedError,
     PickleRefusedError,
@@ -32,6 +37,7 @@ from ._format import (
     LAZY_STACK_TYPE,
     LEAF_SUFFIX,
     META_FILE,
+    NO_FILE_FIELD,
     NONTENSOR_STACK_TYPE,
     NONTENSOR_TYPE,
     PICKLE_FILE,
@@ -44,7 +50,7 @@ from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
 from ._tensordict import TensorDictBase
 
-__all__ = ["load_tree", "check_load_args", "read_meta"]
+__all__ = ["load_tree", "load_into", "check_load_args", "read_meta"]
 
 T = TypeVar("T", bound=TensorDictBase)
 _TENSORCLASS_DIR = "_tensordict"
@@ -57,6 +63,8 @@ class _Ctx:
     robust: bool
     mode: str | None
     allow_pickle: bool | None
+    # real paths of the symlinked folders being loaded (a symlink loop would recurse forever)
+    active: set[str] = field(default_factory=set, compare=False)
 
 
 def check_load_args(mode: object, allow_pickle: object) -> None:
@@ -81,10 +89,37 @@ def read_meta(directory: str) -> dict:
     return loads_json(raw, path)
 
 
-def _inside(ctx: _Ctx, path: str, what: str) -> None:
+def _inside(ctx: _Ctx, path: str, what: str) -> str:
+    """The real path of ``path``, which must stay inside the loaded directory."""
     real = os.path.realpath(path)
     if real != ctx.root and not real.startswith(ctx.root + os.sep):
         raise CorruptDataError(f"{what} {path!r} is a symbolic link that leads outside {ctx.root!r}: refusing it.")
+    return real
+
+
+def _check_file_link(ctx: _Ctx, path: str) -> None:
+    """Refuse a metadata or pickle file that is a symbolic link leading outside the loaded directory."""
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            _inside(ctx, path, "The file")
+    except FileNotFoundError:
+        pass
+
+
+def _read_level_meta(ctx: _Ctx, directory: str) -> dict:
+    _check_file_link(ctx, os.path.join(directory, META_FILE))
+    return read_meta(directory)
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside tdshare."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _locate(
@@ -112,7 +147,9 @@ def _load_leaf(
     info: LeafInfo,
     batch: tuple[int, ...] | None,
     meta_path: str,
+    old: Any = None,
 ) -> torch.Tensor:
+    """Map one leaf; ``old`` (the current leaf, on a refresh) is kept if its file is unchanged."""
     if batch is not None and info.shape[: len(batch)] != batch:
         raise CorruptDataError(
             f"{meta_path}: the leaf {info.key!r} has shape {list(info.shape)}, which does not start with the "
@@ -128,18 +165,35 @@ def _load_leaf(
             f"{meta_path} lists the leaf {info.key!r} ({info.nbytes} bytes of {info.dtype}), but its file "
             f"{os.path.join(directory, encode_key(info.key) + LEAF_SUFFIX)!r} is missing."
         )
-    size = names[os.path.basename(path)].stat().st_size
+    st = names[os.path.basename(path)].stat()
+    size = st.st_size
+    if not stat.S_ISREG(st.st_mode):
+        raise CorruptDataError(
+            f"{meta_path} lists the leaf {info.key!r}, but {path!r} is not a regular file (expected "
+            f"{info.nbytes} bytes of {info.dtype})."
+        )
     if size < info.nbytes:
         raise CorruptDataError(
             f"The file {path!r} holds {size} bytes but {meta_path} expects {info.nbytes} "
             f"(shape {list(info.shape)}, {info.dtype}): it is truncated."
         )
     mode = ctx.mode
+    if (
+        isinstance(old, MemoryMappedTensor)
+        and old._ino == st.st_ino
+        and old._filename == path
+        and old._mode == mode
+        and old.shape == info.shape
+        and old.dtype == info.dtype
+    ):
+        return old  # same file, same inode: the mapping is current
     if mode == "r+" and not os.access(path, os.W_OK):
         raise PermissionError(f"Cannot open {path!r} with mode='r+': the file is not writable.")
     shared = mode == "r+" or (mode is None and os.access(path, os.W_OK))
     flat = torch.from_file(path, shared=shared, size=info.numel, dtype=info.dtype)
-    return MemoryMappedTensor._wrap(flat.view(info.shape), path, None, mode)
+    out = MemoryMappedTensor._wrap(flat.view(info.shape), path, None, mode)
+    out._ino = st.st_ino
+    return out
 
 
 def _load_nested(
@@ -173,13 +227,30 @@ def _load_pickle(ctx: _Ctx, path: str) -> Any:
             f"Loading the pickled non-tensor data {path!r}. This is only safe for trusted data; pass "
             "allow_pickle=True to silence this warning, or allow_pickle=False to refuse pickles.",
             FutureWarning,
-            stacklevel=5,
+            stacklevel=_user_stacklevel(),
         )
+    _check_file_link(ctx, path)
     try:
         with open(path, "rb") as f:
             return pickle.load(f)
     except FileNotFoundError:
         raise CorruptDataError(f"The pickled non-tensor value {path!r} is missing.") from None
+
+
+@contextmanager
+def _entering(ctx: _Ctx, path: str, is_link: bool) -> Iterator[None]:
+    """Descend into the folder ``path``; a symlinked one must stay inside and must not loop."""
+    if not is_link:
+        yield
+        return
+    real = _inside(ctx, path, "The folder")
+    if real in ctx.active:
+        raise CorruptDataError(f"The folder {path!r} is a symbolic link that loops back to {real!r}: refusing it.")
+    ctx.active.add(real)
+    try:
+        yield
+    finally:
+        ctx.active.discard(real)
 
 
 def _load_level(cls: type[T], ctx: _Ctx, directory: str, meta: dict, out: Any, parent_batch: Any, device: Any) -> Any:
@@ -198,6 +269,8 @@ def _load_level(cls: type[T], ctx: _Ctx, directory: str, meta: dict, out: Any, p
             data = _load_pickle(ctx, os.path.join(directory, _STACK_PICKLE))
         elif isinstance(data, str):
             raise CorruptDataError(f"{meta_path}: invalid pickled NonTensorStack file name {data!r}.")
+        elif data is None:  # older writers: no "data", one NonTensorData folder per member
+            return _load_nontensor_members(cls, ctx, directory, meta, device)
         return NonTensorData(data)
     if kind == LAZY_STACK_TYPE:
         return _load_lazy_stack(cls, ctx, directory, meta, device)
@@ -207,9 +280,9 @@ def _load_level(cls: type[T], ctx: _Ctx, directory: str, meta: dict, out: Any, p
             warnings.warn(
                 f"{directory!r} holds a tensorclass ({kind}); tdshare loads it as a TensorDict.",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=_user_stacklevel(),
             )
-            return _load_level(cls, ctx, nested, read_meta(nested), out, parent_batch, device)
+            return _load_level(cls, ctx, nested, _read_level_meta(ctx, nested), out, parent_batch, device)
         raise UnsupportedFormatError(f"{meta_path} describes a {kind!r}, which tdshare cannot load.")
     level = parse_level(meta, meta_path)
     batch = level.batch_size if level.batch_size is not None else ()
@@ -219,9 +292,12 @@ def _load_level(cls: type[T], ctx: _Ctx, directory: str, meta: dict, out: Any, p
         )
     names = {e.name: e for e in os.scandir(directory)}
     leaves: dict[str, Any] = {}
-    for info in level.leaves:
-        leaves[info.key] = _load_leaf(ctx, directory, names, info, batch, meta_path)
     target = out if isinstance(out, TensorDictBase) else None
+    current = target._tensordict if target is not None else {}
+    for info in level.leaves:
+        if meta[info.key].get(NO_FILE_FIELD):
+            continue  # added from a file-less storage: its data never reached the folder
+        leaves[info.key] = _load_leaf(ctx, directory, names, info, batch, meta_path, current.get(info.key))
     for key, _ in level.children:
         path = _locate(ctx, directory, names, key, "", True)
         if path is None or not os.path.isdir(path):
@@ -230,12 +306,14 @@ def _load_level(cls: type[T], ctx: _Ctx, directory: str, meta: dict, out: Any, p
                 f"{os.path.join(directory, encode_key(key))!r} is missing."
             )
         reuse = target._tensordict.get(key) if target is not None else None
-        leaves[key] = _load_level(cls, ctx, path, read_meta(path), reuse, batch, device)
+        with _entering(ctx, path, names[os.path.basename(path)].is_symlink()):
+            leaves[key] = _load_level(cls, ctx, path, _read_level_meta(ctx, path), reuse, batch, device)
     device_obj = torch.device(device) if device is not None else None
     if device_obj is not None and device_obj.type != "cpu":
         leaves = {k: v.to(device_obj) if isinstance(v, torch.Tensor) else v for k, v in leaves.items()}
     order = [k for k in meta if k in leaves]
-    result = target if target is not None else cls._from_leaves({}, torch.Size(batch), None, level.names)
+    # a new tensordict even with ``out``: load_tree moves the result into ``out`` only once all loaded
+    result = cls._from_leaves({}, torch.Size(batch), None, level.names)
     result._tensordict = {k: leaves[k] for k in order}
     result._batch_size = torch.Size(batch)
     result._names = level.names
@@ -249,25 +327,51 @@ def _load_level(cls: type[T], ctx: _Ctx, directory: str, meta: dict, out: Any, p
     return result
 
 
+def _load_nontensor_members(cls: type[T], ctx: _Ctx, directory: str, meta: dict, device: Any) -> NonTensorData:
+    """A NonTensorStack saved as member folders ``0/``, ``1/``...: a NonTensorData of their values."""
+    if meta.get("stack_dim", 0) != 0:
+        raise UnsupportedFormatError(
+            f"{os.path.join(directory, META_FILE)}: a NonTensorStack stored as member folders with stack_dim "
+            f"{meta.get('stack_dim')!r}; tdshare reads only stack_dim 0 in this layout."
+        )
+    values = []
+    for member in _load_members(cls, ctx, directory, device):
+        if not isinstance(member, NonTensorData):
+            raise CorruptDataError(f"{directory!r}: a NonTensorStack member is not non-tensor data.")
+        values.append(member.data)
+    return NonTensorData(values)
+
+
 def _load_lazy_stack(cls: type[T], ctx: _Ctx, directory: str, meta: dict, device: Any) -> Any:
+    return cls.stack(_load_members(cls, ctx, directory, device), int(meta.get("stack_dim", 0)))
+
+
+def _load_members(cls: type[T], ctx: _Ctx, directory: str, device: Any) -> list:
+    """The members ``0/``, ``1/``... of a stack folder (a gap in the numbering raises)."""
     members = []
     i = 0
     while os.path.isdir(os.path.join(directory, str(i))):
         sub = os.path.join(directory, str(i))
-        members.append(_load_level(cls, ctx, sub, read_meta(sub), None, None, device))
+        with _entering(ctx, sub, os.path.islink(sub)):
+            members.append(_load_level(cls, ctx, sub, _read_level_meta(ctx, sub), None, None, device))
         i += 1
     if os.path.exists(os.path.join(directory, str(i + 1))):
         raise CorruptDataError(f"{directory!r}: the stacked member folder {i!r} is missing.")
     if not members:
         raise CorruptDataError(f"{directory!r}: a stacked tensordict with no members.")
-    return cls.stack(members, int(meta.get("stack_dim", 0)))
+    return members
 
 
 def _resolve_subpath(ctx: _Ctx, directory: str, subpath: Any) -> str:
     if isinstance(subpath, str):
         parts: tuple[str, ...] = tuple(p for p in subpath.split("/") if p)
     else:
-        parts = unravel_key(subpath)
+        try:
+            parts = unravel_key(subpath)
+        except TypeError:
+            raise InvalidArgumentError(
+                f"subpath must be a string path ('a/b') or a non-empty (nested) tuple of strings, got {subpath!r}."
+            ) from None
     for part in parts:
         names = {e.name: e for e in os.scandir(directory)}
         found = _locate(ctx, directory, names, part, "", True)
@@ -310,6 +414,86 @@ def load_tree(
     ctx = _Ctx(os.path.realpath(directory), True if robust_key is None else bool(robust_key), mode, allow_pickle)
     if subpath is not None:
         directory = _resolve_subpath(ctx, directory, subpath)
-    if out is not None and device is None:
-        device = out.device
-    return _load_level(cls, ctx, directory, read_meta(directory), out, None, device)
+    if out is not None:
+        _check_out(out, device)
+        if device is None:
+            device = out.device
+    result = _load_level(cls, ctx, directory, _read_level_meta(ctx, directory), out, None, device)
+    if out is None:
+        return result
+    if not isinstance(result, TensorDictBase):
+        raise InvalidArgumentError(f"{directory!r} holds a {type(result).__name__}, which cannot be loaded into out.")
+    _transplant(result, out)
+    return out
+
+
+def _check_out(out: Any, device: Any) -> None:
+    if not isinstance(out, TensorDictBase):
+        raise ArgumentTypeError(f"out must be a TensorDict, got {type(out).__name__}.")
+    if device is not None and out.device is not None and torch.device(device) != out.device:
+        raise InvalidArgumentError(
+            f"Cannot load a tensordict on device {torch.device(device)} into a tensordict on device {out.device}."
+        )
+    for key, level in [("", out), *((k, v) for k, v in out._iter_items(True, False) if isinstance(v, TensorDictBase))]:
+        if level._is_locked:
+            where = "" if key == "" else f" (at {key!r})"
+            raise LockedError(
+                f"Cannot load into a locked TensorDict{where}: unlock it first (td.unlock_()), or load a new one "
+                "and write it in place with td.update_(TensorDict.load_memmap(prefix))."
+            )
+
+
+def _transplant(loaded: TensorDictBase, out: TensorDictBase) -> None:
+    """Move a loaded tree into ``out``, reusing ``out``'s nested tensordicts (same objects)."""
+    values: dict[str, Any] = {}
+    for key, value in loaded._tensordict.items():
+        old = out._tensordict.get(key)
+        if isinstance(value, TensorDictBase) and isinstance(old, TensorDictBase) and old is not out:
+            _transplant(value, old)
+            value = old
+        values[key] = value
+    out._tensordict = values
+    out._batch_size = loaded._batch_size
+    out._names = loaded._names
+    out._device = loaded._device
+    out._is_memmap = False
+    out._is_shared = False
+    out._memmap_prefix = loaded._memmap_prefix
+
+
+def load_into(
+    td: TensorDictBase,
+    prefix: str | os.PathLike,
+    robust_key: bool | None = True,
+    *,
+    allow_pickle: bool | None = None,
+    mode: str | None = None,
+) -> Any:
+    """``td.load_memmap_``: load into ``td`` (nested tensordicts reused); ``td`` is unchanged on error.
+
+    A memory-mapped ``td`` is memory-mapped again into the loaded folder and locked, without
+    writing anything (its leaves already map that folder's files); with ``mode="r"`` it stays
+    unlocked and is no longer memory-mapped.
+    """
+    was_memmap = td._is_memmap
+    if was_memmap:
+        td._propagate(_set_unlocked)  # the tree is replaced anyway; restored below on error
+    try:
+        load_tree(type(td), prefix, td.device, out=td, robust_key=robust_key, mode=mode, allow_pickle=allow_pickle)
+    except BaseException:
+        if was_memmap:
+            td._propagate(_set_memmap)
+        raise
+    if was_memmap and td._memmap_prefix is not None:
+        td._propagate(_set_memmap)
+    return td
+
+
+def _set_unlocked(td: TensorDictBase) -> None:
+    td._is_locked = False
+
+
+def _set_memmap(td: TensorDictBase) -> None:
+    td._is_memmap = True
+    td._is_locked = True
+    td._is_shared = False

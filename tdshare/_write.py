@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import pickle
 import threading
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -24,7 +23,7 @@ import torch
 
 from ._commit import atomic_directory
 from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
-from ._files import check_not_symlink, replace_file, tensor_buffer, write_file
+from ._files import check_not_symlink, tensor_buffer, write_file
 from ._format import (
     LEAF_SUFFIX,
     META_FILE,
@@ -33,16 +32,18 @@ from ._format import (
     dumps_json,
     leaf_entry,
     level_meta,
-    nontensor_meta,
 )
 from ._future import TensorDictFuture
 from ._keys import encode_key, is_safe_legacy_name
 from ._memmap import MemoryMappedTensor
-from ._nontensor import NonTensorData, is_json_value
+from ._nontensor import NonTensorData
+from ._nontensor_files import encode_nontensor, replace_if_changed, write_nontensor
+from ._registry import SharedRegistry
 from ._segments import Segment, align
+from ._shared_nontensor import SharedNonTensorData
 from ._tensordict import TensorDictBase
 
-__all__ = ["memmap_tree", "write_nontensor", "encode_nontensor"]
+__all__ = ["memmap_tree"]
 
 T = TypeVar("T", bound=TensorDictBase)
 _NAME_MAX = 255
@@ -74,6 +75,8 @@ class _Level:
     leaves: list[_Leaf] = field(default_factory=list)
     nontensors: list[_NonTensor] = field(default_factory=list)
     children: list[tuple[str, _Level]] = field(default_factory=list)
+    share: bool = False  # install non-tensor leaves as SharedNonTensorData (share_non_tensor=True)
+    names: list | None = None  # the dim names written to meta.json (see _inherit_names)
 
     def walk(self) -> list[_Level]:
         """Every level, children before their parent."""
@@ -129,14 +132,30 @@ def _plan(
     copy_existing: bool,
     existsok: bool,
     where: str = "the tensordict",
+    parent_names: list | None = None,
 ) -> _Level:
-    level = _Level(td, path)
+    level = _Level(td, path, names=_inherit_names(td, parent_names))
+    used: dict[str, str] = {}  # file name -> key: a leaf "a" and a folder "a.memmap" would collide
     for key, value in td._tensordict.items():
         here = f"{where}[{key!r}]" if where != "the tensordict" else f"key {key!r}"
+        is_leaf = not isinstance(value, (TensorDictBase, NonTensorData))
+        name = _file_name(key, robust, LEAF_SUFFIX if is_leaf else "", where, directory=not is_leaf)
+        name += LEAF_SUFFIX if is_leaf else ""
+        if name in used:
+            raise InvalidArgumentError(
+                f"The keys {used[name]!r} and {key!r} (in {where}) would both be stored as {name!r}; rename one."
+            )
+        used[name] = key
         if isinstance(value, TensorDictBase):
             name = _file_name(key, robust, "", where, directory=True)
             child = _plan(
-                value, None if path is None else os.path.join(path, name), robust, copy_existing, existsok, here
+                value,
+                None if path is None else os.path.join(path, name),
+                robust,
+                copy_existing,
+                existsok,
+                here,
+                level.names,
             )
             level.children.append((key, child))
             level.entries[key] = {"type": "TensorDict"}
@@ -153,22 +172,15 @@ def _plan(
     return level
 
 
-def encode_nontensor(value: Any, where: str) -> tuple[bytes, bytes | None]:
-    """The ``meta.json`` bytes of a non-tensor value and, if JSON cannot hold it, its pickle."""
-    json_ok = is_json_value(value)
-    try:
-        meta = dumps_json(nontensor_meta(value, json_ok))
-    except (TypeError, ValueError):  # e.g. a float subclass json refuses
-        json_ok = False
-        meta = dumps_json(nontensor_meta(value, False))
-    if json_ok:
-        return meta, None
-    try:
-        return meta, pickle.dumps({"data": value})
-    except Exception as err:
-        raise InvalidArgumentError(
-            f"The non-tensor value at {where} is neither JSON nor picklable ({err}); convert it before saving."
-        ) from err
+def _inherit_names(td: TensorDictBase, parent_names: list | None) -> list | None:
+    """A nested level's dim names: its parent's, then its own for its extra batch dims.
+
+    The reference writes them so and refuses to load a nested level whose names do not
+    extend its parent's."""
+    if parent_names is None:
+        return td._names
+    return list(parent_names) + td.names[len(parent_names) :]
+
 
 
 def _plan_leaf(
@@ -195,7 +207,7 @@ def _plan_leaf(
             leaf.reuse = value
         elif file is not None and _same_file(value, file):
             leaf.reuse = value
-        elif file is not None and value._filename is not None and not copy_existing:
+        elif file is not None and value._filename not in (None, file) and value._offset is None and not copy_existing:
             raise MemmapError(
                 f"The entry {here} is already memory-mapped to {value._filename!r}; writing it to {file!r} "
                 "would duplicate the data on disk. Pass copy_existing=True to copy it."
@@ -219,28 +231,9 @@ def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
     write_file(leaf.path, tensor_buffer(src.cpu()), existsok=existsok)
     flat = torch.from_file(leaf.path, shared=True, size=numel, dtype=dtype)
     leaf.result = MemoryMappedTensor._wrap(flat.view(shape), leaf.path, None, None)
+    leaf.result._ino = os.stat(leaf.path).st_ino
 
 
-def write_nontensor(path: str, meta: bytes, pickled: bytes | None) -> None:
-    """Write one non-tensor folder: ``other.pickle`` first (if any), then ``meta.json``."""
-    os.makedirs(path, exist_ok=True)
-    check_not_symlink(path)
-    pickle_path = os.path.join(path, PICKLE_FILE)
-    if pickled is not None:
-        replace_file(pickle_path, pickled)
-    _replace_if_changed(os.path.join(path, META_FILE), meta)
-    if pickled is None and os.path.exists(pickle_path):
-        os.unlink(pickle_path)  # stale: the value is JSON now
-
-
-def _replace_if_changed(path: str, data: bytes) -> None:
-    try:
-        with open(path, "rb") as f:
-            if f.read(len(data) + 1) == data:
-                return  # identical metadata: no write, no new inode for readers to notice
-    except OSError:
-        pass
-    replace_file(path, data)
 
 
 def _make_dirs(root: _Level) -> None:
@@ -250,15 +243,26 @@ def _make_dirs(root: _Level) -> None:
         check_not_symlink(level.path)
 
 
-def _write_metadata(root: _Level) -> None:
+def _write_metadata(root: _Level) -> bool:
+    """Write every level's metadata, children first; return whether anything changed."""
+    changed = False
     for level in root.walk():  # children first: a level's meta.json only names complete children
         assert level.path is not None
         for nt in level.nontensors:
             assert nt.path is not None
-            write_nontensor(nt.path, nt.meta, nt.pickled)
+            changed = write_nontensor(nt.path, nt.meta, nt.pickled) or changed
         src = level.src
-        meta = level_meta(level.entries, src.batch_size, src._names)
-        _replace_if_changed(os.path.join(level.path, META_FILE), dumps_json(meta))
+        meta = level_meta(level.entries, src.batch_size, level.names)
+        changed = replace_if_changed(os.path.join(level.path, META_FILE), dumps_json(meta)) or changed
+    return changed
+
+
+def _commit(root: _Level, path: str, registry: SharedRegistry) -> tuple[int, int] | None:
+    """Write the metadata under the tree's lock and bump the generation if anything changed."""
+    wrote_data = any(leaf.reuse is None and leaf.src.numel() for lvl in root.walk() for leaf in lvl.leaves)
+    with registry.lock():
+        changed = _write_metadata(root) or wrote_data
+        return registry.bump(files_replaced=wrote_data) if changed else registry.state()
 
 
 def _write_anonymous(root: _Level) -> None:
@@ -287,13 +291,19 @@ def _write_anonymous(root: _Level) -> None:
 
 
 # -- phase 3: install -------------------------------------------------------------------------
-def _install(level: _Level, dest: TensorDictBase, final_path: str | None) -> None:
+def _install(level: _Level, dest: TensorDictBase, final_path: str | None, share: bool | None = None) -> None:
+    share = level.share if share is None else share
     values = dict(dest._tensordict) if dest is level.src else {}
     for leaf in level.leaves:
         assert leaf.result is not None
         values[leaf.key] = leaf.result
     for nt in level.nontensors:
-        values[nt.key] = nt.value if dest is level.src else NonTensorData(nt.value.data)
+        if share and final_path is not None and nt.path is not None:
+            # the writer made these files, so it may read its own pickles back
+            folder = os.path.join(final_path, os.path.basename(nt.path))
+            values[nt.key] = SharedNonTensorData(nt.value.data, folder, allow_pickle=True)
+        else:
+            values[nt.key] = nt.value if dest is level.src else NonTensorData(nt.value.data)
     for key, child in level.children:
         child_dest = (
             child.src
@@ -303,7 +313,7 @@ def _install(level: _Level, dest: TensorDictBase, final_path: str | None) -> Non
         child_path = (
             None if final_path is None or child.path is None else os.path.join(final_path, os.path.basename(child.path))
         )
-        _install(child, child_dest, child_path)
+        _install(child, child_dest, child_path, share)
         values[key] = child_dest
     # keep the source's key order
     dest._tensordict = {k: values[k] for k in level.src._tensordict}
@@ -360,11 +370,6 @@ def memmap_tree(
             "memmap and shared memory are mutually exclusive features: this tensordict is in shared memory "
             "(share_memory_()); use memmap() to make a memory-mapped copy instead."
         )
-    if share_non_tensor:
-        raise NotSupportedError(
-            "share_non_tensor=True is not supported by this version of tdshare: non-tensor values are "
-            "saved with the tensordict but not shared live between processes."
-        )
     if atomic and return_early:
         raise NotSupportedError("return_early is not supported with atomic=True.")
     robust = True if robust_key is None else bool(robust_key)
@@ -373,45 +378,64 @@ def memmap_tree(
     if prefix is None:
         if atomic:
             raise InvalidArgumentError("atomic=True needs a prefix to write the directory to.")
+        if share_non_tensor:
+            raise NotSupportedError(
+                "share_non_tensor=True needs a folder in this version of tdshare (its store is the folder): "
+                "memory-map to a prefix, or keep share_non_tensor=False for anonymous memory."
+            )
         root = _plan(td, None, robust, copy_existing, existsok)
         _write_anonymous(root)
         dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
         _install(root, dest, None)
         return dest
     path = os.path.abspath(os.fspath(prefix))
+    registry = SharedRegistry.for_directory(path)
     if atomic:
-        with atomic_directory(path, existsok) as staging:
-            root = _plan(td, staging, robust, copy_existing, existsok=True)
-            _make_dirs(root)
-            _run_writes(root, num_threads, existsok=True)
-            _write_metadata(root)
+        with registry.lock():  # nobody adds entries to the old folder while it is swapped out
+            with atomic_directory(path, existsok) as staging:
+                try:
+                    root = _plan(td, staging, robust, copy_existing, existsok=True)
+                except MemmapError as err:  # name the target, not the staging folder
+                    raise type(err)(str(err).replace(staging, path)) from None
+                root.share = share_non_tensor
+                _make_dirs(root)
+                _run_writes(root, num_threads, existsok=True)
+                _write_metadata(root)
+            gen = registry.bump(files_replaced=True)
         _rebase(root, staging, path)
         dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
         _install(root, dest, path)
+        dest._generation = gen
         return dest
     root = _plan(td, path, robust, copy_existing, existsok)
+    root.share = share_non_tensor
     dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
     if return_early and num_threads > 1:
         _make_dirs(root)
-        return _write_in_background(root, dest, path, num_threads, existsok)
+        return _write_in_background(root, dest, path, num_threads, existsok, registry)
     _make_dirs(root)
     _run_writes(root, num_threads, existsok)
-    _write_metadata(root)
+    gen = _commit(root, path, registry)
     _install(root, dest, path)
+    dest._generation = gen
     return dest
 
 
 def _run_writes(root: _Level, num_threads: int, existsok: bool) -> None:
     leaves = [leaf for lvl in root.walk() for leaf in lvl.leaves]
     if num_threads > 1 and len(leaves) > 1:
-        for f in [_executor(num_threads).submit(_write_leaf, leaf, existsok) for leaf in leaves]:
+        futures = [_executor(num_threads).submit(_write_leaf, leaf, existsok) for leaf in leaves]
+        concurrent.futures.wait(futures)  # no thread may still write once the error is raised
+        for f in futures:
             f.result()
     else:
         for leaf in leaves:
             _write_leaf(leaf, existsok)
 
 
-def _write_in_background(root: _Level, dest: T, path: str, num_threads: int, existsok: bool) -> TensorDictFuture[T]:
+def _write_in_background(
+    root: _Level, dest: T, path: str, num_threads: int, existsok: bool, registry: SharedRegistry
+) -> TensorDictFuture[T]:
     """Write the leaves in the pool; the last one to finish commits the metadata and installs.
 
     The commit runs in a completion callback rather than as a pool job waiting on the others, so
@@ -427,8 +451,9 @@ def _write_in_background(root: _Level, dest: T, path: str, num_threads: int, exi
         try:
             for f in futures:
                 f.result()
-            _write_metadata(root)
+            gen = _commit(root, path, registry)
             _install(root, dest, path)
+            dest._generation = gen
         except BaseException as err:  # delivered by TensorDictFuture.result()
             committed.set_exception(err)
         else:
