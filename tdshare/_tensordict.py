@@ -16,12 +16,14 @@ from typing import Any, TypeVar
 import torch
 
 from ._errors import (
+    ArgumentTypeError,
     BatchSizeError,
     InvalidArgumentError,
     KeyTypeError,
     LockedError,
     MemmapError,
     MissingKeyError,
+    NotSupportedError,
 )
 from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData
@@ -68,6 +70,31 @@ def _normalize_index(idx: Any, ndim: int) -> Any:
     return idx
 
 
+def _index_names(names: list | None, idx: tuple, ndim: int) -> list | None:
+    """The dimension names after indexing with a normalized ``idx`` (None where they are unknown)."""
+    if names is None:
+        return None
+    out: list = []
+    pos = 0
+    tensors = 0
+    for item in idx:
+        if item is None:
+            out.append(None)
+        elif isinstance(item, slice):
+            out.append(names[pos])
+            pos += 1
+        elif isinstance(item, torch.Tensor) and item.ndim > 0:
+            tensors += 1
+            out.append(names[pos] if item.ndim == 1 else None)
+            pos += item.ndim if item.dtype == torch.bool else 1
+        else:  # an integer removes its dimension
+            pos += 1
+    out += names[pos:]
+    if tensors > 1 or len(out) != ndim or all(n is None for n in out):
+        return None
+    return out
+
+
 class TensorDictBase:
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
@@ -109,7 +136,10 @@ class TensorDictBase:
         self._is_memmap = False
         self._is_shared = False
         self._memmap_prefix = None
-        self._last_op: list[str] = []
+        self._generation: tuple[int, int] | None = None  # registry state last seen (memory-mapped folders)
+        self._meta_seen: dict | None = None  # this level's meta.json as the last refresh read it
+        self._last_op: list[str | None] = []  # the latest lock_/unlock_ (None: it changed nothing)
+        self._op_queue: list[str | None] = []  # the ops of the open ``with`` blocks
 
     @classmethod
     def _from_leaves(
@@ -170,10 +200,13 @@ class TensorDictBase:
             raise InvalidArgumentError(
                 f"names has {len(value)} entries but the tensordict has {self.batch_dims} batch dimensions."
             )
+        named = [n for n in value if n is not None]
+        if len(set(named)) != len(named):
+            raise InvalidArgumentError(f"Some dimension names are non-unique: {value}.")
         self._names = value
         for leaf in self._tensordict.values():
             if isinstance(leaf, TensorDictBase):
-                leaf._names = value + leaf.names[len(value) :]
+                leaf.names = value + leaf.names[len(value) :]  # every nested level
 
     @property
     def device(self) -> torch.device | None:
@@ -189,8 +222,9 @@ class TensorDictBase:
 
     def lock_(self: T) -> T:
         """Refuse structural changes (add, remove, replace) from now on; in-place writes still work."""
+        changed = not self._is_locked
         self._propagate(lambda td: setattr(td, "_is_locked", True))
-        self._last_op.append("lock_")
+        self._last_op[:] = ["lock_" if changed else None]
         return self
 
     def unlock_(self: T) -> T:
@@ -201,21 +235,23 @@ class TensorDictBase:
             td._is_memmap = False
             td._is_shared = False
 
+        changed = self._is_locked
         self._propagate(_unlock)
-        self._last_op.append("unlock_")
+        self._last_op[:] = ["unlock_" if changed else None]
         return self
 
     def __enter__(self: T) -> T:
+        self._op_queue.append(self._last_op.pop() if self._last_op else None)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        op = self._last_op.pop() if self._last_op else None
+        """Undo the ``lock_()``/``unlock_()`` that opened the block, if it changed the state."""
+        op = self._op_queue.pop() if self._op_queue else None
         if op == "unlock_":
             self.lock_()
-            self._last_op.pop()
         elif op == "lock_":
             self.unlock_()
-            self._last_op.pop()
+        self._last_op.clear()
 
     def _propagate(self, fn: Callable[[TensorDictBase], None]) -> None:
         fn(self)
@@ -237,7 +273,7 @@ class TensorDictBase:
                 where = "" if depth == 0 else f" (missing part {part!r})"
                 raise MissingKeyError(
                     f"key {key if len(key) > 1 else key[0]!r} not found in the TensorDict{where}; "
-                    f"existing keys: {sorted(self._tensordict)}."
+                    f"existing keys: {_preview(self._tensordict)}."
                 )
             node = node._tensordict[part]
         return node
@@ -285,7 +321,7 @@ class TensorDictBase:
 
     def __iter__(self) -> Iterator[Any]:
         if not self._batch_size:
-            raise InvalidArgumentError("Cannot iterate over a tensordict with no batch dimension; iterate keys().")
+            raise ArgumentTypeError("Cannot iterate over a tensordict with no batch dimension; iterate keys().")
         for i in range(self._batch_size[0]):
             yield self._index(i)
 
@@ -319,7 +355,7 @@ class TensorDictBase:
             value = value.to(self._device)
         self._check_batch(key, value)
         if isinstance(value, TensorDictBase) and self._names is not None:
-            value._names = self._names + value.names[self.batch_dims :]
+            value.names = self._names + value.names[self.batch_dims :]
         return value
 
     def _set(self, key: tuple[str, ...], value: Any, inplace: bool = False) -> None:
@@ -367,7 +403,9 @@ class TensorDictBase:
         elif isinstance(leaf, NonTensorData):
             self._write_non_tensor(key, leaf, value.data if isinstance(value, NonTensorData) else value)
         else:
-            leaf.copy_(torch.as_tensor(value) if not isinstance(value, torch.Tensor) else value)
+            value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+            self._check_batch(key, value)
+            leaf.copy_(value)
 
     def _write_non_tensor(self, key: str, leaf: NonTensorData, value: Any) -> None:
         """Hook for subclasses that persist non-tensor writes."""
@@ -398,9 +436,10 @@ class TensorDictBase:
                         f"td[index] = value: key {key!r} of the value is not in the tensordict; add it first."
                     )
                 self._assign_at(key, idx, sub)
-        else:
-            for key in self._tensordict:
-                self._assign_at(key, idx, value)
+        else:  # a scalar or tensor goes into every tensor leaf; non-tensor values are left alone
+            for key, leaf in self._tensordict.items():
+                if not isinstance(leaf, NonTensorData):
+                    self._assign_at(key, idx, value)
 
     def _assign_at(self, key: str, idx: Any, value: Any) -> None:
         leaf = self._tensordict[key]
@@ -431,6 +470,8 @@ class TensorDictBase:
     def rename_key_(self: T, old: NestedKey, new: NestedKey) -> T:
         value = self._get_leaf(unravel_key(old))
         self._check_unlocked(str(old))
+        if unravel_key(old) == unravel_key(new):
+            return self
         self._set(unravel_key(new), value)
         self.pop(old)
         return self
@@ -447,10 +488,7 @@ class TensorDictBase:
                 leaves[key] = leaf
             else:
                 leaves[key] = leaf[idx]
-        names = None
-        if self._names is not None and len(batch) == self.batch_dims:
-            names = list(self._names)
-        out = type(self)._from_leaves(leaves, batch, self._device, names)
+        out = type(self)._from_leaves(leaves, batch, self._device, _index_names(self._names, idx, len(batch)))
         out._is_memmap = self._is_memmap
         out._is_shared = self._is_shared
         out._is_locked = self._is_locked
@@ -488,7 +526,10 @@ class TensorDictBase:
             if isinstance(leaf, torch.Tensor):
                 parts = unravel_key(key)
                 value = fn(leaf, *(o._get_leaf(parts) for o in others))
-                _put(out, parts, value)
+                if value is None:
+                    out.pop(parts)  # like the one-tensordict form: None drops the entry
+                else:
+                    _put(out, parts, value)
         if batch_size is not None:
             out.batch_size = _as_size(batch_size)
         return out
@@ -583,7 +624,7 @@ class TensorDictBase:
     __hash__ = None  # type: ignore[assignment]
 
     def __bool__(self) -> bool:
-        raise InvalidArgumentError("The truth value of a TensorDict is ambiguous: use td.all() or td.any().")
+        raise NotSupportedError("The truth value of a TensorDict is ambiguous: use td.all() or td.any().")
 
     def all(self) -> bool:
         return all(bool(leaf.all()) for _, leaf in self._iter_items(True, True) if isinstance(leaf, torch.Tensor))
@@ -666,7 +707,8 @@ class TensorDictBase:
                 leaves[key] = _same_non_tensor(key, values)
             else:
                 leaves[key] = torch.stack([torch.Tensor.as_subclass(v, torch.Tensor) for v in values], dim)
-        return cls._from_leaves(leaves, torch.Size(batch), first._device, None)
+        names = None if first._names is None else [*first._names[:dim], None, *first._names[dim:]]
+        return cls._from_leaves(leaves, torch.Size(batch), first._device, names)
 
     @classmethod
     def cat(cls: type[T], tds: Sequence[TensorDictBase], dim: int = 0) -> T:
@@ -685,6 +727,12 @@ class TensorDictBase:
             else:
                 leaves[key] = torch.cat([torch.Tensor.as_subclass(v, torch.Tensor) for v in values], dim)
         return cls._from_leaves(leaves, torch.Size(batch), first._device, first._names)
+
+
+def _preview(keys: Any, limit: int = 10) -> str:
+    names = sorted(keys)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{names[:limit]}{more}"
 
 
 def _as_size(value: Any) -> torch.Size:
