@@ -27,6 +27,7 @@ from ._keys import NestedKey, unravel_key
 from ._memmap import MemoryMappedTensor, _storage_filename
 from ._read import read_meta
 from ._registry import SharedRegistry
+from ._runtime import ensure_store, read_manifest, write_manifest
 from ._tensordict import TensorDictBase
 from ._write import _file_name
 
@@ -99,6 +100,8 @@ def add_entry(
     prefix = td._memmap_prefix
     if prefix is None:
         anonymous = build(None, shape_, dtype_)
+        if td._anon_store is not None and anonymous._segment is not None:
+            _publish(td, td._anon_store, parts, anonymous)
         _insert(td, parts, anonymous, None, robust)
         return anonymous
     file_name = _file_name(last, robust, LEAF_SUFFIX, "the tensordict", directory=False) + LEAF_SUFFIX
@@ -132,6 +135,32 @@ def add_entry(
     if td._generation == before:
         td._generation = after  # we were current: our own addition is all that changed
     return tensor
+
+
+def _publish(td: TensorDictBase, store: tuple[str, tuple[str, ...]], parts: tuple[str, ...],
+             tensor: MemoryMappedTensor) -> None:
+    """Record an anonymous entry in the tree's runtime manifest, so other processes can map it."""
+    seg = tensor._segment
+    assert seg is not None
+    path, level_key = store
+    registry = SharedRegistry.for_directory(path)
+    with registry.lock():
+        ensure_store(path)
+        before = registry.state()
+        entries = read_manifest(path)
+        key = [*level_key, *parts]
+        if any(e.get("key") == key for e in entries):
+            raise MemmapError(
+                f"The key {parts!r} was already added by another process: call memmap_refresh_() to see it."
+            )
+        entries.append({
+            "key": key, "dtype": str(tensor.dtype), "shape": list(tensor.shape), "pid": os.getpid(),
+            "fd": seg.fd, "ino": os.fstat(seg.fd).st_ino, "size": seg.size,
+        })
+        write_manifest(path, entries)
+        after = registry.bump()
+    if td._generation == before or (td._generation is None and before is None):
+        td._generation = after
 
 
 def _make_level_dirs(prefix: str, folders: list[str]) -> list[str]:

@@ -13,13 +13,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._errors import CorruptDataError, NotMemmapError
-from ._format import META_FILE, NO_FILE_FIELD, RESERVED_KEYS, parse_level
+import torch
+
+from ._entries import _insert
+from ._errors import CorruptDataError, MemmapError, NotMemmapError
+from ._format import META_FILE, NO_FILE_FIELD, RESERVED_KEYS, parse_level, str_to_dtype
 from ._keys import encode_key
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
 from ._read import _Ctx, _load_leaf, _load_level, _locate, check_load_args, read_meta
 from ._registry import SharedRegistry
+from ._runtime import read_manifest, register_user
+from ._segments import Segment, _map_fd
 from ._shared_nontensor import SharedNonTensorData
 from ._tensordict import TensorDictBase
 
@@ -29,6 +34,8 @@ __all__ = ["refresh"]
 def refresh(td: TensorDictBase, allow_pickle: bool | None = None) -> TensorDictBase:
     check_load_args(None, allow_pickle)
     prefix = td._memmap_prefix
+    if td._is_memmap and prefix is None and td._anon_store is not None:
+        return _refresh_anonymous(td, td._anon_store)
     if not td._is_memmap or prefix is None:
         raise NotMemmapError(
             "Cannot refresh a TensorDict that is not memory mapped or has no path associated: memmap_() it to a "
@@ -125,3 +132,48 @@ def _mark_memmap(td: TensorDictBase, locked: bool) -> None:
         level._is_locked = locked
 
     td._propagate(fix)
+
+
+# -- anonymous trees: entries published in the runtime store ----------------------------------
+def _refresh_anonymous(td: TensorDictBase, store: tuple[str, tuple[str, ...]]) -> TensorDictBase:
+    path, level_key = store
+    registry = SharedRegistry.for_directory(path)
+    state = registry.state()  # None until some process adds an entry
+    if state == td._generation:
+        return td
+    register_user(path)  # we are about to map through the store: keep it from being reaped
+    for entry in read_manifest(path):
+        key = tuple(entry["key"])
+        if key[: len(level_key)] != level_key or len(key) == len(level_key):
+            continue
+        rel = key[len(level_key) :]
+        if td._get_leaf(rel, None) is not None:
+            continue
+        _insert(td, rel, _attach(path, entry), None, True)
+    td._generation = state
+    return td
+
+
+def _attach(store: str, entry: dict[str, Any]) -> MemoryMappedTensor:
+    """Map an entry another process published: open its memfd through /proc and check it."""
+    pid, fd, size = int(entry["pid"]), int(entry["fd"]), int(entry["size"])
+    dtype = str_to_dtype(entry["dtype"], os.path.join(store, "manifest.json"))
+    shape = torch.Size(entry["shape"])
+    source = f"/proc/{pid}/fd/{fd}"
+    try:
+        new_fd = os.open(source, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as err:
+        raise MemmapError(
+            f"Cannot map the anonymous entry {tuple(entry['key'])!r}: the process that added it (pid {pid}) has "
+            f"exited or closed it ({err.strerror}). Anonymous entries are reachable through their creator until "
+            "another process maps them; memory-map to a folder for entries that outlive their writer."
+        ) from None
+    st = os.fstat(new_fd)
+    if st.st_ino != entry.get("ino") or st.st_size < size:
+        os.close(new_fd)
+        raise MemmapError(
+            f"Cannot map the anonymous entry {tuple(entry['key'])!r}: descriptor {fd} of process {pid} no longer "
+            "holds its memory (it was closed and reused)."
+        )
+    seg = Segment(new_fd, size, _map_fd(new_fd, size) if size else torch.empty(0, dtype=torch.uint8))
+    return MemoryMappedTensor._wrap(seg.view(0, dtype, shape), None, seg, None)

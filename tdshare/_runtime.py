@@ -1,0 +1,177 @@
+"""The runtime store of an anonymous tensordict: how entries added later reach other processes.
+
+A tensordict memory-mapped without a folder (``memmap_()`` with no prefix) has no files, so its
+registry lives in a private per-user runtime folder (``$XDG_RUNTIME_DIR/tdshare-<uid>``, else
+``/dev/shm/tdshare-<uid>``, mode 0700).  Each anonymous tree gets a store path there when it is
+memory-mapped; the store is only created when a process first adds an entry with ``make_memmap*``:
+
+``<store>/users/<pid>-<start time>``
+    One empty file per process that published or mapped an entry through the store.
+``<store>/manifest.json``
+    The added entries: nested key, dtype, shape, and where the data is (the creator's pid and
+    descriptor of a ``memfd`` segment).  Replaced whole, under the store's lock, then the
+    generation is bumped (the same :class:`SharedRegistry` as for folders).
+
+Another process maps an entry by opening ``/proc/<pid>/fd/<fd>``: the adding process must still
+be alive when the others first refresh (afterwards the memory lives as long as anyone maps it).
+A store is removed, with its control files, by its last user's clean exit, or (after a crash)
+by the next store created and by ``python -m tdshare gc`` once all its recorded users have
+exited.  The memory itself is never in the store: the kernel frees it with the last process that
+maps it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+import time
+from typing import Any
+
+import psutil
+
+from ._errors import CorruptDataError, MemmapError
+from ._files import replace_file
+from ._registry import control_paths
+
+__all__ = [
+    "runtime_root",
+    "new_store_path",
+    "ensure_store",
+    "register_user",
+    "read_manifest",
+    "write_manifest",
+    "reap",
+]
+
+_USERS = "users"
+_MANIFEST = "manifest.json"
+
+
+def runtime_root() -> str:
+    """This user's private runtime folder (created with mode 0700, checked to be ours)."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if not base or not os.access(base, os.W_OK):
+        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    root = os.path.join(base, f"tdshare-{os.getuid()}")
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise MemmapError(
+            f"The runtime folder {root!r} is not a private directory owned by this user; remove it and retry."
+        )
+    return root
+
+
+def new_store_path() -> str:
+    """A fresh store path (nothing is created until an entry is added)."""
+    return os.path.join(runtime_root(), secrets.token_hex(8))
+
+
+def ensure_store(path: str) -> None:
+    """Create the store folder (reaping stores nobody uses first) and record this process in it."""
+    if not os.path.isdir(path):
+        reap(os.path.dirname(path))
+        os.makedirs(os.path.join(path, _USERS), mode=0o700, exist_ok=True)
+    register_user(path)
+
+
+_registered: set[tuple[str, int]] = set()
+
+
+def register_user(path: str) -> None:
+    """Record this process as a user of the store (once per process): a store is reaped only
+    when every process that published or mapped through it has exited."""
+    if (path, os.getpid()) in _registered:
+        return
+    me = psutil.Process()
+    users = os.path.join(path, _USERS)
+    os.makedirs(users, mode=0o700, exist_ok=True)
+    with open(os.path.join(users, f"{me.pid}-{me.create_time():.3f}"), "wb"):
+        pass
+    if not any(pid == os.getpid() for _, pid in _registered):
+        atexit.register(_cleanup_at_exit)
+    _registered.add((path, os.getpid()))
+
+
+def _cleanup_at_exit() -> None:
+    """On a clean exit, remove the stores of this process that no other live process uses."""
+    for path, pid in list(_registered):
+        if pid != os.getpid():
+            continue
+        me = psutil.Process()
+        try:
+            os.unlink(os.path.join(path, _USERS, f"{me.pid}-{me.create_time():.3f}"))
+        except OSError:
+            pass
+        if not _in_use(path) or not os.listdir(os.path.join(path, _USERS)):
+            _remove_store(path)
+
+
+def read_manifest(path: str) -> list[dict[str, Any]]:
+    try:
+        with open(os.path.join(path, _MANIFEST), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return []
+    try:
+        entries = json.loads(raw)["entries"]
+    except (ValueError, KeyError, TypeError):
+        raise CorruptDataError(f"{os.path.join(path, _MANIFEST)} is not a valid tdshare manifest.") from None
+    if not isinstance(entries, list):
+        raise CorruptDataError(f"{os.path.join(path, _MANIFEST)} is not a valid tdshare manifest.")
+    return entries
+
+
+def write_manifest(path: str, entries: list[dict[str, Any]]) -> None:
+    replace_file(os.path.join(path, _MANIFEST), json.dumps({"entries": entries}).encode())
+
+
+def _in_use(store: str) -> bool:
+    users = os.path.join(store, _USERS)
+    try:
+        names = os.listdir(users)
+    except FileNotFoundError:
+        names = []
+    if not names:  # being created right now (folder made, first user not yet recorded)?
+        try:
+            return os.stat(store).st_mtime > time.time() - 60
+        except OSError:
+            return False
+    for name in names:
+        pid, _, created = name.partition("-")
+        try:
+            if abs(psutil.Process(int(pid)).create_time() - float(created)) < 1.0:
+                return True
+        except (ValueError, psutil.Error):
+            continue
+    return False
+
+
+def reap(root: str | None = None) -> list[str]:
+    """Remove the stores (and their control files) whose owner process is dead; return them."""
+    root = root or runtime_root()
+    removed = []
+    for name in os.listdir(root):
+        store = os.path.join(root, name)
+        if name.startswith(".") or not os.path.isdir(store) or _in_use(store):
+            continue
+        _remove_store(store)
+        removed.append(store)
+    return removed
+
+
+def _remove_store(store: str) -> None:
+    shutil.rmtree(store, ignore_errors=True)
+    for control in control_paths(store):
+        try:
+            os.unlink(control)
+        except FileNotFoundError:
+            pass
