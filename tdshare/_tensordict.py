@@ -138,6 +138,8 @@ class TensorDictBase:
         self._memmap_prefix = None
         self._generation: tuple[int, int] | None = None  # registry state last seen (memory-mapped folders)
         self._meta_seen: dict | None = None  # this level's meta.json as the last refresh read it
+        # anonymous memory-mapped trees: (runtime store path, this level's key from the root)
+        self._anon_store: tuple[str, tuple[str, ...]] | None = None
         self._last_op: list[str | None] = []  # the latest lock_/unlock_ (None: it changed nothing)
         self._op_queue: list[str | None] = []  # the ops of the open ``with`` blocks
 
@@ -676,6 +678,8 @@ class TensorDictBase:
             self._is_memmap,
             self._is_shared,
             self._memmap_prefix,
+            self._anon_store,
+            self._generation,
         )
         return (_rebuild, (type(self), state))
 
@@ -798,8 +802,9 @@ def _same_non_tensor(key: str, values: list[Any]) -> NonTensorData:
 
 
 def _rebuild(cls: type[T], state: tuple[Any, ...]) -> T:
-    leaves, batch, device, names, locked, memmap, shared, prefix = state
+    leaves, batch, device, names, locked, memmap, shared, prefix, anon_store, generation = state
     out = cls._from_leaves(leaves, torch.Size(batch), device, names)
     out._is_memmap, out._is_shared, out._memmap_prefix = memmap, shared, prefix
+    out._anon_store, out._generation = anon_store, generation
     out._is_locked = locked
     return out

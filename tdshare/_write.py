@@ -39,6 +39,7 @@ from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor, replace_if_changed, write_nontensor
 from ._registry import SharedRegistry
+from ._runtime import new_store_path
 from ._segments import Segment, align
 from ._shared_nontensor import SharedNonTensorData
 from ._tensordict import TensorDictBase
@@ -325,6 +326,14 @@ def _install(level: _Level, dest: TensorDictBase, final_path: str | None, share:
     dest._is_locked = True
 
 
+def _assign_store(td: TensorDictBase, store: str, key: tuple[str, ...]) -> None:
+    """Give every level of an anonymous tree the runtime store through which entries are shared."""
+    td._anon_store = (store, key)
+    for name, value in td._tensordict.items():
+        if isinstance(value, TensorDictBase):
+            _assign_store(value, store, (*key, name))
+
+
 def _rebase(level: _Level, staging: str, final: str) -> None:
     for lvl in level.walk():
         for leaf in lvl.leaves:
@@ -387,6 +396,8 @@ def memmap_tree(
         _write_anonymous(root)
         dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
         _install(root, dest, None)
+        store = td._anon_store[0] if inplace and td._anon_store is not None else new_store_path()
+        _assign_store(dest, store, ())
         return dest
     path = os.path.abspath(os.fspath(prefix))
     registry = SharedRegistry.for_directory(path)
