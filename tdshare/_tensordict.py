@@ -27,6 +27,7 @@ from ._errors import (
 )
 from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData
+from ._reductions import decode_leaf, encode_leaf
 
 __all__ = ["TensorDictBase"]
 
@@ -669,8 +670,10 @@ class TensorDictBase:
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
+        # memory-mapped leaves travel as compact handles (see _reductions), never as bytes
+        prefix = self._memmap_prefix
         state = (
-            self._tensordict,
+            {k: encode_leaf(v, prefix, k) for k, v in self._tensordict.items()},
             tuple(self._batch_size),
             self._device,
             self._names,
@@ -803,6 +806,7 @@ def _same_non_tensor(key: str, values: list[Any]) -> NonTensorData:
 
 def _rebuild(cls: type[T], state: tuple[Any, ...]) -> T:
     leaves, batch, device, names, locked, memmap, shared, prefix, anon_store, generation = state
+    leaves = {k: decode_leaf(v, prefix, k) for k, v in leaves.items()}
     out = cls._from_leaves(leaves, torch.Size(batch), device, names)
     out._is_memmap, out._is_shared, out._memmap_prefix = memmap, shared, prefix
     out._anon_store, out._generation = anon_store, generation
