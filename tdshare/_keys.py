@@ -71,14 +71,14 @@ def decode_key(name: str) -> str:
 def is_safe_legacy_name(key: str, *, directory: bool = False) -> bool:
     """Whether ``key`` may be used unencoded as a file name (the legacy, ``robust_key=False`` layout).
 
-    A safe legacy name has no path separator and no drive prefix, is not empty, and for a
-    directory is not ``.`` or ``..``.  Leaf names get the ``.memmap`` suffix, so ``.`` and ``..``
-    are harmless there, but an empty name never is.
+    A safe legacy name has no path separator, NUL or drive prefix (``C:...``), and for a directory
+    is not ``""``, ``.`` or ``..``.  Leaf names get the ``.memmap`` suffix, so ``""``, ``.`` and
+    ``..`` stay inside the folder there (``"".memmap`` is ``.memmap``, as the reference writes it).
     """
-    if not key or "/" in key or "\\" in key or "\0" in key:
+    if "/" in key or "\\" in key or "\0" in key:
         return False
-    if len(key) >= 2 and key[1] == ":":
+    if len(key) >= 2 and key[0].isalpha() and key[1] == ":":
         return False
-    if directory and key in (".", ".."):
+    if directory and key in ("", ".", ".."):
         return False
     return True

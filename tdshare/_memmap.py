@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
 
-from ._errors import InvalidArgumentError, MemmapError
+from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
 from ._files import map_file, reserve_file, tensor_buffer, write_file
 from ._segments import Segment
 
@@ -38,9 +39,12 @@ def _parse_size(size: tuple[Any, ...], shape: Any) -> torch.Size:
     if len(size) == 1 and isinstance(size[0], (Sequence, torch.Size, torch.Tensor)):
         size = tuple(size[0])
     try:
-        return torch.Size([int(s) for s in size])
+        out = torch.Size([int(s) for s in size])
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"A size must be integers or one sequence of integers, got {size!r}.") from None
+    if any(s < 0 for s in out):
+        raise InvalidArgumentError(f"A size cannot be negative, got {list(out)}.")
+    return out
 
 
 def _check_cpu(device: Any) -> None:
@@ -53,9 +57,12 @@ class MemoryMappedTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
-    _filename: str | None
-    _segment: Segment | None
-    _mode: str | None
+    # Class defaults: ``MemoryMappedTensor(tensor)`` wraps a tensor without calling ``_wrap``.
+    _filename: str | None = None
+    _segment: Segment | None = None
+    _mode: str | None = None
+    _ino: int | None = None  # inode of the mapped file, when known: a refresh keeps unchanged leaves
+    _offset: int | None = None  # byte offset of the payload when ``_filename`` is a .tdz archive
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -71,6 +78,8 @@ class MemoryMappedTensor(torch.Tensor):
     @classmethod
     def _anonymous(cls, shape: torch.Size, dtype: torch.dtype) -> MemoryMappedTensor:
         nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes == 0:  # nothing to share: no segment, no descriptor
+            return cls._wrap(torch.empty(shape, dtype=dtype), None, None, None)
         seg = Segment.create(nbytes)
         return cls._wrap(seg.view(0, dtype, shape), None, seg, None)
 
@@ -100,12 +109,14 @@ class MemoryMappedTensor(torch.Tensor):
                 return input
             if path is not None and input._filename == path and input._mode != "r":
                 return input
-            if path is not None and input._filename not in (None, path) and not copy_existing:
+            if path is not None and input._filename not in (None, path) and input._offset is None and not copy_existing:
                 raise MemmapError(
                     f"The tensor is already memory-mapped to {input._filename!r}; copying it to {path!r} "
                     "would duplicate the data on disk. Pass copy_existing=True to copy it."
                 )
         src = input.detach()
+        if src.device.type == "meta":
+            raise NotSupportedError("A tensor on the meta device has no data to memory-map.")
         if src.device.type != "cpu":
             src = src.cpu()
         out_shape = src.shape if shape is None else torch.Size(shape)
@@ -181,7 +192,8 @@ class MemoryMappedTensor(torch.Tensor):
                 f"A storage of {storage.nbytes()} bytes cannot hold shape {list(shape)} of {dtype}."
             )
         t = torch.empty(0, dtype=dtype).set_(storage, 0, shape, _contiguous_strides(shape))
-        out = cls._wrap(t, path or stored, None, None)
+        segment = Segment.of_storage(storage) if path is None and stored is None else None
+        out = cls._wrap(t, path or stored, segment, None)
         return out if index is None else out[index]
 
     # -- factories ----------------------------------------------------------------------------
@@ -278,7 +290,8 @@ class MemoryMappedTensor(torch.Tensor):
     def filename(self) -> str:
         """The absolute path of the mapped file; ``RuntimeError`` for anonymous memory."""
         if self._filename is None:
-            raise MemmapError("The MemoryMappedTensor has no file associated (it is in anonymous shared memory).")
+            where = "anonymous shared memory" if self._segment is not None else "ordinary process memory"
+            raise MemmapError(f"The MemoryMappedTensor has no file associated (it is in {where}).")
         return self._filename
 
     @property
@@ -294,7 +307,9 @@ class MemoryMappedTensor(torch.Tensor):
     # -- views --------------------------------------------------------------------------------
     def _same_memory(self, out: Any) -> Any:
         if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() == self.untyped_storage().data_ptr():
-            return MemoryMappedTensor._wrap(out, self._filename, self._segment, self._mode)
+            view = MemoryMappedTensor._wrap(out, self._filename, self._segment, self._mode)
+            view._offset = self._offset
+            return view
         return out
 
     def __getitem__(self, index: Any) -> Any:
@@ -323,6 +338,8 @@ def _reduce(t: MemoryMappedTensor) -> tuple[Any, ...]:
             _rebuild_segment_view,
             (t._segment, t.untyped_storage().data_ptr() - t._segment.buffer.data_ptr(), *geometry),
         )
+    if t._filename is not None and t._offset is not None:  # a view into a .tdz archive
+        return (_rebuild_archive_view, (t._filename, t.untyped_storage().nbytes(), t._offset, t._mode, *geometry))
     if t._filename is not None:
         numel = t.untyped_storage().nbytes() // t.dtype.itemsize
         return (_rebuild_file_view, (t._filename, numel, t._mode, *geometry))
@@ -348,6 +365,38 @@ def _rebuild_file_view(
 ) -> MemoryMappedTensor:
     flat = map_file(path, dtype, numel, mode)
     return MemoryMappedTensor._wrap(flat.as_strided(shape, stride, offset), path, None, mode)
+
+
+def _rebuild_archive_view(
+    path: str, nbytes: int, payload: int, mode: str | None, dtype: torch.dtype, shape: tuple, stride: tuple, offset: int
+) -> MemoryMappedTensor:
+    """A view into a mapping of a whole .tdz archive (``offset`` counts elements from the file start)."""
+    flat = _map_archive(path, nbytes, mode)
+    typed = flat[: nbytes - nbytes % dtype.itemsize].view(dtype)
+    out = MemoryMappedTensor._wrap(typed.as_strided(shape, stride, offset), path, None, mode)
+    out._offset = payload
+    return out
+
+
+# (path, mode, size, inode) -> the storage mapping that archive: the leaves of one archive that a
+# process receives share one mapping (one per leaf would exhaust the address space for big archives)
+_ARCHIVE_MAPS: dict[tuple[str, str | None, int, int], weakref.ref[torch.UntypedStorage]] = {}
+
+
+def _map_archive(path: str, nbytes: int, mode: str | None) -> torch.Tensor:
+    key = (path, mode, nbytes, os.stat(path).st_ino)
+    ref = _ARCHIVE_MAPS.get(key)
+    storage = ref() if ref is not None else None
+    if storage is not None:
+        return torch.empty(0, dtype=torch.uint8).set_(storage)
+    flat = map_file(path, torch.uint8, nbytes, mode)
+
+    def forget(r: weakref.ref[torch.UntypedStorage], key: tuple[str, str | None, int, int] = key) -> None:
+        if _ARCHIVE_MAPS.get(key) is r:
+            del _ARCHIVE_MAPS[key]
+
+    _ARCHIVE_MAPS[key] = weakref.ref(flat.untyped_storage(), forget)
+    return flat
 
 
 def _contiguous_strides(shape: torch.Size) -> list[int]:

@@ -23,6 +23,11 @@ __all__ = ["Segment", "ALIGN", "align"]
 
 ALIGN = 64
 
+# Live segments by the address of their mapping, so that a bare storage of a segment (for
+# ``MemoryMappedTensor.from_storage``) finds its segment again and stays picklable.  A mapping
+# cannot be at the same address as another while it lives, so the key is unambiguous.
+_BY_ADDRESS: weakref.WeakValueDictionary[int, Segment] = weakref.WeakValueDictionary()
+
 
 def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
@@ -43,6 +48,16 @@ class Segment:
         self.size = size
         self.buffer = buffer  # flat uint8 tensor over the whole mapping
         weakref.finalize(self, os.close, fd)
+        if size:
+            _BY_ADDRESS[buffer.data_ptr()] = self
+
+    @staticmethod
+    def of_storage(storage: torch.UntypedStorage) -> Segment | None:
+        """The live segment whose whole mapping is ``storage``, if any."""
+        seg = _BY_ADDRESS.get(storage.data_ptr()) if storage.nbytes() else None
+        if seg is None or seg.buffer.untyped_storage().nbytes() != storage.nbytes():
+            return None
+        return seg
 
     @classmethod
     def create(cls, size: int, name: str = "tdshare") -> Segment:

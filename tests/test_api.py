@@ -1,0 +1,140 @@
+"""The public API is pinned: a name added or removed here is a deliberate change."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tdshare
+
+PACKAGE = Path(tdshare.__file__).resolve().parent
+
+PUBLIC = [
+    "ArgumentTypeError",
+    "AtomicTargetError",
+    "BatchSizeError",
+    "CorruptDataError",
+    "FileExistsRuntimeError",
+    "FormatError",
+    "InvalidArgumentError",
+    "KeyTypeError",
+    "LockedError",
+    "MemmapError",
+    "MemoryMappedTensor",
+    "MissingKeyError",
+    "MissingMetadataError",
+    "NonTensorData",
+    "NotMemmapError",
+    "NotSupportedError",
+    "PickleRefusedError",
+    "TdshareError",
+    "TensorDict",
+    "TensorDictFuture",
+    "UnsupportedFormatError",
+    "__version__",
+    "load",
+    "load_memmap",
+    "memmap",
+    "pack_memmap",
+    "refresh_archive_checksums",
+    "save",
+    "unpack_memmap",
+]
+
+
+def test_all_is_pinned() -> None:
+    assert PUBLIC == sorted(PUBLIC)
+    assert sorted(tdshare.__all__) == PUBLIC
+    assert len(set(tdshare.__all__)) == len(tdshare.__all__)
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_name_is_importable(name: str) -> None:
+    obj = getattr(tdshare, name)
+    assert obj is not None
+    namespace: dict[str, object] = {}
+    exec(f"from tdshare import {name}", namespace)
+    assert namespace[name] is obj
+    if not name.startswith("_"):
+        assert getattr(obj, "__module__", "tdshare").startswith("tdshare"), f"{name} comes from outside tdshare"
+
+
+def test_star_import_gives_all() -> None:
+    namespace: dict[str, object] = {}
+    exec("from tdshare import *", namespace)
+    assert set(PUBLIC) <= set(namespace)
+
+
+def test_version() -> None:
+    assert isinstance(tdshare.__version__, str) and tdshare.__version__.count(".") >= 2
+
+
+def test_top_level_functions_are_callable() -> None:
+    for name in ("load", "load_memmap", "memmap", "save", "pack_memmap", "unpack_memmap", "refresh_archive_checksums"):
+        assert callable(getattr(tdshare, name)), name
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module named by an import statement anywhere in ``path`` (including inside functions)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Attribute, ast.Name))
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            out.add(node.args[0].value)
+    return out
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_sources_found() -> None:
+    assert PACKAGE / "__init__.py" in SOURCES and len(SOURCES) >= 10
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=[str(p.relative_to(PACKAGE)) for p in SOURCES])
+def test_never_imports_tensordict(path: Path) -> None:
+    mods = _imported_modules(path)
+    bad = sorted(m for m in mods if m == "tensordict" or m.startswith("tensordict."))
+    assert not bad, f"{path.name} imports {bad}"
+    # and no indirect spelling either
+    text = path.read_text()
+    for needle in ("import tensordict", "from tensordict", 'import_module("tensordict', "import_module('tensordict"):
+        assert needle not in text, f"{path.name} contains {needle!r}"
+
+
+def test_importing_tdshare_does_not_load_tensordict() -> None:
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import tdshare\n"
+        "for m in pkgutil.iter_modules(tdshare.__path__):\n"
+        "    if m.name != '__main__':\n"
+        "        importlib.import_module('tdshare.' + m.name)\n"
+        "assert not any(n == 'tensordict' or n.startswith('tensordict.') for n in sys.modules), "
+        "sorted(n for n in sys.modules if n.startswith('tensordict'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_modules_import_cleanly() -> None:
+    for path in SOURCES:
+        if path.name == "__main__.py":
+            continue
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        importlib.import_module(".".join(rel.parts).removesuffix(".__init__"))
