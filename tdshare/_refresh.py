@@ -17,7 +17,7 @@ import torch
 
 from ._entries import _insert
 from ._errors import CorruptDataError, MemmapError, NotMemmapError
-from ._format import META_FILE, NO_FILE_FIELD, RESERVED_KEYS, parse_level, str_to_dtype
+from ._format import META_FILE, NO_FILE_FIELD, NONTENSOR_TYPE, RESERVED_KEYS, parse_level, str_to_dtype
 from ._keys import encode_key
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
@@ -41,7 +41,7 @@ def refresh(td: TensorDictBase, allow_pickle: bool | None = None) -> TensorDictB
             "Cannot refresh a TensorDict that is not memory mapped or has no path associated: memmap_() it to a "
             "folder first (a load_memmap() result needs td.memmap_(), which writes nothing if nothing changed)."
         )
-    registry = SharedRegistry.for_directory(prefix)
+    registry = registry_of(td, prefix)
     state = registry.state()
     if state is not None and state == td._generation:
         return td
@@ -51,6 +51,16 @@ def refresh(td: TensorDictBase, allow_pickle: bool | None = None) -> TensorDictB
     _refresh_level(type(td), ctx, td, prefix, same_files)
     td._generation = state
     return td
+
+
+def registry_of(td: TensorDictBase, directory: str) -> SharedRegistry:
+    """The registry of ``directory``, cached on ``td`` so it stays mapped while ``td`` lives."""
+    cached = td._registry
+    if cached is not None and cached[0] == directory:
+        return cached[1]
+    registry = SharedRegistry.for_directory(directory)
+    td._registry = (directory, registry)
+    return registry
 
 
 def _refresh_level(cls: Any, ctx: _Ctx, td: TensorDictBase, directory: str, same_files: bool) -> None:
@@ -114,6 +124,10 @@ def _refresh_level(cls: Any, ctx: _Ctx, td: TensorDictBase, directory: str, same
                 f"{meta_path} lists the nested entry {key!r}, but its folder "
                 f"{os.path.join(directory, encode_key(key))!r} is missing."
             )
+        if isinstance(old, SharedNonTensorData) and os.path.normpath(old._folder) == os.path.normpath(path):
+            if _is_nontensor(read_meta(path)):  # still shared in the same folder: it re-reads itself on use
+                leaves[key] = old
+                continue
         if isinstance(old, TensorDictBase) and old._memmap_prefix == path:
             _refresh_level(cls, ctx, old, path, same_files)
             leaves[key] = old
@@ -124,6 +138,11 @@ def _refresh_level(cls: Any, ctx: _Ctx, td: TensorDictBase, directory: str, same
             leaves[key] = value
     td._tensordict = {k: leaves[k] for k in meta if k in leaves}
     td._meta_seen = meta
+
+
+def _is_nontensor(meta: dict) -> bool:
+    """Whether a level's meta.json describes a single non-tensor value."""
+    return bool(meta.get("_is_non_tensor")) or meta.get("_type") == NONTENSOR_TYPE
 
 
 def _mark_memmap(td: TensorDictBase, locked: bool) -> None:
@@ -137,7 +156,7 @@ def _mark_memmap(td: TensorDictBase, locked: bool) -> None:
 # -- anonymous trees: entries published in the runtime store ----------------------------------
 def _refresh_anonymous(td: TensorDictBase, store: tuple[str, tuple[str, ...]]) -> TensorDictBase:
     path, level_key = store
-    registry = SharedRegistry.for_directory(path)
+    registry = registry_of(td, path)
     state = registry.state()  # None until some process adds an entry
     if state == td._generation:
         return td

@@ -29,6 +29,7 @@ import inspect
 import mmap
 import os
 import threading
+import weakref
 from typing import Any, ClassVar
 
 from filelock import FileLock
@@ -65,7 +66,8 @@ def tree_root(directory: str) -> str:
 class SharedRegistry:
     """The lock and generation counter of one saved tree, shared by every process mapping it."""
 
-    _instances: ClassVar[dict[str, SharedRegistry]] = {}
+    # weak: a registry (and its mapped counter's descriptor) lives only while something holds it
+    _instances: ClassVar[weakref.WeakValueDictionary[str, SharedRegistry]] = weakref.WeakValueDictionary()
     _instances_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, root: str) -> None:
@@ -82,7 +84,8 @@ class SharedRegistry:
         with cls._instances_lock:
             reg = cls._instances.get(root)
             if reg is None:
-                reg = cls._instances[root] = cls(root)
+                reg = cls(root)
+                cls._instances[root] = reg
             return reg
 
     def _counter(self, create: bool) -> mmap.mmap | None:
@@ -135,7 +138,7 @@ class SharedRegistry:
 
 def _reset_after_fork() -> None:
     # A forked child must not inherit "lock held" state from the parent's thread that forked.
-    SharedRegistry._instances = {}
+    SharedRegistry._instances = weakref.WeakValueDictionary()
     SharedRegistry._instances_lock = threading.Lock()
 
 

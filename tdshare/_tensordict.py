@@ -141,6 +141,7 @@ class TensorDictBase:
         self._meta_seen: dict | None = None  # this level's meta.json as the last refresh read it
         # anonymous memory-mapped trees: (runtime store path, this level's key from the root)
         self._anon_store: tuple[str, tuple[str, ...]] | None = None
+        self._registry: Any = None  # (folder, SharedRegistry) held while this tensordict lives
         self._last_op: list[str | None] = []  # the latest lock_/unlock_ (None: it changed nothing)
         self._op_queue: list[str | None] = []  # the ops of the open ``with`` blocks
 
