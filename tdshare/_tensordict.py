@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ._combine import CombineOps
 from ._errors import (
     ArgumentTypeError,
     BatchSizeError,
@@ -23,8 +24,8 @@ from ._errors import (
     LockedError,
     MemmapError,
     MissingKeyError,
-    NotSupportedError,
 )
+from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData
 from ._reductions import decode_leaf, encode_leaf
@@ -39,64 +40,7 @@ _LOCKED_MSG = (
 )
 
 
-def _is_key(idx: object) -> bool:
-    if isinstance(idx, str):
-        return True
-    return isinstance(idx, tuple) and bool(idx) and all(_is_key(i) for i in idx)
-
-
-def _index_dims(item: object) -> int:
-    if item is None:
-        return 0
-    if isinstance(item, torch.Tensor) and item.dtype == torch.bool:
-        return max(item.ndim, 1)
-    return 1
-
-
-def _normalize_index(idx: Any, ndim: int) -> Any:
-    """Expand Ellipsis against the batch dimensions, so leaves with more dimensions index alike."""
-    if isinstance(idx, list):
-        idx = torch.as_tensor(idx)
-    if not isinstance(idx, tuple):
-        idx = (idx,)
-    idx = tuple(torch.as_tensor(i) if isinstance(i, list) else i for i in idx)
-    if any(i is Ellipsis for i in idx):
-        pos = next(k for k, i in enumerate(idx) if i is Ellipsis)
-        used = sum(_index_dims(i) for i in idx if i is not Ellipsis)
-        fill = (slice(None),) * max(ndim - used, 0)
-        idx = idx[:pos] + fill + tuple(i for i in idx[pos + 1 :] if i is not Ellipsis)
-    used = sum(_index_dims(i) for i in idx)
-    if used > ndim:
-        raise IndexError(f"Too many indices ({used}) for a tensordict with {ndim} batch dimension(s).")
-    return idx
-
-
-def _index_names(names: list | None, idx: tuple, ndim: int) -> list | None:
-    """The dimension names after indexing with a normalized ``idx`` (None where they are unknown)."""
-    if names is None:
-        return None
-    out: list = []
-    pos = 0
-    tensors = 0
-    for item in idx:
-        if item is None:
-            out.append(None)
-        elif isinstance(item, slice):
-            out.append(names[pos])
-            pos += 1
-        elif isinstance(item, torch.Tensor) and item.ndim > 0:
-            tensors += 1
-            out.append(names[pos] if item.ndim == 1 else None)
-            pos += item.ndim if item.dtype == torch.bool else 1
-        else:  # an integer removes its dimension
-            pos += 1
-    out += names[pos:]
-    if tensors > 1 or len(out) != ndim or all(n is None for n in out):
-        return None
-    return out
-
-
-class TensorDictBase:
+class TensorDictBase(CombineOps):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
     _tensordict: dict[str, Any]
@@ -117,7 +61,7 @@ class TensorDictBase:
         lock: bool = False,
         **kwargs: Any,
     ) -> None:
-        self._init_empty(_as_size(batch_size), None if device is None else torch.device(device))
+        self._init_empty(as_size(batch_size), None if device is None else torch.device(device))
         items = dict(source.items()) if source is not None else {}
         if kwargs:
             items.update(kwargs)
@@ -167,7 +111,7 @@ class TensorDictBase:
 
     @batch_size.setter
     def batch_size(self, value: Sequence[int] | torch.Size) -> None:
-        new = _as_size(value)
+        new = as_size(value)
         for key, leaf in self._tensordict.items():
             self._check_batch(key, leaf, new)
         self._batch_size = new
@@ -291,12 +235,12 @@ class TensorDictBase:
         return self.get(key, default)
 
     def __getitem__(self, idx: Any) -> Any:
-        if _is_key(idx):
+        if is_key(idx):
             return self.get(idx)
         return self._index(idx)
 
     def __contains__(self, key: object) -> bool:
-        if not _is_key(key):
+        if not is_key(key):
             raise KeyTypeError(f"Keys must be strings or tuples of strings, got {type(key).__name__} {key!r}.")
         return self._get_leaf(unravel_key(key), None) is not None
 
@@ -386,7 +330,7 @@ class TensorDictBase:
         return self
 
     def __setitem__(self, idx: Any, value: Any) -> None:
-        if _is_key(idx):
+        if is_key(idx):
             self._set(unravel_key(idx), value)
         else:
             self._set_at(idx, value)
@@ -432,7 +376,7 @@ class TensorDictBase:
         return self
 
     def _set_at(self, idx: Any, value: Any) -> None:
-        idx = _normalize_index(idx, self.batch_dims)
+        idx = normalize_index(idx, self.batch_dims)
         if isinstance(value, (Mapping, TensorDictBase)):
             for key, sub in _items_of(value):
                 if key not in self._tensordict:
@@ -482,7 +426,7 @@ class TensorDictBase:
 
     # -- derived tensordicts ------------------------------------------------------------------
     def _index(self: T, idx: Any) -> T:
-        idx = _normalize_index(idx, self.batch_dims)
+        idx = normalize_index(idx, self.batch_dims)
         batch = torch.zeros((), dtype=torch.uint8).expand(self._batch_size)[idx].shape
         leaves: dict[str, Any] = {}
         for key, leaf in self._tensordict.items():
@@ -492,7 +436,7 @@ class TensorDictBase:
                 leaves[key] = leaf
             else:
                 leaves[key] = leaf[idx]
-        out = type(self)._from_leaves(leaves, batch, self._device, _index_names(self._names, idx, len(batch)))
+        out = type(self)._from_leaves(leaves, batch, self._device, index_names(self._names, idx, len(batch)))
         out._is_memmap = self._is_memmap
         out._is_shared = self._is_shared
         out._is_locked = self._is_locked
@@ -524,7 +468,7 @@ class TensorDictBase:
     def apply(self: T, fn: Callable[..., Any], *others: TensorDictBase, batch_size: Sequence[int] | None = None) -> T:
         """A new tensordict with ``fn(leaf, *other_leaves)`` for every tensor leaf."""
         if not others:
-            return self._map(fn, None if batch_size is None else _as_size(batch_size))
+            return self._map(fn, None if batch_size is None else as_size(batch_size))
         out = self._map(lambda t: t, None)
         for key, leaf in self._iter_items(True, True):
             if isinstance(leaf, torch.Tensor):
@@ -535,7 +479,7 @@ class TensorDictBase:
                 else:
                     _put(out, parts, value)
         if batch_size is not None:
-            out.batch_size = _as_size(batch_size)
+            out.batch_size = as_size(batch_size)
         return out
 
     def apply_(self: T, fn: Callable[[torch.Tensor], torch.Tensor]) -> T:
@@ -600,41 +544,8 @@ class TensorDictBase:
         return self
 
     def unbind(self, dim: int = 0) -> tuple[Any, ...]:
-        dim = _check_dim(dim, self.batch_dims)
+        dim = check_dim(dim, self.batch_dims)
         return tuple(self._index((slice(None),) * dim + (i,)) for i in range(self._batch_size[dim]))
-
-    # -- comparisons --------------------------------------------------------------------------
-    def _compare(self: T, other: Any, op: Callable[[Any, Any], Any]) -> T:
-        leaves: dict[str, Any] = {}
-        for key, leaf in self._tensordict.items():
-            theirs = other._tensordict.get(key) if isinstance(other, TensorDictBase) else other
-            if isinstance(other, TensorDictBase) and theirs is None:
-                raise MissingKeyError(f"Cannot compare: key {key!r} is missing from the other tensordict.")
-            if isinstance(leaf, TensorDictBase):
-                leaves[key] = leaf._compare(theirs, op)
-            elif isinstance(leaf, NonTensorData):
-                equal = leaf == theirs
-                leaves[key] = torch.full(self._batch_size, bool(op(equal, True)))
-            else:
-                leaves[key] = op(leaf, theirs.data if isinstance(theirs, NonTensorData) else theirs)
-        return type(self)._from_leaves(leaves, self._batch_size, self._device, self._names)
-
-    def __eq__(self: T, other: object) -> T:  # type: ignore[override]
-        return self._compare(other, lambda a, b: a == b)
-
-    def __ne__(self: T, other: object) -> T:  # type: ignore[override]
-        return self._compare(other, lambda a, b: a != b)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __bool__(self) -> bool:
-        raise NotSupportedError("The truth value of a TensorDict is ambiguous: use td.all() or td.any().")
-
-    def all(self) -> bool:
-        return all(bool(leaf.all()) for _, leaf in self._iter_items(True, True) if isinstance(leaf, torch.Tensor))
-
-    def any(self) -> bool:
-        return any(bool(leaf.any()) for _, leaf in self._iter_items(True, True) if isinstance(leaf, torch.Tensor))
 
     # -- shared memory ------------------------------------------------------------------------
     def share_memory_(self: T) -> T:
@@ -687,77 +598,10 @@ class TensorDictBase:
         )
         return (_rebuild, (type(self), state))
 
-    # -- torch functions ----------------------------------------------------------------------
-    @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.stack:
-            return cls.stack(*args, **kwargs)
-        if func is torch.cat:
-            return cls.cat(*args, **kwargs)
-        if func is torch.unbind:
-            return args[0].unbind(*args[1:], **kwargs)
-        return NotImplemented
-
-    @classmethod
-    def stack(cls: type[T], tds: Sequence[TensorDictBase], dim: int = 0) -> T:
-        """Stack tensordicts with equal batch sizes and keys along a new batch dimension."""
-        first = _check_same(tds, "stack")
-        dim = _check_dim(dim, first.batch_dims + 1)
-        batch = list(first._batch_size)
-        batch.insert(dim, len(tds))
-        leaves: dict[str, Any] = {}
-        for key, leaf in first._tensordict.items():
-            values = [td._tensordict[key] for td in tds]
-            if isinstance(leaf, TensorDictBase):
-                leaves[key] = cls.stack(values, dim)
-            elif isinstance(leaf, NonTensorData):
-                leaves[key] = _same_non_tensor(key, values)
-            else:
-                leaves[key] = torch.stack([torch.Tensor.as_subclass(v, torch.Tensor) for v in values], dim)
-        names = None if first._names is None else [*first._names[:dim], None, *first._names[dim:]]
-        return cls._from_leaves(leaves, torch.Size(batch), first._device, names)
-
-    @classmethod
-    def cat(cls: type[T], tds: Sequence[TensorDictBase], dim: int = 0) -> T:
-        """Concatenate tensordicts along an existing batch dimension."""
-        first = _check_same(tds, "cat", same_batch=False)
-        dim = _check_dim(dim, first.batch_dims)
-        batch = list(first._batch_size)
-        batch[dim] = sum(td._batch_size[dim] for td in tds)
-        leaves: dict[str, Any] = {}
-        for key, leaf in first._tensordict.items():
-            values = [td._tensordict[key] for td in tds]
-            if isinstance(leaf, TensorDictBase):
-                leaves[key] = cls.cat(values, dim)
-            elif isinstance(leaf, NonTensorData):
-                leaves[key] = _same_non_tensor(key, values)
-            else:
-                leaves[key] = torch.cat([torch.Tensor.as_subclass(v, torch.Tensor) for v in values], dim)
-        return cls._from_leaves(leaves, torch.Size(batch), first._device, first._names)
-
-
 def _preview(keys: Any, limit: int = 10) -> str:
     names = sorted(keys)
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return f"{names[:limit]}{more}"
-
-
-def _as_size(value: Any) -> torch.Size:
-    if value is None:
-        return torch.Size([])
-    if isinstance(value, int):
-        return torch.Size([value])
-    try:
-        return torch.Size([int(v) for v in value])
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"batch_size must be a sequence of integers, got {value!r}.") from None
-
-
-def _check_dim(dim: int, ndim: int) -> int:
-    if not -ndim <= dim < max(ndim, 1) or ndim == 0:
-        raise IndexError(f"Dimension {dim} is out of range for {ndim} batch dimension(s).")
-    return dim % ndim
 
 
 def _items_of(value: Mapping[Any, Any] | TensorDictBase) -> Iterator[tuple[Any, Any]]:
@@ -775,34 +619,6 @@ def _put(td: TensorDictBase, parts: tuple[str, ...], value: Any) -> None:
             node._tensordict[part] = nxt
         node = nxt
     node._tensordict[parts[-1]] = value
-
-
-def _check_same(tds: Sequence[TensorDictBase], what: str, same_batch: bool = True) -> TensorDictBase:
-    if not tds:
-        raise InvalidArgumentError(f"Cannot {what} an empty sequence of tensordicts.")
-    first = tds[0]
-    keys = list(first._tensordict)
-    for td in tds[1:]:
-        if not isinstance(td, TensorDictBase):
-            raise InvalidArgumentError(f"Cannot {what} a {type(td).__name__} with tensordicts.")
-        if set(td._tensordict) != set(keys):
-            raise MissingKeyError(f"Cannot {what}: keys differ ({sorted(keys)} vs {sorted(td._tensordict)}).")
-        if same_batch and td._batch_size != first._batch_size:
-            raise BatchSizeError(
-                f"Cannot {what}: batch sizes differ ({list(first._batch_size)} vs {list(td._batch_size)})."
-            )
-        if not same_batch and td.batch_dims != first.batch_dims:
-            raise BatchSizeError(f"Cannot {what}: the tensordicts have different numbers of batch dimensions.")
-    return first
-
-
-def _same_non_tensor(key: str, values: list[Any]) -> NonTensorData:
-    first = values[0]
-    if not all(first == v for v in values[1:]):
-        raise InvalidArgumentError(
-            f"Cannot combine the non-tensor entry {key!r}: its values differ across the tensordicts."
-        )
-    return NonTensorData(first.data)
 
 
 def _rebuild(cls: type[T], state: tuple[Any, ...]) -> T:

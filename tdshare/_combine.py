@@ -1,0 +1,148 @@
+"""Operations across tensordicts: element-wise comparison, ``stack`` and ``cat`` (also through
+``torch.stack``/``torch.cat``).  A mixin of :class:`tdshare._tensordict.TensorDictBase`, kept
+apart so each module reads in one sitting."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from ._errors import BatchSizeError, InvalidArgumentError, MissingKeyError, NotSupportedError
+from ._indexing import check_dim
+from ._nontensor import NonTensorData
+
+__all__ = ["CombineOps"]
+
+T = TypeVar("T", bound="CombineOps")
+
+
+class CombineOps:
+    """Comparison and concatenation; the host class provides the storage attributes below."""
+
+    _tensordict: dict[str, Any]
+    _batch_size: torch.Size
+    _device: torch.device | None
+    _names: list | None
+
+    @property
+    def batch_dims(self) -> int:
+        return len(self._batch_size)
+
+    @classmethod
+    def _from_leaves(
+        cls: type[T], leaves: dict[str, Any], batch_size: torch.Size, device: torch.device | None,
+        names: list | None = None,
+    ) -> T:
+        raise NotImplementedError
+
+    def _iter_items(self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()) -> Iterator[Any]:
+        raise NotImplementedError
+
+    # -- comparisons --------------------------------------------------------------------------
+    def _compare(self: T, other: Any, op: Callable[[Any, Any], Any]) -> T:
+        leaves: dict[str, Any] = {}
+        for key, leaf in self._tensordict.items():
+            theirs = other._tensordict.get(key) if isinstance(other, CombineOps) else other
+            if isinstance(other, CombineOps) and theirs is None:
+                raise MissingKeyError(f"Cannot compare: key {key!r} is missing from the other tensordict.")
+            if isinstance(leaf, CombineOps):
+                leaves[key] = leaf._compare(theirs, op)
+            elif isinstance(leaf, NonTensorData):
+                equal = leaf == theirs
+                leaves[key] = torch.full(self._batch_size, bool(op(equal, True)))
+            else:
+                leaves[key] = op(leaf, theirs.data if isinstance(theirs, NonTensorData) else theirs)
+        return type(self)._from_leaves(leaves, self._batch_size, self._device, self._names)
+
+    def __eq__(self: T, other: object) -> T:  # type: ignore[override]
+        return self._compare(other, lambda a, b: a == b)
+
+    def __ne__(self: T, other: object) -> T:  # type: ignore[override]
+        return self._compare(other, lambda a, b: a != b)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __bool__(self) -> bool:
+        raise NotSupportedError("The truth value of a TensorDict is ambiguous: use td.all() or td.any().")
+
+    def all(self) -> bool:
+        return all(bool(leaf.all()) for _, leaf in self._iter_items(True, True) if isinstance(leaf, torch.Tensor))
+
+    def any(self) -> bool:
+        return any(bool(leaf.any()) for _, leaf in self._iter_items(True, True) if isinstance(leaf, torch.Tensor))
+
+    # -- torch functions ----------------------------------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.stack:
+            return cls.stack(*args, **kwargs)
+        if func is torch.cat:
+            return cls.cat(*args, **kwargs)
+        if func is torch.unbind:
+            return args[0].unbind(*args[1:], **kwargs)
+        return NotImplemented
+
+    @classmethod
+    def stack(cls: type[T], tds: Sequence[CombineOps], dim: int = 0) -> T:
+        """Stack tensordicts with equal batch sizes and keys along a new batch dimension."""
+        return cls._combine(tds, dim, new_dim=True)
+
+    @classmethod
+    def cat(cls: type[T], tds: Sequence[CombineOps], dim: int = 0) -> T:
+        """Concatenate tensordicts along an existing batch dimension."""
+        return cls._combine(tds, dim, new_dim=False)
+
+    @classmethod
+    def _combine(cls: type[T], tds: Sequence[CombineOps], dim: int, new_dim: bool) -> T:
+        what = "stack" if new_dim else "cat"
+        first = _check_same(tds, what, same_batch=new_dim)
+        dim = check_dim(dim, first.batch_dims + new_dim)
+        batch = list(first._batch_size)
+        names = first._names
+        if new_dim:
+            batch.insert(dim, len(tds))
+            names = None if names is None else [*names[:dim], None, *names[dim:]]
+        else:
+            batch[dim] = sum(td._batch_size[dim] for td in tds)
+        op = torch.stack if new_dim else torch.cat
+        leaves: dict[str, Any] = {}
+        for key, leaf in first._tensordict.items():
+            values = [td._tensordict[key] for td in tds]
+            if isinstance(leaf, CombineOps):
+                leaves[key] = cls._combine(values, dim, new_dim)
+            elif isinstance(leaf, NonTensorData):
+                leaves[key] = _same_non_tensor(key, values)
+            else:
+                leaves[key] = op([torch.Tensor.as_subclass(v, torch.Tensor) for v in values], dim)
+        return cls._from_leaves(leaves, torch.Size(batch), first._device, names)
+
+
+def _check_same(tds: Sequence[CombineOps], what: str, same_batch: bool = True) -> CombineOps:
+    if not tds:
+        raise InvalidArgumentError(f"Cannot {what} an empty sequence of tensordicts.")
+    first = tds[0]
+    keys = list(first._tensordict)
+    for td in tds[1:]:
+        if not isinstance(td, CombineOps):
+            raise InvalidArgumentError(f"Cannot {what} a {type(td).__name__} with tensordicts.")
+        if set(td._tensordict) != set(keys):
+            raise MissingKeyError(f"Cannot {what}: keys differ ({sorted(keys)} vs {sorted(td._tensordict)}).")
+        if same_batch and td._batch_size != first._batch_size:
+            raise BatchSizeError(
+                f"Cannot {what}: batch sizes differ ({list(first._batch_size)} vs {list(td._batch_size)})."
+            )
+        if not same_batch and td.batch_dims != first.batch_dims:
+            raise BatchSizeError(f"Cannot {what}: the tensordicts have different numbers of batch dimensions.")
+    return first
+
+
+def _same_non_tensor(key: str, values: list[Any]) -> NonTensorData:
+    first = values[0]
+    if not all(first == v for v in values[1:]):
+        raise InvalidArgumentError(
+            f"Cannot combine the non-tensor entry {key!r}: its values differ across the tensordicts."
+        )
+    return NonTensorData(first.data)

@@ -1,0 +1,86 @@
+"""Batch-shape helpers: telling keys from indices, normalizing indices against the batch
+dimensions, and the names and sizes they produce (pure functions of shapes and indices)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._errors import InvalidArgumentError
+
+__all__ = ["is_key", "index_dims", "normalize_index", "index_names", "as_size", "check_dim"]
+
+
+def is_key(idx: object) -> bool:
+    if isinstance(idx, str):
+        return True
+    return isinstance(idx, tuple) and bool(idx) and all(is_key(i) for i in idx)
+
+
+def index_dims(item: object) -> int:
+    if item is None:
+        return 0
+    if isinstance(item, torch.Tensor) and item.dtype == torch.bool:
+        return max(item.ndim, 1)
+    return 1
+
+
+def normalize_index(idx: Any, ndim: int) -> Any:
+    """Expand Ellipsis against the batch dimensions, so leaves with more dimensions index alike."""
+    if isinstance(idx, list):
+        idx = torch.as_tensor(idx)
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    idx = tuple(torch.as_tensor(i) if isinstance(i, list) else i for i in idx)
+    if any(i is Ellipsis for i in idx):
+        pos = next(k for k, i in enumerate(idx) if i is Ellipsis)
+        used = sum(index_dims(i) for i in idx if i is not Ellipsis)
+        fill = (slice(None),) * max(ndim - used, 0)
+        idx = idx[:pos] + fill + tuple(i for i in idx[pos + 1 :] if i is not Ellipsis)
+    used = sum(index_dims(i) for i in idx)
+    if used > ndim:
+        raise IndexError(f"Too many indices ({used}) for a tensordict with {ndim} batch dimension(s).")
+    return idx
+
+
+def index_names(names: list | None, idx: tuple, ndim: int) -> list | None:
+    """The dimension names after indexing with a normalized ``idx`` (None where they are unknown)."""
+    if names is None:
+        return None
+    out: list = []
+    pos = 0
+    tensors = 0
+    for item in idx:
+        if item is None:
+            out.append(None)
+        elif isinstance(item, slice):
+            out.append(names[pos])
+            pos += 1
+        elif isinstance(item, torch.Tensor) and item.ndim > 0:
+            tensors += 1
+            out.append(names[pos] if item.ndim == 1 else None)
+            pos += item.ndim if item.dtype == torch.bool else 1
+        else:  # an integer removes its dimension
+            pos += 1
+    out += names[pos:]
+    if tensors > 1 or len(out) != ndim or all(n is None for n in out):
+        return None
+    return out
+
+
+def as_size(value: Any) -> torch.Size:
+    if value is None:
+        return torch.Size([])
+    if isinstance(value, int):
+        return torch.Size([value])
+    try:
+        return torch.Size([int(v) for v in value])
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"batch_size must be a sequence of integers, got {value!r}.") from None
+
+
+def check_dim(dim: int, ndim: int) -> int:
+    if not -ndim <= dim < max(ndim, 1) or ndim == 0:
+        raise IndexError(f"Dimension {dim} is out of range for {ndim} batch dimension(s).")
+    return dim % ndim
