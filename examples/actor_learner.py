@@ -1,4 +1,4 @@
-"""Actor–learner: actors write rows and add entries, a learner refreshes and samples.
+"""Actor-learner: actors write rows and add entries, a learner refreshes and samples.
 
 One process (the learner) creates a replay buffer as a memory-mapped TensorDict in a folder.
 Actor processes load the same folder, write transitions into their own rows in place, and one

@@ -1,6 +1,7 @@
 """tdshare: share one nested dictionary of tensors between processes through memory-mapped files
 and shared memory, in the on-disk format of tensordict 0.15.3."""
 
+from ._archive import pack_memmap, refresh_archive_checksums, unpack_memmap
 from ._errors import (
     ArgumentTypeError,
     AtomicTargetError,
@@ -53,5 +54,8 @@ __all__ = [
     "load",
     "load_memmap",
     "memmap",
+    "pack_memmap",
+    "refresh_archive_checksums",
     "save",
+    "unpack_memmap",
 ]

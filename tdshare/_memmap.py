@@ -309,6 +309,8 @@ class MemoryMappedTensor(torch.Tensor):
         if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() == self.untyped_storage().data_ptr():
             view = MemoryMappedTensor._wrap(out, self._filename, self._segment, self._mode)
             view._offset = self._offset
+            if self._offset is not None:
+                view._ino = self._ino  # the archive's inode: a handle must not reach a replaced archive
             return view
         return out
 
@@ -339,7 +341,8 @@ def _reduce(t: MemoryMappedTensor) -> tuple[Any, ...]:
             (t._segment, t.untyped_storage().data_ptr() - t._segment.buffer.data_ptr(), *geometry),
         )
     if t._filename is not None and t._offset is not None:  # a view into a .tdz archive
-        return (_rebuild_archive_view, (t._filename, t.untyped_storage().nbytes(), t._offset, t._mode, *geometry))
+        where = (t._filename, t.untyped_storage().nbytes(), t._offset, t._ino, t._mode)
+        return (_rebuild_archive_view, (*where, *geometry))
     if t._filename is not None:
         numel = t.untyped_storage().nbytes() // t.dtype.itemsize
         return (_rebuild_file_view, (t._filename, numel, t._mode, *geometry))
@@ -368,13 +371,26 @@ def _rebuild_file_view(
 
 
 def _rebuild_archive_view(
-    path: str, nbytes: int, payload: int, mode: str | None, dtype: torch.dtype, shape: tuple, stride: tuple, offset: int
+    path: str,
+    nbytes: int,
+    payload: int,
+    ino: int | None,
+    mode: str | None,
+    dtype: torch.dtype,
+    shape: tuple,
+    stride: tuple,
+    offset: int,
 ) -> MemoryMappedTensor:
     """A view into a mapping of a whole .tdz archive (``offset`` counts elements from the file start)."""
+    if ino is not None and os.stat(path).st_ino != ino:
+        raise MemmapError(
+            f"The archive {path!r} was replaced after this tensor was loaded from it, so its bytes moved: load the "
+            "archive again and send the new tensordict."
+        )
     flat = _map_archive(path, nbytes, mode)
     typed = flat[: nbytes - nbytes % dtype.itemsize].view(dtype)
     out = MemoryMappedTensor._wrap(typed.as_strided(shape, stride, offset), path, None, mode)
-    out._offset = payload
+    out._offset, out._ino = payload, ino
     return out
 
 

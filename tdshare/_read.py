@@ -15,7 +15,6 @@ import pickle
 import stat
 import sys
 import warnings
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,7 +28,6 @@ from ._errors import (
     InvalidArgumentError,
     LockedError,
     MissingMetadataError,
-    NotSupportedError,
     PickleRefusedError,
     UnsupportedFormatError,
 )
@@ -397,28 +395,26 @@ def load_tree(
     subpath: Any = None,
     mode: str | None = None,
     allow_pickle: bool | None = None,
+    num_threads: int = 0,
 ) -> Any:
-    """Load the tensordict saved in the directory ``prefix`` (see ``TensorDict.load_memmap``)."""
+    """Load the tensordict saved in the directory (or ``.tdz`` archive) ``prefix`` (see ``TensorDict.load_memmap``)."""
     check_load_args(mode, allow_pickle)
     directory = os.path.abspath(os.fspath(prefix))
-    if os.path.isfile(directory):
-        if zipfile.is_zipfile(directory):
-            raise NotSupportedError(
-                f"{directory!r} is a .tdz archive; this version of tdshare loads directories only. Unpack "
-                "it (unzip) and load the folder."
-            )
-        raise InvalidArgumentError(
-            f"{directory!r} is a file but not a memory-mapped tensordict archive (expected a zip file with "
-            f"a top-level {META_FILE} entry) nor a directory."
-        )
+    is_archive = os.path.isfile(directory)
     ctx = _Ctx(os.path.realpath(directory), True if robust_key is None else bool(robust_key), mode, allow_pickle)
-    if subpath is not None:
+    if subpath is not None and not is_archive:
         directory = _resolve_subpath(ctx, directory, subpath)
     if out is not None:
         _check_out(out, device)
         if device is None:
             device = out.device
-    result = _load_level(cls, ctx, directory, _read_level_meta(ctx, directory), out, None, device)
+    if is_archive:
+        from ._archive import load_archive  # _archive builds on this module
+
+        opts = {"robust_key": robust_key, "subpath": subpath, "mode": mode, "allow_pickle": allow_pickle}
+        result = load_archive(cls, directory, device, num_threads=num_threads, **opts)
+    else:
+        result = _load_level(cls, ctx, directory, _read_level_meta(ctx, directory), out, None, device)
     if out is None:
         return result
     if not isinstance(result, TensorDictBase):

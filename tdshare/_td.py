@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ._archive import archive_target, save_archive
 from ._entries import (
     add_entry,
     build_empty,
@@ -90,9 +91,21 @@ class TensorDict(TensorDictBase):
         share_non_tensor: bool = False,
         existsok: bool = True,
         robust_key: bool | None = True,
+        archive: bool | None = None,
+        compression: str | int | None = None,
         atomic: bool = False,
     ) -> T | TensorDictFuture[T]:
-        """Like :meth:`memmap_`, but returns a new memory-mapped tensordict; ``self`` is unchanged."""
+        """Like :meth:`memmap_`, but returns a new memory-mapped tensordict; ``self`` is unchanged.
+
+        A prefix ending with ``.tdz`` (or ``archive=True``) writes one archive file instead, always
+        atomically, with the tensor entries compressed as ``compression`` says; the result then maps
+        the archive and is unlocked, and ``is_memmap()`` is False.
+        """
+        if archive_target(prefix, archive, compression):
+            assert prefix is not None
+            opts: dict[str, Any] = {"return_early": return_early, "share_non_tensor": share_non_tensor}
+            opts.update(compression=compression, num_threads=num_threads, existsok=existsok, robust_key=robust_key)
+            return save_archive(self, prefix, **opts)
         return memmap_tree(
             self,
             prefix,
@@ -115,6 +128,8 @@ class TensorDict(TensorDictBase):
         return_early: bool = False,
         share_non_tensor: bool = False,
         robust_key: bool | None = True,
+        archive: bool | None = None,
+        compression: str | int | None = None,
         atomic: bool = False,
     ) -> T | TensorDictFuture[T]:
         """Save to ``prefix`` and return a memory-mapped copy: ``memmap(existsok=True)``."""
@@ -126,6 +141,8 @@ class TensorDict(TensorDictBase):
             share_non_tensor=share_non_tensor,
             existsok=True,
             robust_key=robust_key,
+            archive=archive,
+            compression=compression,
             atomic=atomic,
         )
 
@@ -167,7 +184,15 @@ class TensorDict(TensorDictBase):
         refuses them, True loads them.
         """
         return load_tree(
-            cls, prefix, device, out=out, robust_key=robust_key, subpath=subpath, mode=mode, allow_pickle=allow_pickle
+            cls,
+            prefix,
+            device,
+            out=out,
+            robust_key=robust_key,
+            subpath=subpath,
+            mode=mode,
+            allow_pickle=allow_pickle,
+            num_threads=num_threads,
         )
 
     load = load_memmap

@@ -572,11 +572,12 @@ def test_file_that_is_not_an_archive(tmp_path: Path) -> None:
         TensorDict.load(tmp_path / "file")
 
 
-def test_tdz_archives_are_not_supported_yet(tmp_path: Path) -> None:
+def test_tdz_archives_load(tmp_path: Path) -> None:
+    """A zip file with a top-level meta.json loads as an archive (tests/test_archive.py has the rest)."""
     with zipfile.ZipFile(tmp_path / "td.tdz", "w") as zf:
         zf.writestr("meta.json", json.dumps({"shape": [], "device": "cpu"}))
-    with pytest.raises(NotImplementedError, match="archive"):
-        TensorDict.load(tmp_path / "td.tdz")
+    td = TensorDict.load(tmp_path / "td.tdz")
+    assert len(td.keys()) == 0 and not td.is_memmap() and not td.is_locked
 
 
 # -- cost ---------------------------------------------------------------------------------------

@@ -1,0 +1,103 @@
+"""Command line: ``python -m tdshare pack|unpack|info|gc``.
+
+``pack FOLDER ARCHIVE`` packs a saved folder into a ``.tdz`` archive, ``unpack ARCHIVE FOLDER``
+extracts one (checking every CRC), ``info PATH`` prints the keys, dtypes and shapes of a saved
+folder or archive from its metadata alone (nothing is unpickled, no payload is read), ``gc``
+removes the runtime folders of anonymous tensordicts whose processes are gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+
+from ._archive import pack_memmap, unpack_memmap
+from ._errors import TdshareError
+from ._format import META_FILE, NONTENSOR_STACK_TYPE, NONTENSOR_TYPE, loads_json
+from ._keys import encode_key
+from ._tdz import Archive
+
+Reader = Callable[[str], "bytes | None"]
+
+
+def _reader(path: str) -> Reader:
+    if os.path.isdir(path):
+
+        def read_file(name: str) -> bytes | None:
+            try:
+                with open(os.path.join(path, *name.split("/")), "rb") as f:
+                    return f.read()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+
+        return read_file
+    ar = Archive(path, "r")
+    return lambda name: ar.read(name) if name in ar.entries else None
+
+
+def _describe(read: Reader, d: str, shown: str, lines: list[str]) -> None:
+    raw = read(d + META_FILE)
+    if raw is None:
+        lines.append(f"{shown or '.'}  (missing {META_FILE})")
+        return
+    meta = loads_json(raw, d + META_FILE)
+    if meta.get("_is_non_tensor") or meta.get("_type") in (NONTENSOR_TYPE, NONTENSOR_STACK_TYPE):
+        value = repr(meta["data"]) if "data" in meta else "<pickled>"
+        lines.append(f"{shown}  {value if len(value) <= 60 else value[:57] + '...'}")
+        return
+    if not shown:
+        lines.append(f"batch_size {meta.get('shape')}")
+    for key, entry in meta.items():
+        if not isinstance(entry, dict):
+            continue
+        name = f"{shown}/{key}" if shown else key
+        if "type" in entry:
+            folder = next((n for n in (encode_key(key), key) if read(f"{d}{n}/{META_FILE}") is not None), None)
+            if folder is None:
+                lines.append(f"{name}  {entry['type']} (missing)")
+            else:
+                _describe(read, f"{d}{folder}/", name, lines)
+        elif "dtype" in entry:
+            lines.append(f"{name}  {str(entry['dtype']).removeprefix('torch.')}  {entry.get('shape')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tdshare", description="tdshare command line.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    pack = commands.add_parser("pack", help="pack a saved folder into a .tdz archive")
+    pack.add_argument("folder")
+    pack.add_argument("archive")
+    pack.add_argument("--compression", default=None, help="stored (default), deflate, bzip2 or lzma")
+    pack.add_argument("--level", type=int, default=None, help="compression level")
+    unpack = commands.add_parser("unpack", help="extract a .tdz archive into a folder")
+    unpack.add_argument("archive")
+    unpack.add_argument("folder")
+    info = commands.add_parser("info", help="print the keys, dtypes and shapes of a saved folder or archive")
+    info.add_argument("path")
+    commands.add_parser("gc", help="remove the runtime folders of anonymous tensordicts whose processes are gone")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "pack":
+            print(pack_memmap(args.folder, args.archive, compression=args.compression, compresslevel=args.level))
+        elif args.command == "unpack":
+            print(unpack_memmap(args.archive, args.folder))
+        elif args.command == "gc":
+            from ._runtime import reap
+
+            for path in reap():
+                print(path)
+        else:
+            lines: list[str] = []
+            _describe(_reader(os.path.abspath(args.path)), "", "", lines)
+            print("\n".join(lines))
+    except (TdshareError, OSError, json.JSONDecodeError) as err:
+        print(f"python -m tdshare {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,665 @@
+"""The ``.tdz`` container: a zip file whose stored tensor entries are 64-byte aligned.
+
+Format
+------
+A standard zip file (PKWARE APPNOTE 6.3) whose entries are the files of a saved folder
+(:mod:`tdshare._format`) under their POSIX relative names.  Per folder: ``meta.json`` first, then
+the folder's other files sorted by name, then its sub-folders sorted by name, recursively.  No
+directory entries, no comment, no encryption, no data descriptors.  Every local header carries a
+zip64 extra field (id ``0x0001``: uncompressed then compressed size, the 32-bit fields reading
+``0xFFFFFFFF``); the central directory and the end records use zip64 only where a value does not
+fit in 32 bits.  Entries are version 4.5 (bzip2 4.6, lzma 6.3), made on Unix, mode ``0644``.
+
+A *tensor entry* (``*.memmap``) that is STORED is aligned: its local header carries, before the
+zip64 field, an extra block with id ``0x6474`` (``b"td"``) of zero bytes sized so that the payload
+starts at a multiple of 64 bytes in the file, so a reader can map the file once and view every
+leaf in place.  Tensor entries may instead be compressed (deflate 8, bzip2 12, lzma 14 with the
+zip LZMA header and an end marker); other entries are always STORED.  This is tensordict 0.15.3's
+layout, so either library reads the other's archives.
+
+Writing streams each tensor's bytes (8 MiB pieces written with ``pwrite`` and CRC-checked on
+threads, the CRCs then combined) into a temporary file next to the target, renamed over it at the
+end.  Reading trusts nothing: names must be relative POSIX paths without ``..``; every entry must
+lie inside the file, before the central directory, and not overlap another; compressed entries
+and small entries are CRC-checked; encrypted entries are refused.
+"""
+
+from __future__ import annotations
+
+import bz2
+import concurrent.futures
+import functools
+import itertools
+import lzma
+import os
+import stat
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from ._errors import CorruptDataError, FileExistsRuntimeError, InvalidArgumentError, UnsupportedFormatError
+from ._files import TMP_MARK, tensor_buffer, tmp_name
+from ._format import LEAF_SUFFIX, META_FILE
+
+__all__ = [
+    "ALIGN",
+    "Archive",
+    "Entry",
+    "Source",
+    "METHOD_NAMES",
+    "check_target",
+    "crc32_combine",
+    "folder_entries",
+    "parse_compression",
+    "refresh_crcs",
+    "extract",
+    "write_archive",
+]
+
+ALIGN = 64
+PAD_ID = 0x6474  # b"td"
+_M32 = 0xFFFFFFFF
+_LOCAL, _CENTRAL, _END, _END64, _LOC64 = 0x04034B50, 0x02014B50, 0x06054B50, 0x06064B50, 0x07064B50
+_LOCAL_FMT, _CENTRAL_FMT = struct.Struct("<IHHHHHIIIHH"), struct.Struct("<IHHHHHHIIIHHHHHII")
+_CHUNK = 8 << 20  # bytes per write/CRC task
+_SMALL = 1 << 20  # smaller payloads are written inline, in the calling thread
+_CACHED = 256 << 10  # bytes written then CRC-checked while still in the CPU cache
+_COMPRESSION = {"stored": 0, "deflate": 8, "deflated": 8, "bzip2": 12, "lzma": 14}
+METHOD_NAMES = {0: "stored", 8: "deflate", 12: "bzip2", 14: "lzma"}
+_VERSION = {0: 45, 8: 45, 12: 46, 14: 63}
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def parse_compression(value: object) -> int:
+    """The zip method of ``compression=``: None/"stored", "deflate(d)", "bzip2", "lzma" or 0/8/12/14."""
+    if value is None:
+        return 0
+    if isinstance(value, str) and value.lower() in _COMPRESSION:
+        return _COMPRESSION[value.lower()]
+    if isinstance(value, int) and not isinstance(value, bool) and value in METHOD_NAMES:
+        return value
+    raise InvalidArgumentError(
+        f"Unknown compression {value!r}. Expected one of {sorted(_COMPRESSION)} or a zipfile compression "
+        f"constant ({', '.join(f'{k}={v}' for k, v in METHOD_NAMES.items())})."
+    )
+
+
+# -- CRC-32 of concatenated pieces, threads ---------------------------------------------------
+_ZERO_OPS: list[list[int]] = []  # [k]: the GF(2) matrix appending 2**k zero bytes to a CRC register
+_ZERO_LOCK = threading.Lock()
+
+
+def _gf2_times(matrix: list[int], vector: int) -> int:
+    out, i = 0, 0
+    while vector:
+        if vector & 1:
+            out ^= matrix[i]
+        vector >>= 1
+        i += 1
+    return out
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC-32 of ``a + b`` from ``crc32(a)``, ``crc32(b)`` and ``len(b)``."""
+    with _ZERO_LOCK:
+        while len(_ZERO_OPS) < len2.bit_length():
+            if not _ZERO_OPS:  # one zero byte: column i is what register bit i becomes
+                _ZERO_OPS.append([~zlib.crc32(b"\0", ~(1 << i) & _M32) & _M32 for i in range(32)])
+            else:
+                _ZERO_OPS.append([_gf2_times(_ZERO_OPS[-1], col) for col in _ZERO_OPS[-1]])
+    for k in range(len2.bit_length()):
+        if len2 >> k & 1:
+            crc1 = _gf2_times(_ZERO_OPS[k], crc1)
+    return crc1 ^ crc2
+
+
+_POOLS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    with _POOLS_LOCK:
+        if threads not in _POOLS:
+            _POOLS[threads] = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="tdshare-tdz")
+        return _POOLS[threads]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_POOLS.clear)  # threads do not survive a fork
+
+
+def results(futures: list[concurrent.futures.Future[Any]]) -> list[Any]:
+    concurrent.futures.wait(futures)  # every thread is done before an error propagates
+    return [f.result() for f in futures]
+
+
+def _crc(buf: memoryview, threads: int) -> int:
+    if len(buf) <= _CHUNK:
+        return zlib.crc32(buf)
+    starts = range(0, len(buf), _CHUNK)
+    crcs = results([pool(threads).submit(zlib.crc32, buf[a : a + _CHUNK]) for a in starts])
+    out = crcs[0]
+    for a, c in zip(starts[1:], crcs[1:], strict=True):
+        out = crc32_combine(out, c, min(_CHUNK, len(buf) - a))
+    return out
+
+
+# -- writing ----------------------------------------------------------------------------------
+def _pwrite_all(fd: int, data: memoryview | bytes | bytearray, offset: int) -> None:
+    view, done = memoryview(data), 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done : done + (1 << 30)], offset + done)
+
+
+def _blocks(t: torch.Tensor, size: int) -> list[tuple[int, Callable[[], memoryview]]]:
+    """``(length, get)`` pieces of ``t``'s C-order bytes; only pieces of a non-contiguous ``t`` are copies."""
+    if t.is_contiguous():
+        mv = tensor_buffer(t)
+        return [(min(size, len(mv) - a), functools.partial(_piece, mv, a, size)) for a in range(0, len(mv), size)]
+    row = t[0].numel() * t.element_size()
+    step = max(1, size // max(row, 1))
+    rows = range(0, t.shape[0], step)
+    return [((min(r + step, t.shape[0]) - r) * row, functools.partial(_rows, t, r, step)) for r in rows]
+
+
+def _piece(mv: memoryview, start: int, size: int) -> memoryview:
+    return mv[start : start + size]
+
+
+def _rows(t: torch.Tensor, start: int, step: int) -> memoryview:
+    return tensor_buffer(t[start : start + step])
+
+
+def _write_and_crc(fd: int, get: Callable[[], memoryview], offset: int) -> int:
+    """Write a piece and return its CRC-32, 256 KiB at a time: the CRC reads what the write left in cache."""
+    data, crc = get(), 0
+    for a in range(0, len(data), _CACHED):
+        _pwrite_all(fd, data[a : a + _CACHED], offset + a)
+        crc = zlib.crc32(data[a : a + _CACHED], crc)
+    return crc
+
+
+class _LzmaZip:
+    """LZMA as zip stores it: version 9.4, the 5 property bytes, then a raw LZMA1 stream."""
+
+    def __init__(self, preset: int) -> None:
+        self._head = bytes([9, 4, 5, 0, (2 * 5 + 0) * 9 + 3]) + struct.pack("<I", 1 << 23)  # lc=3 lp=0 pb=2
+        spec = {"id": lzma.FILTER_LZMA1, "preset": preset, "dict_size": 1 << 23, "lc": 3, "lp": 0, "pb": 2}
+        self._c = lzma.LZMACompressor(format=lzma.FORMAT_RAW, filters=[spec])
+
+    def compress(self, data: memoryview) -> bytes:
+        head, self._head = self._head, b""
+        return head + self._c.compress(data)
+
+    def flush(self) -> bytes:
+        return self._head + self._c.flush()
+
+
+def _compressor(method: int, level: int | None) -> Any:
+    if method == 8:
+        return zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION if level is None else level, zlib.DEFLATED, -15)
+    if method == 12:
+        return bz2.BZ2Compressor(9 if level is None else level)
+    return _LzmaZip(6 if level is None else level)
+
+
+@dataclass
+class _Out:
+    name: bytes
+    method: int
+    header: int  # file offset of the local header
+    pad: int | None  # zero bytes of the alignment block; None: no block
+    crc: int = 0
+    size: int = 0
+    csize: int = 0
+    parts: list[tuple[concurrent.futures.Future[int], int]] = field(default_factory=list)  # (CRC, length)
+
+    @property
+    def flags(self) -> int:
+        return (0 if self.name.isascii() else 0x800) | (0x02 if self.method == 14 else 0)
+
+    def local(self, when: tuple[int, int]) -> bytes:
+        extra = b"" if self.pad is None else struct.pack("<HH", PAD_ID, self.pad) + bytes(self.pad)
+        extra += struct.pack("<HHQQ", 1, 16, self.size, self.csize)
+        v, n = _VERSION[self.method], len(self.name)
+        head = _LOCAL_FMT.pack(_LOCAL, v, self.flags, self.method, *when, self.crc, _M32, _M32, n, len(extra))
+        return head + self.name + extra
+
+    def central(self, when: tuple[int, int]) -> bytes:
+        big = [v for v in (self.size, self.csize, self.header) if v >= _M32]
+        extra = struct.pack(f"<HH{len(big)}Q", 1, 8 * len(big), *big) if big else b""
+        size, csize, header = (min(v, _M32) for v in (self.size, self.csize, self.header))
+        v = _VERSION[self.method]
+        fields = (_CENTRAL, (3 << 8) | v, v, self.flags, self.method, *when, self.crc, csize, size, len(self.name))
+        return _CENTRAL_FMT.pack(*fields, len(extra), 0, 0, 0, 0o644 << 16, header) + self.name + extra
+
+
+class _Writer:
+    """Streams entries into ``fd``; big stored payloads are written and CRC-checked by threads."""
+
+    def __init__(self, fd: int, method: int, level: int | None, threads: int) -> None:
+        self.fd, self.method, self.level, self.threads = fd, method, level, max(2, threads)
+        self.buf, self.start = bytearray(), 0  # pending small writes, and their file offset
+        self.out: list[_Out] = []
+        t = time.localtime()
+        self.when = (
+            (t.tm_hour << 11) | (t.tm_min << 5) | (t.tm_sec // 2),
+            (max(t.tm_year - 1980, 0) << 9) | (t.tm_mon << 5) | t.tm_mday,
+        )
+
+    @property
+    def pos(self) -> int:
+        return self.start + len(self.buf)
+
+    def _flush(self) -> None:
+        _pwrite_all(self.fd, self.buf, self.start)
+        self.start += len(self.buf)
+        self.buf = bytearray()
+
+    def add_bytes(self, name: str, data: bytes) -> None:
+        e = _Out(name.encode("utf-8"), 0, self.pos, None, zlib.crc32(data), len(data), len(data))
+        self.out.append(e)
+        self.buf += e.local(self.when) + data
+
+    def add_tensor(self, name: str, t: torch.Tensor) -> None:
+        t = t.detach().cpu().resolve_conj().resolve_neg()
+        raw, size, method = name.encode("utf-8"), t.numel() * t.element_size(), self.method
+        pad = None if method else (-(self.pos + 30 + len(raw) + 4 + 20)) % ALIGN
+        e = _Out(raw, method, self.pos, pad, size=size, csize=size)
+        self.out.append(e)
+        if method == 0 and size < _SMALL:
+            data = tensor_buffer(t)
+            e.crc = zlib.crc32(data)
+            self.buf += e.local(self.when) + data
+            return
+        self.buf += e.local(self.when)  # written again with the CRC (and compressed size) by finish()
+        if method == 0:
+            self._flush()
+            for length, get in _blocks(t, _CHUNK):
+                e.parts.append((pool(self.threads).submit(_write_and_crc, self.fd, get, self.start), length))
+                self.start += length
+            return
+        begin, comp = self.pos, _compressor(method, self.level)
+        for _, get in _blocks(t, _SMALL):
+            data = get()
+            e.crc = zlib.crc32(data, e.crc)
+            self.buf += comp.compress(data)
+            if len(self.buf) >= _CHUNK:
+                self._flush()
+        self.buf += comp.flush()
+        e.csize = self.pos - begin
+
+    def wait(self) -> list[int]:
+        return results([f for e in self.out for f, _ in e.parts])
+
+    def finish(self) -> None:
+        self._flush()
+        crcs = iter(self.wait())
+        for e in self.out:
+            if e.parts:
+                e.crc = next(crcs)
+                for _, length in e.parts[1:]:
+                    e.crc = crc32_combine(e.crc, next(crcs), length)
+            if e.parts or e.method:
+                _pwrite_all(self.fd, e.local(self.when), e.header)
+        cd = b"".join(e.central(self.when) for e in self.out)
+        start, n = self.pos, len(self.out)
+        if n >= 0xFFFF or len(cd) >= _M32 or start >= _M32:
+            self.buf += cd + struct.pack("<IQHHIIQQQQ", _END64, 44, (3 << 8) | 45, 45, 0, 0, n, n, len(cd), start)
+            self.buf += struct.pack("<IIQI", _LOC64, 0, start + len(cd), 1)
+        else:
+            self.buf += cd
+        n16, cd32, start32 = min(n, 0xFFFF), min(len(cd), _M32), min(start, _M32)
+        self.buf += struct.pack("<IHHHHIIH", _END, 0, 0, n16, n16, cd32, start32, 0)
+        self._flush()
+
+
+Source = bytes | torch.Tensor | str  # an entry's content: bytes, a tensor, or the path of a file
+
+
+def write_archive(path: str, entries: Iterable[tuple[str, Source]], method: int, level: int | None = None) -> None:
+    """Write ``entries`` (``*.memmap`` ones are tensor entries) to ``path``: temporary file, then rename."""
+    tmp = tmp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o666)
+    writer = _Writer(fd, method, level, 0)
+    try:
+        try:
+            for name, src in entries:
+                if name.endswith(LEAF_SUFFIX):
+                    writer.add_tensor(name, _as_tensor(src))
+                else:
+                    writer.add_bytes(name, src if isinstance(src, bytes) else bytes(tensor_buffer(_as_tensor(src))))
+        finally:
+            writer.wait()  # no thread writes to the file once an error propagates
+        writer.finish()
+        if os.path.exists(path):
+            os.fchmod(fd, stat.S_IMODE(os.stat(path).st_mode))  # keep the replaced file's permissions
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        os.unlink(tmp)
+        raise
+
+
+def _as_tensor(src: Source) -> torch.Tensor:
+    if isinstance(src, torch.Tensor):
+        return src
+    if isinstance(src, bytes):
+        return torch.frombuffer(bytearray(src), dtype=torch.uint8)
+    size = os.stat(src).st_size  # a file: mapped, never read whole
+    return torch.from_file(src, shared=False, size=size, dtype=torch.uint8) if size else torch.empty(0).byte()
+
+
+def check_target(prefix: str | os.PathLike, existsok: bool) -> str:
+    """The file an archive is written to: not a folder, not an existing file unless ``existsok``."""
+    path = os.path.abspath(os.fspath(prefix))
+    if os.path.isdir(path):
+        raise InvalidArgumentError(
+            f"{path!r} is a directory, but an archive is a single file: remove the folder or choose another name."
+        )
+    if os.path.lexists(path):
+        if not existsok:
+            raise FileExistsRuntimeError(f"A file already exists at {path!r}. Set existsok=True to overwrite.")
+        path = os.path.realpath(path)  # through a symlink: replace the file it names
+    return path
+
+
+def folder_entries(root: str, directory: str = "", rel: str = "") -> Iterator[tuple[str, Source]]:
+    """Every file under the folder ``root``, in archive order (temporary files left out)."""
+    directory = directory or root
+    files: list[str] = []
+    dirs: list[str] = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if TMP_MARK in entry.name:
+            continue
+        real = os.path.realpath(entry.path) if entry.is_symlink() else root
+        if real != root and not real.startswith(root + os.sep):
+            raise CorruptDataError(f"{entry.path!r} is a symbolic link that leads outside {root!r}: refusing it.")
+        (dirs if entry.is_dir() else files).append(entry.name)
+    for name in sorted(files, key=lambda n: n != META_FILE):  # meta.json first, the others stay sorted
+        path = os.path.join(directory, name)
+        if name.endswith(LEAF_SUFFIX):
+            yield rel + name, path
+        else:
+            with open(path, "rb") as f:
+                yield rel + name, f.read()
+    for name in dirs:
+        yield from folder_entries(root, os.path.join(directory, name), f"{rel}{name}/")
+
+
+# -- reading ----------------------------------------------------------------------------------
+class Entry(NamedTuple):
+    name: str
+    method: int
+    flags: int
+    crc: int
+    csize: int
+    size: int
+    header: int  # offset of the local header
+    data: int  # offset of the payload
+    central: int  # offset of the central directory record
+
+
+def _check_name(name: str, where: str) -> None:
+    core = name[:-1] if name[-1:] == "/" else name  # a directory entry ends with /
+    wrapped = f"/{core}/"  # an empty, ".", ".." or absolute part shows as //, /./ or /../
+    bad = "//" in wrapped or "/./" in wrapped or "/../" in wrapped or ":" in core.partition("/")[0]
+    if bad or "\\" in name or "\0" in name:
+        raise CorruptDataError(f"{where} holds the entry {name!r}, which is not a safe relative path: refusing it.")
+
+
+def _zip64(extra: bytes, values: list[int], where: str) -> list[int]:
+    """Replace the 0xFFFFFFFF ones of ``values`` (size, compressed size, offset) from the zip64 field."""
+    i = 0
+    while i + 4 <= len(extra):
+        kind, n = struct.unpack_from("<HH", extra, i)
+        if kind == 1 and i + 4 + n <= len(extra):
+            it = iter(struct.unpack_from(f"<{n // 8}Q", extra, i + 4))
+            out = [next(it, -1) if v == _M32 else v for v in values]
+            if -1 not in out:
+                return out
+        i += 4 + n
+    raise CorruptDataError(f"{where}: an entry's zip64 sizes are missing or malformed.")
+
+
+def _parse(buf: memoryview, where: str) -> dict[str, Entry]:
+    size = len(buf)
+    base = max(0, size - 22 - 0xFFFF)
+    tail = bytes(buf[base:])
+    i = tail.rfind(b"PK\x05\x06")
+    while i >= 0 and (i + 22 > len(tail) or i + 22 + struct.unpack_from("<H", tail, i + 20)[0] != len(tail)):
+        i = tail.rfind(b"PK\x05\x06", 0, i)
+    if i < 0:
+        if bytes(buf[:4]) == b"PK\x03\x04":
+            raise CorruptDataError(f"{where} is truncated or damaged: its zip end record is missing.")
+        raise InvalidArgumentError(
+            f"{where!r} is a file but not a memory-mapped tensordict archive (expected a zip file with a top-level "
+            f"{META_FILE} entry) nor a directory."
+        )
+    end = base + i
+    disk, cd_disk, n_disk, n, cd_size, cd_off = struct.unpack_from("<HHHHII", buf, end + 4)
+    if end >= 20 and bytes(buf[end - 20 : end - 16]) == b"PK\x06\x07":
+        z64 = struct.unpack_from("<Q", buf, end - 12)[0]
+        if z64 + 56 > end - 20 or bytes(buf[z64 : z64 + 4]) != b"PK\x06\x06":
+            raise CorruptDataError(f"{where}: the zip64 end record is missing or out of place.")
+        disk, cd_disk, n_disk, n, cd_size, cd_off = struct.unpack_from("<IIQQQQ", buf, z64 + 16)
+        end = z64
+    if disk or cd_disk or n_disk != n:
+        raise CorruptDataError(f"{where} is a multi-disk zip archive, which is not supported.")
+    if cd_off + cd_size > end:
+        raise CorruptDataError(f"{where}: the central directory lies outside the file; it is truncated or damaged.")
+    entries: dict[str, Entry] = {}
+    spans: list[tuple[int, int, str]] = []
+    cd, p = bytes(buf[cd_off : cd_off + cd_size]), 0  # one copy of the central directory
+    for _ in range(n):
+        if p + 46 > cd_size:
+            raise CorruptDataError(f"{where}: the central directory is shorter than its {n} entries.")
+        sig, _, _, flags, method, _, _, crc, csize, usize, nlen, elen, clen, _, _, _, off = _CENTRAL_FMT.unpack_from(
+            cd, p
+        )
+        q = p + 46
+        if sig != _CENTRAL or q + nlen + elen + clen > cd_size:
+            raise CorruptDataError(f"{where}: the central directory record at byte {cd_off + p} is malformed.")
+        raw = cd[q : q + nlen]
+        if _M32 in (usize, csize, off):
+            usize, csize, off = _zip64(cd[q + nlen : q + nlen + elen], [usize, csize, off], where)
+        name = raw.decode("utf-8" if flags & 0x800 else "cp437", errors="replace")
+        _check_name(name, where)
+        if flags & 0x41:
+            raise CorruptDataError(f"{where}: the entry {name!r} is encrypted, which tdshare does not read.")
+        if name in entries:
+            raise CorruptDataError(f"{where} holds the entry {name!r} twice.")
+        local = _LOCAL_FMT.unpack_from(buf, off) if off + 30 <= cd_off else (0,)
+        if local[0] != _LOCAL:
+            raise CorruptDataError(f"{where}: the local header of {name!r} (byte {off}) is missing.")
+        data = off + 30 + local[9] + local[10]
+        if buf[off + 30 : off + 30 + local[9]] != raw or data + csize > cd_off:
+            raise CorruptDataError(f"{where}: the entry {name!r} disagrees with its local header or overruns the data.")
+        if method == 0 and csize != usize:
+            raise CorruptDataError(f"{where}: the stored entry {name!r} records two different sizes.")
+        rec, p = cd_off + p, q + nlen + elen + clen
+        if not name.endswith("/"):  # a directory entry (zip -r) holds nothing to load
+            entries[name] = Entry(name, method, flags, crc, csize, usize, off, data, rec)
+            spans.append((off, data + csize, name))
+    for (_, a_end, a), (b_start, _, b) in itertools.pairwise(sorted(spans)):
+        if b_start < a_end:
+            raise CorruptDataError(f"{where}: the entries {a!r} and {b!r} overlap; the archive is malformed.")
+    return entries
+
+
+_IN, _OUT = 1 << 20, 16 << 20  # compressed bytes fed, and most bytes produced, per step
+
+
+def _decompressor(e: Entry, src: memoryview, where: str) -> tuple[Any, memoryview]:
+    if e.method == 8:
+        return zlib.decompressobj(-15), src
+    if e.method == 12:
+        return bz2.BZ2Decompressor(), src
+    if e.method == 14:
+        if len(src) < 9 or struct.unpack_from("<H", src, 2)[0] != 5:
+            raise CorruptDataError(f"{where}: the LZMA header of {e.name!r} is malformed.")
+        d, dict_size = src[4], struct.unpack_from("<I", src, 5)[0]
+        spec = {"id": lzma.FILTER_LZMA1, "lc": d % 9, "lp": d // 9 % 5, "pb": d // 45, "dict_size": dict_size}
+        return lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[spec]), src[9:]
+    raise UnsupportedFormatError(
+        f"{where}: the entry {e.name!r} uses zip method {e.method}, which tdshare cannot read."
+    )
+
+
+def _inflate(e: Entry, src: memoryview, sink: Callable[[bytes], Any], where: str) -> None:
+    """Decompress ``e`` into ``sink`` in bounded pieces, checking its size and CRC-32."""
+    total = crc = 0
+    try:
+        d, src = _decompressor(e, src, where)
+        for i in range(0, max(len(src), 1), _IN):
+            data: Any = src[i : i + _IN]
+            more = True
+            while more:
+                piece = d.decompress(data, _OUT)
+                if e.method == 8:
+                    data = d.unconsumed_tail
+                    more = bool(data) or (len(piece) == _OUT and not d.eof)
+                else:
+                    data, more = b"", not d.eof and not d.needs_input
+                total += len(piece)
+                if total > e.size:
+                    raise CorruptDataError(f"{where}: {e.name!r} decompresses to more than its {e.size} bytes.")
+                crc = zlib.crc32(piece, crc)
+                sink(piece)
+            if d.eof:
+                break
+    except (zlib.error, OSError, lzma.LZMAError, EOFError) as err:
+        raise CorruptDataError(f"{where}: the compressed entry {e.name!r} is corrupt ({err}).") from None
+    if not d.eof or total != e.size:
+        raise CorruptDataError(f"{where}: the compressed entry {e.name!r} is truncated ({total} of {e.size} bytes).")
+    if crc != e.crc:
+        raise CorruptDataError(f"{where}: the entry {e.name!r} fails its CRC-32 check; the archive is corrupt.")
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    array: Any = t.numpy()  # a writable view of the tensor's memory
+    return memoryview(array).cast("B")
+
+
+class Archive:
+    """A parsed, validated archive, mapped once (``mode="r+"``: shared; otherwise copy-on-write)."""
+
+    def __init__(self, path: str, mode: str | None = None) -> None:
+        self.path, self.mode = path, mode
+        st = os.stat(path)
+        size, self.ino = st.st_size, st.st_ino
+        if mode == "r+" and not os.access(path, os.W_OK):
+            raise PermissionError(f"Cannot open {path!r} with mode='r+': the file is not writable.")
+        shared = mode == "r+"
+        self.flat = (
+            torch.from_file(path, shared=shared, size=size, dtype=torch.uint8) if size else torch.empty(0).byte()
+        )
+        self.buf = _bytes_of(self.flat)
+        self.entries = _parse(self.buf, path)
+        self._typed: dict[torch.dtype, torch.Tensor] = {}
+        self._strides: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def payload(self, e: Entry) -> memoryview:
+        return self.buf[e.data : e.data + e.csize]
+
+    def read(self, name: str) -> bytes:
+        """The content of a (small) entry, CRC-checked."""
+        e = self.entries[name]
+        pieces: list[bytes] = []
+        if e.method == 0:
+            pieces.append(bytes(self.payload(e)))
+            if zlib.crc32(pieces[0]) != e.crc:
+                raise CorruptDataError(
+                    f"{self.path}: the entry {name!r} fails its CRC-32 check; the archive is corrupt."
+                )
+        else:
+            _inflate(e, self.payload(e), pieces.append, self.path)
+        return b"".join(pieces)
+
+    def view(self, e: Entry, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor | None:
+        """A view of a stored entry inside the mapping, or None if it is compressed or misaligned."""
+        k = dtype.itemsize
+        if e.method or e.data % k:
+            return None
+        if dtype not in self._typed:
+            n = self.flat.numel()
+            self._typed[dtype] = self.flat[: n - n % k].view(dtype)
+        strides = self._strides.get(shape)
+        if strides is None:
+            acc, rev = 1, []
+            for s in reversed(shape):
+                rev.append(acc)
+                acc *= max(s, 1)
+            strides = self._strides[shape] = tuple(reversed(rev))
+        return self._typed[dtype].as_strided(shape, strides, e.data // k)
+
+    def copy(self, e: Entry) -> torch.Tensor:
+        """A new uint8 tensor holding the entry (compressed: decompressed and CRC-checked)."""
+        if e.method == 0:
+            return self.flat[e.data : e.data + e.size].clone()
+        out = torch.empty(e.size, dtype=torch.uint8)
+        mv, pos = _bytes_of(out), [0]
+
+        def sink(piece: bytes) -> None:
+            mv[pos[0] : pos[0] + len(piece)] = piece
+            pos[0] += len(piece)
+
+        _inflate(e, self.payload(e), sink, self.path)
+        return out
+
+
+def refresh_crcs(path: str, threads: int) -> int:
+    """Recompute the CRC-32 of every stored entry and rewrite those that changed; return their number."""
+    ar = Archive(path, "r")
+    stored = [e for e in ar.entries.values() if e.method == 0]
+    changed = [(e, crc) for e in stored if (crc := _crc(ar.payload(e), threads)) != e.crc]
+    if changed:
+        fd = os.open(path, os.O_WRONLY | _O_CLOEXEC)
+        try:
+            for e, crc in changed:
+                value = struct.pack("<I", crc)
+                _pwrite_all(fd, value, e.central + 16)
+                if e.flags & 0x08:  # a data descriptor after the payload, with or without its signature
+                    sig = bytes(ar.buf[e.data + e.csize : e.data + e.csize + 4]) == b"PK\x07\x08"
+                    _pwrite_all(fd, value, e.data + e.csize + 4 * sig)
+                else:
+                    _pwrite_all(fd, value, e.header + 14)
+        finally:
+            os.close(fd)
+    return len(changed)
+
+
+def extract(path: str, root: str) -> None:
+    """Extract every entry of the archive under ``root``, checking every CRC."""
+    ar = Archive(path, "r")
+    os.makedirs(root, exist_ok=True)
+    real_root = os.path.realpath(root)
+    for e in ar.entries.values():
+        target = os.path.join(root, *e.name.split("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        parent = os.path.realpath(os.path.dirname(target))
+        if parent != real_root and not parent.startswith(real_root + os.sep):
+            raise CorruptDataError(f"Refusing to extract {e.name!r}: {parent!r} leads outside {root!r}.")
+        tmp = tmp_name(target)
+        with open(tmp, "wb") as f:
+            try:
+                if e.method:
+                    _inflate(e, ar.payload(e), f.write, path)
+                elif _crc(ar.payload(e), 2) != e.crc:
+                    raise CorruptDataError(f"{path}: the entry {e.name!r} fails its CRC-32 check.")
+                else:
+                    f.write(ar.payload(e))
+            except BaseException:
+                f.close()
+                os.unlink(tmp)
+                raise
+        os.replace(tmp, target)
