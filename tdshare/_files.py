@@ -11,11 +11,11 @@ The rules every writer follows (DESIGN.md §8):
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import secrets
 import stat
-from typing import Any
 
 import torch
 
@@ -25,6 +25,7 @@ __all__ = [
     "TMP_MARK",
     "tmp_name",
     "tensor_buffer",
+    "tensor_memory",
     "write_file",
     "replace_file",
     "reserve_file",
@@ -48,11 +49,22 @@ def tensor_buffer(tensor: torch.Tensor) -> memoryview:
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    t = t.contiguous().reshape(-1)
-    if t.dtype.itemsize == 0 or t.numel() == 0:
-        return memoryview(b"")
-    array: Any = t.view(torch.uint8).numpy()
-    return memoryview(array).cast("B")
+    return tensor_memory(t.contiguous())
+
+
+def tensor_memory(t: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor's memory, without a copy (or numpy).
+
+    The view keeps ``t`` alive.
+    """
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return memoryview(bytearray())
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError("tensor_memory needs a contiguous CPU tensor")
+    raw = (ctypes.c_ubyte * nbytes).from_address(t.data_ptr())
+    raw._owner = t  # type: ignore[attr-defined]  # the tensor outlives every view of its memory
+    return memoryview(raw).cast("B")
 
 
 def _write_all(fd: int, data: memoryview, path: str) -> None:

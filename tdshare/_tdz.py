@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ._errors import CorruptDataError, FileExistsRuntimeError, InvalidArgumentError, UnsupportedFormatError
-from ._files import TMP_MARK, tensor_buffer, tmp_name
+from ._files import TMP_MARK, tensor_buffer, tensor_memory, tmp_name
 from ._format import LEAF_SUFFIX, META_FILE
 
 __all__ = [
@@ -545,11 +545,6 @@ def _inflate(e: Entry, src: memoryview, sink: Callable[[bytes], Any], where: str
         raise CorruptDataError(f"{where}: the entry {e.name!r} fails its CRC-32 check; the archive is corrupt.")
 
 
-def _bytes_of(t: torch.Tensor) -> memoryview:
-    array: Any = t.numpy()  # a writable view of the tensor's memory
-    return memoryview(array).cast("B")
-
-
 class Archive:
     """A parsed, validated archive, mapped once (``mode="r+"``: shared; otherwise copy-on-write)."""
 
@@ -563,7 +558,7 @@ class Archive:
         self.flat = (
             torch.from_file(path, shared=shared, size=size, dtype=torch.uint8) if size else torch.empty(0).byte()
         )
-        self.buf = _bytes_of(self.flat)
+        self.buf = tensor_memory(self.flat)
         self.entries = _parse(self.buf, path)
         self._typed: dict[torch.dtype, torch.Tensor] = {}
         self._strides: dict[tuple[int, ...], tuple[int, ...]] = {}
@@ -607,7 +602,7 @@ class Archive:
         if e.method == 0:
             return self.flat[e.data : e.data + e.size].clone()
         out = torch.empty(e.size, dtype=torch.uint8)
-        mv, pos = _bytes_of(out), [0]
+        mv, pos = tensor_memory(out), [0]
 
         def sink(piece: bytes) -> None:
             mv[pos[0] : pos[0] + len(piece)] = piece

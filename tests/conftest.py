@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -20,3 +25,14 @@ def td_nested() -> tdshare.TensorDict:
         },
         batch_size=[3],
     )
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder every user can enter (tmp_path's parents are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="tdshare-test-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import as_other_user
 
 import tdshare
 from tdshare import (
@@ -261,12 +262,21 @@ def test_r_plus_refused_for_compressed_entries(tmp_path: Path) -> None:
         TensorDict.load(path, mode="r+")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write to read-only files")
-def test_r_plus_refused_for_read_only_file(saved: tuple[TensorDict, Path]) -> None:
-    _, path = saved
+def test_r_plus_refused_for_read_only_file(tmp_path: Path, shared_dir: Path) -> None:
+    """As root the check runs as the user ``nobody`` (root may write any file)."""
+    path = shared_dir / "ro.tdz"
+    TensorDict(a=torch.zeros(4), batch_size=[]).save(path)
     path.chmod(0o444)
-    with pytest.raises(PermissionError):
-        TensorDict.load(path, mode="r+", allow_pickle=True)
+
+    def check() -> str:
+        try:
+            TensorDict.load(path, mode="r+")
+        except PermissionError as err:
+            return "permission-error" if str(path) in str(err) else f"unnamed: {err}"
+        return "loaded"
+
+    assert as_other_user(check) == "permission-error"
+    assert TensorDict.load(path)["a"].tolist() == [0.0] * 4  # mode None still maps it
 
 
 def test_foreign_unaligned_zip(tmp_path: Path) -> None:

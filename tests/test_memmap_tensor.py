@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from _helpers import as_other_user
 
 import tdshare
 from tdshare import CorruptDataError, FileExistsRuntimeError, InvalidArgumentError, MemoryMappedTensor
-
-IS_ROOT = os.geteuid() == 0
-NOBODY = 65534
 
 
 def _bytes(t: torch.Tensor) -> bytes:
@@ -40,48 +35,6 @@ def _nfds() -> int:
 def _no_temp_files(folder: Path) -> None:
     leftovers = [p.name for p in folder.iterdir() if ".tdshare-" in p.name]
     assert not leftovers, leftovers
-
-
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A folder every user can enter (tmp_path's parents are private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="tdshare-test-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _as_other_user(check: Callable[[], str]) -> str:
-    """Run ``check`` as the unprivileged user ``nobody`` when we are root (root may write any file).
-
-    The check runs in a forked child (the interpreter lives under /root, which ``nobody`` cannot
-    enter, so a fresh process could not start); its result or error comes back through a pipe.
-    """
-    if not IS_ROOT:
-        return check()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            reply = "ok:" + check()
-        except BaseException as err:
-            reply = f"error:{type(err).__name__}: {err}"
-        try:
-            os.write(w, reply.encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        reply = f.read().decode()
-    os.waitpid(pid, 0)
-    assert reply.startswith("ok:"), reply
-    return reply[3:]
 
 
 # -- from_tensor ----------------------------------------------------------------------------
@@ -373,7 +326,7 @@ def test_from_filename_r_plus_on_read_only_file(shared_dir: Path) -> None:
     path = shared_dir / "ro.memmap"
     path.write_bytes(_bytes(torch.arange(6, dtype=torch.int32)))
     path.chmod(0o444)
-    assert _as_other_user(lambda: _read_only_check(str(path))) == "permission-error"
+    assert as_other_user(lambda: _read_only_check(str(path))) == "permission-error"
 
 
 def test_from_filename_r_plus_on_a_file_the_user_may_write(shared_dir: Path) -> None:
@@ -386,7 +339,7 @@ def test_from_filename_r_plus_on_a_file_the_user_may_write(shared_dir: Path) -> 
         m[0] = 5
         return "done"
 
-    assert _as_other_user(check) == "done"
+    assert as_other_user(check) == "done"
     assert np.frombuffer(_file_bytes(path), dtype=np.int32)[0] == 5
 
 
