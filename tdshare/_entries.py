@@ -42,9 +42,10 @@ def _parse_shape(shape: Any) -> torch.Size:
         raise NotSupportedError(
             "A tensor of shapes (a nested tensor entry) is not supported by make_memmap* yet; pass a flat shape."
         )
-    if isinstance(shape, int):
-        return torch.Size([shape])
-    return torch.Size([int(s) for s in shape])
+    size = torch.Size([shape]) if isinstance(shape, int) else torch.Size([int(s) for s in shape])
+    if any(s < 0 for s in size):
+        raise MemmapError(f"Cannot make a memmap tensor of shape {list(size)}: dimensions must not be negative.")
+    return size
 
 
 def _target_level(td: TensorDictBase, parts: tuple[str, ...], robust: bool) -> tuple[list[str], TensorDictBase | None]:
@@ -110,8 +111,10 @@ def add_entry(
     registry = SharedRegistry.for_directory(prefix)
     with registry.lock():
         before = registry.state()
-        metas = _read_chain(prefix, folders)
-        if metas[-1] is not None and last in metas[-1]:
+        metas = _read_chain(prefix, folders, parts)
+        on_disk = metas[-1].get(last) if metas[-1] is not None else None
+        # a file-less entry (dropped by every reader) may be replaced, as in memory after a refresh
+        if on_disk is not None and not (isinstance(on_disk, dict) and on_disk.get(NO_FILE_FIELD)):
             raise MemmapError(
                 f"The key {last!r} already exists in {os.path.join(level_dir, META_FILE)} (added by another "
                 "process): call memmap_refresh_() to see it."
@@ -132,8 +135,10 @@ def add_entry(
             raise
         after = registry.bump()
     _insert(td, parts, tensor, prefix, robust)
-    if td._generation == before:
-        td._generation = after  # we were current: our own addition is all that changed
+    if td._generation == before and has_file:
+        # we were current: our own addition is all that changed (a file-less entry stays stale on
+        # purpose, so that the next memmap_refresh_() drops it, as it does in every other process)
+        td._generation = after
     return tensor
 
 
@@ -175,14 +180,30 @@ def _make_level_dirs(prefix: str, folders: list[str]) -> list[str]:
     return created
 
 
-def _read_chain(prefix: str, folders: list[str]) -> list[dict | None]:
-    """The on-disk meta.json of each level down to the target (None where it does not exist yet)."""
+def _read_chain(prefix: str, folders: list[str], parts: tuple[str, ...]) -> list[dict | None]:
+    """The on-disk meta.json of each level down to the target (None where it does not exist yet).
+
+    A level exists only if its parent's meta.json lists it: a folder it does not list (left by a
+    writer killed before it linked it) is a new level.  A level that another process made a leaf
+    or a non-tensor value cannot hold the entry.
+    """
     metas: list[dict | None] = [read_meta(prefix)]
     path = prefix
-    for name in folders:
+    for name, part in zip(folders, parts[:-1], strict=True):
         path = os.path.join(path, name)
         parent = metas[-1]
-        metas.append(read_meta(path) if parent is not None and os.path.isfile(os.path.join(path, META_FILE)) else None)
+        entry = parent.get(part) if parent is not None else None
+        if entry is None:
+            metas.append(None)
+            continue
+        child = read_meta(path) if isinstance(entry, dict) and "type" in entry else None
+        if child is None or "shape" not in child:
+            raise MemmapError(
+                f"Cannot add {parts!r}: another process added {part!r} as a leaf or a non-tensor value, not a "
+                f"nested tensordict (see {os.path.join(os.path.dirname(path), META_FILE)!r}); call "
+                "memmap_refresh_() to see it."
+            )
+        metas.append(child)
     return metas
 
 
@@ -304,7 +325,7 @@ def storage_entry_checks(
                 FutureWarning,
                 stacklevel=4,
             )
-        return False
+        return not storage.nbytes()  # an empty entry needs no file: readers keep it, as the reference does
     expected = None
     if prefix is not None:
         folders, _ = _target_level(td, parts, robust)
