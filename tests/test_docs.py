@@ -47,3 +47,6 @@ def test_quickstart_example_runs(tmp_path: Path) -> None:
     assert "worker 2: obs row sum=38" in out.stdout
     assert "rewards written by the workers: [10.0, 20.0, 30.0]" in out.stdout
     assert "anonymous shared counter: [1, 2, 3]" in out.stdout
+    assert "shared status: worker 0 was here" in out.stdout
+    assert "entry added by worker 0, after refresh: [1.5, 1.5, 1.5]" in out.stdout
+    assert "archive: ['bonus', 'info', 'obs', 'reward', 'status'] 4.5" in out.stdout
