@@ -26,7 +26,7 @@ from ._format import LEAF_SUFFIX, META_FILE, NO_FILE_FIELD, dumps_json, leaf_ent
 from ._keys import NestedKey, unravel_key
 from ._memmap import MemoryMappedTensor, _storage_filename
 from ._read import read_meta
-from ._registry import SharedRegistry
+from ._registry import SharedRegistry, unchanged_since
 from ._runtime import ensure_store, read_manifest, write_manifest
 from ._tensordict import TensorDictBase
 from ._write import _file_name
@@ -135,7 +135,7 @@ def add_entry(
             raise
         after = registry.bump()
     _insert(td, parts, tensor, prefix, robust)
-    if td._generation == before and has_file:
+    if unchanged_since(td._generation, before) and has_file:
         # we were current: our own addition is all that changed (a file-less entry stays stale on
         # purpose, so that the next memmap_refresh_() drops it, as it does in every other process)
         td._generation = after
@@ -164,7 +164,7 @@ def _publish(td: TensorDictBase, store: tuple[str, tuple[str, ...]], parts: tupl
         })
         write_manifest(path, entries)
         after = registry.bump()
-    if td._generation == before or (td._generation is None and before is None):
+    if unchanged_since(td._generation, before):
         td._generation = after
 
 

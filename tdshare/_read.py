@@ -46,6 +46,7 @@ from ._format import (
 from ._keys import encode_key, is_safe_legacy_name, unravel_key
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
+from ._registry import SharedRegistry
 from ._tensordict import TensorDictBase
 
 __all__ = ["load_tree", "load_into", "check_load_args", "read_meta"]
@@ -322,6 +323,7 @@ def _load_level(cls: type[T], ctx: _Ctx, directory: str, meta: dict, out: Any, p
     )
     result._is_memmap = False
     result._memmap_prefix = directory if ctx.mode != "r" else None
+    result._meta_seen = meta
     return result
 
 
@@ -414,7 +416,11 @@ def load_tree(
         opts = {"robust_key": robust_key, "subpath": subpath, "mode": mode, "allow_pickle": allow_pickle}
         result = load_archive(cls, directory, device, num_threads=num_threads, **opts)
     else:
+        # the registry state *before* the metadata: a later refresh re-reads anything newer
+        state = SharedRegistry.for_directory(directory).state() if ctx.mode != "r" else None
         result = _load_level(cls, ctx, directory, _read_level_meta(ctx, directory), out, None, device)
+        if isinstance(result, TensorDictBase):
+            result._generation = state
     if out is None:
         return result
     if not isinstance(result, TensorDictBase):
@@ -455,6 +461,8 @@ def _transplant(loaded: TensorDictBase, out: TensorDictBase) -> None:
     out._is_memmap = False
     out._is_shared = False
     out._memmap_prefix = loaded._memmap_prefix
+    out._meta_seen = loaded._meta_seen
+    out._generation = loaded._generation
 
 
 def load_into(

@@ -22,7 +22,7 @@ from ._keys import encode_key
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
 from ._read import _Ctx, _load_leaf, _load_level, _locate, check_load_args, read_meta
-from ._registry import SharedRegistry
+from ._registry import SharedRegistry, unchanged_since
 from ._runtime import read_manifest, register_user
 from ._segments import Segment, _map_fd
 from ._shared_nontensor import SharedNonTensorData
@@ -42,8 +42,9 @@ def refresh(td: TensorDictBase, allow_pickle: bool | None = None) -> TensorDictB
             "folder first (a load_memmap() result needs td.memmap_(), which writes nothing if nothing changed)."
         )
     registry = registry_of(td, prefix)
-    state = registry.state()
-    if state is not None and state == td._generation:
+    state = registry.state(create=True)
+    if state is not None and unchanged_since(td._generation, state):
+        td._generation = state
         return td
     seen = td._generation
     same_files = state is not None and seen is not None and state[1] == seen[1]

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 from filelock import FileLock
 
-__all__ = ["SharedRegistry", "control_paths", "tree_root"]
+__all__ = ["SharedRegistry", "control_paths", "tree_root", "unchanged_since"]
 
 _SUFFIX_LOCK = ".tdshare.lock"
 _SUFFIX_GEN = ".tdshare.gen"
@@ -47,6 +47,15 @@ def control_paths(root: str) -> tuple[str, str]:
     """The lock file and the counter file of the tree saved at ``root``."""
     head, name = os.path.split(os.path.abspath(root).rstrip(os.sep))
     return os.path.join(head, f".{name}{_SUFFIX_LOCK}"), os.path.join(head, f".{name}{_SUFFIX_GEN}")
+
+
+def unchanged_since(seen: tuple[int, int] | None, state: tuple[int, int] | None) -> bool:
+    """Whether nothing was committed between a tensordict's last look (``seen``) and ``state``.
+
+    ``seen`` is None when the tensordict was written or loaded before any counter existed; the
+    counter is then still absent or at its initial value unless a writer has bumped it since.
+    """
+    return seen == state or (seen is None and state in (None, (0, 0)))
 
 
 def tree_root(directory: str) -> str:
@@ -104,9 +113,13 @@ class SharedRegistry:
                 os.close(fd)
         return self._map
 
-    def state(self) -> tuple[int, int] | None:
-        """(generation, file epoch), or None when the counters cannot be read."""
-        m = self._counter(create=False)
+    def state(self, create: bool = False) -> tuple[int, int] | None:
+        """(generation, file epoch), or None when the counters do not exist (yet) or cannot be read.
+
+        ``create=True`` (a process that will refresh or write) makes the counter file, so that
+        every later writer bumps it.
+        """
+        m = self._counter(create=create)
         if m is None:
             return None
         raw = m[:16]

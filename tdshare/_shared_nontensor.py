@@ -19,7 +19,7 @@ from ._errors import CorruptDataError, PickleRefusedError
 from ._format import META_FILE, PICKLE_FILE, loads_json
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor, write_nontensor
-from ._registry import SharedRegistry
+from ._registry import SharedRegistry, unchanged_since
 
 __all__ = ["SharedNonTensorData"]
 
@@ -39,7 +39,7 @@ class SharedNonTensorData(NonTensorData):
     @property
     def data(self) -> Any:
         state = self._registry.state()
-        if state is None or state != self._state:
+        if not unchanged_since(self._state, state):
             self._value = self._read()
             self._state = state
         return self._value
@@ -56,7 +56,7 @@ class SharedNonTensorData(NonTensorData):
             write_nontensor(self._folder, meta, pickled)
             after = self._registry.bump()
         self._value = value
-        if self._state == before:
+        if unchanged_since(self._state, before):
             self._state = after
 
     def _read(self) -> Any:

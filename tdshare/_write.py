@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -38,7 +39,7 @@ from ._keys import encode_key, is_safe_legacy_name
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor, replace_if_changed, write_nontensor
-from ._registry import SharedRegistry
+from ._registry import SharedRegistry, unchanged_since
 from ._runtime import new_store_path
 from ._segments import Segment, align
 from ._shared_nontensor import SharedNonTensorData
@@ -244,9 +245,14 @@ def _make_dirs(root: _Level) -> None:
         check_not_symlink(level.path)
 
 
-def _write_metadata(root: _Level) -> bool:
-    """Write every level's metadata, children first; return whether anything changed."""
-    changed = False
+def _write_metadata(root: _Level) -> tuple[bool, bool]:
+    """Write every level's metadata, children first; return (anything changed, any level kept).
+
+    A level whose metadata is exactly what this tensordict last read from disk (``_meta_seen``:
+    it was loaded or refreshed and not restructured since) is not rewritten, so entries other
+    processes added in the meantime survive a ``load(...).memmap_()``.
+    """
+    changed = kept = False
     for level in root.walk():  # children first: a level's meta.json only names complete children
         assert level.path is not None
         for nt in level.nontensors:
@@ -254,16 +260,30 @@ def _write_metadata(root: _Level) -> bool:
             changed = write_nontensor(nt.path, nt.meta, nt.pickled) or changed
         src = level.src
         meta = level_meta(level.entries, src.batch_size, level.names)
+        if src._meta_seen is not None and meta == src._meta_seen and src._memmap_prefix == level.path:
+            kept = True
+            continue
         changed = replace_if_changed(os.path.join(level.path, META_FILE), dumps_json(meta)) or changed
-    return changed
+        src._meta_seen = meta
+    return changed, kept
 
 
-def _commit(root: _Level, path: str, registry: SharedRegistry) -> tuple[int, int] | None:
-    """Write the metadata under the tree's lock and bump the generation if anything changed."""
+def _commit(root: _Level, registry: SharedRegistry | None, seen: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Write the metadata, under the tree's lock with a generation bump when anything changed.
+
+    ``registry`` is None for a folder that held no saved tensordict before this write: nobody
+    can be sharing it yet, so no control files are made.  Returns the registry state the written
+    tensordict is current with (``seen``, its state before, when levels kept newer disk content).
+    """
+    if registry is None:
+        _write_metadata(root)
+        return None
     wrote_data = any(leaf.reuse is None and leaf.src.numel() for lvl in root.walk() for leaf in lvl.leaves)
     with registry.lock():
-        changed = _write_metadata(root) or wrote_data
-        return registry.bump(files_replaced=wrote_data) if changed else registry.state()
+        before = registry.state(create=True)
+        changed, kept = _write_metadata(root)
+        after = registry.bump(files_replaced=wrote_data) if changed or wrote_data else before
+    return after if not kept or unchanged_since(seen, before) else seen
 
 
 def _write_anonymous(root: _Level) -> None:
@@ -400,9 +420,11 @@ def memmap_tree(
         _assign_store(dest, store, ())
         return dest
     path = os.path.abspath(os.fspath(prefix))
-    registry = SharedRegistry.for_directory(path)
+    fresh = not os.path.exists(os.path.join(path, META_FILE))
+    registry = None if fresh else SharedRegistry.for_directory(path)
+    seen = td._generation if td._memmap_prefix == path else None
     if atomic:
-        with registry.lock():  # nobody adds entries to the old folder while it is swapped out
+        with registry.lock() if registry is not None else nullcontext():  # no additions while swapped out
             with atomic_directory(path, existsok) as staging:
                 try:
                     root = _plan(td, staging, robust, copy_existing, existsok=True)
@@ -412,7 +434,7 @@ def memmap_tree(
                 _make_dirs(root)
                 _run_writes(root, num_threads, existsok=True)
                 _write_metadata(root)
-            gen = registry.bump(files_replaced=True)
+            gen = registry.bump(files_replaced=True) if registry is not None else None
         _rebase(root, staging, path)
         dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
         _install(root, dest, path)
@@ -423,10 +445,10 @@ def memmap_tree(
     dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
     if return_early and num_threads > 1:
         _make_dirs(root)
-        return _write_in_background(root, dest, path, num_threads, existsok, registry)
+        return _write_in_background(root, dest, path, num_threads, existsok, registry, seen)
     _make_dirs(root)
     _run_writes(root, num_threads, existsok)
-    gen = _commit(root, path, registry)
+    gen = _commit(root, registry, seen)
     _install(root, dest, path)
     dest._generation = gen
     return dest
@@ -445,7 +467,13 @@ def _run_writes(root: _Level, num_threads: int, existsok: bool) -> None:
 
 
 def _write_in_background(
-    root: _Level, dest: T, path: str, num_threads: int, existsok: bool, registry: SharedRegistry
+    root: _Level,
+    dest: T,
+    path: str,
+    num_threads: int,
+    existsok: bool,
+    registry: SharedRegistry | None,
+    seen: tuple[int, int] | None,
 ) -> TensorDictFuture[T]:
     """Write the leaves in the pool; the last one to finish commits the metadata and installs.
 
@@ -462,7 +490,7 @@ def _write_in_background(
         try:
             for f in futures:
                 f.result()
-            gen = _commit(root, path, registry)
+            gen = _commit(root, registry, seen)
             _install(root, dest, path)
             dest._generation = gen
         except BaseException as err:  # delivered by TensorDictFuture.result()

@@ -896,6 +896,11 @@ def test_control_files_sit_beside_the_folder(tmp_path: Path) -> None:
     td = _base().memmap_(folder)
     lock_path, gen_path = control_paths(str(folder))
     assert os.path.dirname(lock_path) == os.path.dirname(gen_path) == str(tmp_path)
+    # a plain save coordinates with nobody: no control files until someone refreshes or adds
+    assert sorted(os.listdir(tmp_path)) == ["td"]
+    TensorDict.load(folder)
+    assert sorted(os.listdir(tmp_path)) == ["td"]
+    td.memmap_refresh_()
     assert os.path.getsize(gen_path) == 16
     registry = SharedRegistry.for_directory(str(folder))
     assert SharedRegistry.for_directory(str(folder / "n")) is registry  # a nested level shares it
