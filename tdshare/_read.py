@@ -15,7 +15,7 @@ import pickle
 import stat
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -28,6 +28,7 @@ from ._errors import (
     InvalidArgumentError,
     LockedError,
     MissingMetadataError,
+    NotSupportedError,
     PickleRefusedError,
     UnsupportedFormatError,
 )
@@ -398,8 +399,12 @@ def load_tree(
     mode: str | None = None,
     allow_pickle: bool | None = None,
     num_threads: int = 0,
+    archive_loader: Callable[..., Any] | None = None,
 ) -> Any:
-    """Load the tensordict saved in the directory (or ``.tdz`` archive) ``prefix`` (see ``TensorDict.load_memmap``)."""
+    """Load the tensordict saved in the directory (or ``.tdz`` archive) ``prefix`` (see ``TensorDict.load_memmap``).
+
+    Archives are opened by ``archive_loader`` (:func:`tdshare._archive.load_archive`, which builds
+    on this module and is passed in from above, so the two modules never import each other)."""
     check_load_args(mode, allow_pickle)
     directory = os.path.abspath(os.fspath(prefix))
     is_archive = os.path.isfile(directory)
@@ -411,10 +416,10 @@ def load_tree(
         if device is None:
             device = out.device
     if is_archive:
-        from ._archive import load_archive  # _archive builds on this module
-
+        if archive_loader is None:
+            raise NotSupportedError(f"{directory!r} is a file: pass an archive loader to read .tdz archives.")
         opts = {"robust_key": robust_key, "subpath": subpath, "mode": mode, "allow_pickle": allow_pickle}
-        result = load_archive(cls, directory, device, num_threads=num_threads, **opts)
+        result = archive_loader(cls, directory, device, num_threads=num_threads, **opts)
     else:
         # the registry state *before* the metadata: a later refresh re-reads anything newer
         state = SharedRegistry.for_directory(directory).state() if ctx.mode != "r" else None
@@ -472,6 +477,7 @@ def load_into(
     *,
     allow_pickle: bool | None = None,
     mode: str | None = None,
+    archive_loader: Callable[..., Any] | None = None,
 ) -> Any:
     """``td.load_memmap_``: load into ``td`` (nested tensordicts reused); ``td`` is unchanged on error.
 
@@ -483,7 +489,10 @@ def load_into(
     if was_memmap:
         td._propagate(_set_unlocked)  # the tree is replaced anyway; restored below on error
     try:
-        load_tree(type(td), prefix, td.device, out=td, robust_key=robust_key, mode=mode, allow_pickle=allow_pickle)
+        load_tree(
+            type(td), prefix, td.device, out=td, robust_key=robust_key, mode=mode, allow_pickle=allow_pickle,
+            archive_loader=archive_loader,
+        )
     except BaseException:
         if was_memmap:
             td._propagate(_set_memmap)

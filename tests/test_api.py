@@ -138,3 +138,38 @@ def test_modules_import_cleanly() -> None:
             continue
         rel = path.relative_to(PACKAGE.parent).with_suffix("")
         importlib.import_module(".".join(rel.parts).removesuffix(".__init__"))
+
+
+def test_no_import_cycles_inside_the_package() -> None:
+    """Imports point one way: no module of tdshare imports (even lazily) one that imports it back."""
+
+
+    base = Path(tdshare.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in base.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        graph[path.stem] = {
+            node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1
+        }
+    state: dict[str, int] = {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = 1
+        for dep in graph.get(module, ()):
+            assert state.get(dep) != 1, f"import cycle: {' -> '.join([*trail, module, dep])}"
+            if dep not in state:
+                visit(dep, [*trail, module])
+        state[module] = 2
+
+    for module in graph:
+        if module not in state:
+            visit(module, [])
+    assert len(graph) > 10
+
+
+def test_init_only_reexports() -> None:
+
+
+    tree = ast.parse((Path(tdshare.__file__).parent / "__init__.py").read_text())
+    defined = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert defined == []
