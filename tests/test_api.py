@@ -143,7 +143,6 @@ def test_modules_import_cleanly() -> None:
 def test_no_import_cycles_inside_the_package() -> None:
     """Imports point one way: no module of tdshare imports (even lazily) one that imports it back."""
 
-
     base = Path(tdshare.__file__).parent
     graph: dict[str, set[str]] = {}
     for path in base.glob("*.py"):
@@ -168,7 +167,6 @@ def test_no_import_cycles_inside_the_package() -> None:
 
 
 def test_init_only_reexports() -> None:
-
 
     tree = ast.parse((Path(tdshare.__file__).parent / "__init__.py").read_text())
     defined = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
