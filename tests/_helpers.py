@@ -5,6 +5,33 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import torch
+
+#: dtypes that both tdshare and tensordict 0.15.3 save and load
+COMMON_DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+]
+#: float8 kinds this torch has (tdshare reads them back; the reference cannot load them)
+FLOAT8_DTYPES = [
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+    if hasattr(torch, name)
+]
+
 IS_ROOT = os.geteuid() == 0
 NOBODY = 65534
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import as_other_user
+from _helpers import COMMON_DTYPES, FLOAT8_DTYPES, as_other_user
 
 import tdshare
 from tdshare import (
@@ -33,24 +33,7 @@ from tdshare import (
 )
 from tdshare._tdz import Archive, crc32_combine, write_archive
 
-DTYPES = [
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint16,
-    torch.uint32,
-    torch.uint64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.complex64,
-    torch.complex128,
-    *[d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d is not None],
-]
+DTYPES = [*COMMON_DTYPES, *FLOAT8_DTYPES[:2]]
 
 
 class Point:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import COMMON_DTYPES
 
 import tdshare
 from tdshare import TensorDict as TdsTD
@@ -29,23 +30,7 @@ RefTD = tensordict.TensorDict
 
 
 # -- helpers ----------------------------------------------------------------------------------
-DTYPES = [
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint16,
-    torch.uint32,
-    torch.uint64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.complex64,
-    torch.complex128,
-]
+DTYPES = COMMON_DTYPES
 
 
 @tensordict.tensorclass

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import COMMON_DTYPES, FLOAT8_DTYPES
 
 import tdshare
 import tdshare._commit
@@ -653,29 +654,7 @@ def test_share_non_tensor_needs_a_folder() -> None:
 
 
 # -- data round trips -----------------------------------------------------------------------------
-DTYPES = [
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint16,
-    torch.uint32,
-    torch.uint64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.complex32,
-    torch.complex64,
-    torch.complex128,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
-    torch.float8_e4m3fnuz,
-    torch.float8_e5m2fnuz,
-    *([torch.float8_e8m0fnu] if hasattr(torch, "float8_e8m0fnu") else []),
-]
+DTYPES = [*COMMON_DTYPES, torch.complex32, *FLOAT8_DTYPES]
 
 
 def _random_of(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
