@@ -1,0 +1,114 @@
+"""Targets of spawned processes.
+
+This module imports torch and nothing from either library: a child that receives a tensordict
+imports its library while unpickling it, so that cost counts for the library that needs it, and
+the empty-spawn limit (:func:`noop`) pays exactly the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import psutil
+import torch
+
+__all__ = ["loader_worker", "noop", "read_one"]
+
+
+def noop(conn: Connection) -> None:
+    """The empty spawn round trip: the child has imported torch; say so."""
+    conn.send(0.0)
+    conn.close()
+
+
+def first_leaf_value(td: Any) -> float:
+    """Read one element of the first leaf (depth first), so the leaf is really mapped."""
+    node = td
+    while True:
+        key = next(iter(node.keys()))
+        node = node[key]
+        if isinstance(node, torch.Tensor):
+            return float(node.reshape(-1)[0].item())
+
+
+def read_one(td: Any, conn: Connection) -> None:
+    """Hand-off: the tensordict arrived (unpickled) with the spawn; read one value, reply."""
+    conn.send(first_leaf_value(td))
+    conn.close()
+
+
+def peak_rss_mib() -> float:
+    """This process's peak RSS in MiB: ``VmHWM``, which starts afresh at ``exec``.
+
+    (``getrusage``'s ``ru_maxrss`` would not: Linux keeps the parent's peak across fork + exec.)
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _memory() -> tuple[float, float]:
+    """(peak RSS, current PSS) of this process in MiB."""
+    peak_rss = peak_rss_mib()
+    try:
+        pss = float(psutil.Process(os.getpid()).memory_full_info().pss) / (1 << 20)
+    except (psutil.Error, AttributeError):
+        pss = float("nan")
+    return peak_rss, pss
+
+
+def _raw_tensors(spec: list[tuple[str, str, tuple[int, ...], str]]) -> dict[str, torch.Tensor]:
+    """Map raw files (name, path, shape, dtype name) as plain tensors: the DataLoader limit."""
+    out = {}
+    for name, path, shape, dtype_name in spec:
+        dtype = getattr(torch, dtype_name)
+        n = 1
+        for s in shape:
+            n *= s
+        out[name] = torch.from_file(path, shared=True, size=n, dtype=dtype).view(shape)
+    return out
+
+
+def loader_worker(payload: Any, raw: bool, batch: int, seed: int, conn: Connection) -> None:
+    """A DataLoader-like worker: on each ``("run", n)``, gather ``n`` batches of random rows.
+
+    ``payload`` is a memory-mapped tensordict (unpickled with the spawn) or, with ``raw``, a
+    file spec for plain mapped tensors.  Replies with the loop's wall time; ``("stats",)``
+    replies with (peak RSS, PSS) in MiB; ``("exit",)`` ends the worker.
+    """
+    torch.set_num_threads(1)  # as torch.utils.data workers do
+    gen = torch.Generator().manual_seed(seed)
+    data = _raw_tensors(payload) if raw else payload
+    rows = next(iter(data.values())).shape[0] if raw else int(data.batch_size[0])
+
+    def sample(count: int) -> None:
+        for _ in range(count):
+            idx = torch.randint(rows, (batch,), generator=gen)
+            if raw:
+                out = {k: v[idx] for k, v in data.items()}
+            else:
+                out = data[idx]
+            del out
+
+    sample(20)  # warm the code paths before the first timed run
+    conn.send("ready")
+    while True:
+        msg = conn.recv()
+        if msg[0] == "run":
+            t0 = time.perf_counter()
+            sample(int(msg[1]))
+            conn.send(time.perf_counter() - t0)
+        elif msg[0] == "stats":
+            conn.send(_memory())
+        else:
+            break
+    conn.close()

@@ -1,0 +1,722 @@
+"""The workloads.  Each group function builds its data once, measures every library (and the raw
+limit that applies) interleaved with :func:`benchmarks._common.run_interleaved`, cleans up its
+files, and returns table rows.
+
+Timed regions hold the operation and nothing else: building the source tensordict, removing
+folders and checking results happen outside them.  Writes go to a fresh folder every repetition.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import multiprocessing as mp
+import os
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+
+from . import _workers, limits
+from ._common import LIMIT, Backend, Cell, Config, Row, Scratch, UnsupportedError, log, require, run_interleaved
+
+__all__ = ["GROUPS", "big_leaves", "handoff", "loader", "make_memmap", "refresh", "small_leaves", "tdz"]
+
+Case = Callable[[], "float | Mapping[str, float]"]
+
+
+def _leaves(td: Any) -> list[torch.Tensor]:
+    """Every tensor leaf, depth first (works for both libraries)."""
+    out: list[torch.Tensor] = []
+    for key in list(td.keys()):
+        value = td[key]
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        else:
+            out.extend(_leaves(value))
+    return out
+
+
+def _sum_all(td: Any) -> float:
+    return sum(float(t.sum()) for t in _leaves(td))
+
+
+def _as(metric: str, case: Callable[[], float]) -> Case:
+    """Report a one-number case under ``metric``."""
+    return lambda: {metric: case()}
+
+
+_write_errors: dict[str, BaseException] = {}
+
+
+def _write_folders(backends: list[Backend], scratch: Scratch, build: Callable[[Backend], Any]) -> dict[str, str]:
+    """Write ``build(b)`` with ``memmap_`` to a fresh folder per library (untimed setup).
+
+    A failure is remembered and raised again by :func:`_raise_if_failed` inside the case, so the
+    cell shows it.
+    """
+    folders = {}
+    for b in backends:
+        folders[b.name] = scratch.fresh(b.name)
+        try:
+            td = build(b).memmap_(folders[b.name])
+            del td
+        except Exception as e:
+            _write_errors[folders[b.name]] = e
+    gc.collect()
+    return folders
+
+
+def _raise_if_failed(folders: dict[str, str], b: Backend) -> None:
+    error = _write_errors.get(folders[b.name])
+    if error is not None:
+        raise error
+
+
+# -- big leaves -------------------------------------------------------------------------------
+def big_leaves(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
+    """memmap_ / save / load + sum of a few big leaves, against write() and map + sum."""
+    group = f"{cfg.big_leaves} x {cfg.big_leaf_bytes >> 20} MiB"
+    src = [torch.randn(cfg.big_leaf_bytes // 4) for _ in range(cfg.big_leaves)]
+    nbytes = cfg.big_bytes
+    rows: list[Row] = []
+
+    def build(b: Backend) -> Any:
+        return b.TensorDict({f"x{i}": t for i, t in enumerate(src)}, batch_size=[])
+
+    def write_case(b: Backend, how: str, threads: int) -> Case:
+        def case() -> float:
+            td, folder = build(b), scratch.fresh(b.name)
+            t0 = time.perf_counter()
+            if how == "memmap_":
+                td.memmap_(folder, num_threads=threads)
+            else:
+                out = td.save(folder, num_threads=threads)
+                del out
+            dt = time.perf_counter() - t0
+            del td
+            scratch.remove(folder)
+            return dt
+
+        return case
+
+    for how, threads in (("memmap_", 0), ("memmap_", 2), ("save", 0)):
+        log(f"  {group}: {how} num_threads={threads}")
+        cases: dict[str, Case] = {b.name: write_case(b, how, threads) for b in backends}
+        cases[LIMIT] = limits.write_files_case(scratch, src, max(1, threads))
+        res = run_interleaved(cases, cfg.reps, cfg.warmup)
+        name = f"{how} {group} -> fresh folder" + (f", num_threads={threads}" if threads else "")
+        limit = f"write() {max(1, threads)} thread{'s' if threads > 1 else ''}"
+        rows.append(Row(group, name, "time", res[""], nbytes=nbytes, limit_name=limit))
+
+    log(f"  {group}: load_memmap + sum")
+    folders = _write_folders(backends, scratch, build)
+    raw = scratch.fresh("raw")
+    limits.write_files(raw, src)
+
+    def load_case(b: Backend) -> Case:
+        def case() -> dict[str, float]:
+            _raise_if_failed(folders, b)
+            t0 = time.perf_counter()
+            td = b.TensorDict.load_memmap(folders[b.name])
+            t1 = time.perf_counter()
+            _sum_all(td)
+            t2 = time.perf_counter()
+            return {"open": t1 - t0, "open+sum": t2 - t0}
+
+        return case
+
+    cases = {b.name: load_case(b) for b in backends}
+    cases[LIMIT] = _as("open+sum", limits.map_sum_case(raw, [t.numel() for t in src]))
+    res = run_interleaved(cases, cfg.reps, cfg.warmup)
+    rows.append(Row(group, f"load_memmap {group} (open only)", "time", dict(res.get("open", {}))))
+    rows.append(
+        Row(
+            group,
+            f"load_memmap {group} + sum of every leaf",
+            "time",
+            dict(res.get("open+sum", {})),
+            nbytes=nbytes,
+            limit_name="map + sum",
+        )
+    )
+    for folder in [*folders.values(), raw]:
+        scratch.remove(folder)
+    return rows
+
+
+# -- many small leaves ----------------------------------------------------------------------------
+def small_td(b: Backend, leaves: list[torch.Tensor], subtds: int) -> Any:
+    """``subtds`` sub-tensordicts sharing ``leaves`` evenly (unbatched)."""
+    per = -(-len(leaves) // subtds)
+    return b.TensorDict(
+        {
+            f"sub{s}": b.TensorDict({f"x{j}": t for j, t in enumerate(leaves[s * per : (s + 1) * per])}, batch_size=[])
+            for s in range(min(subtds, len(leaves)))
+        },
+        batch_size=[],
+    )
+
+
+def small_leaves(cfg: Config, backends: list[Backend], scratch: Scratch, shm: Scratch | None = None) -> list[Row]:
+    """memmap_ into a fresh folder (both file systems), into anonymous memory, and load_memmap."""
+    rows: list[Row] = []
+    payload = bytes(cfg.small_leaf_floats * 4)
+    for n in cfg.small_counts:
+        group = f"{n:,} small leaves"
+        leaves = [torch.randn(cfg.small_leaf_floats) for _ in range(n)]
+
+        def write_case(b: Backend, store: Scratch | None, leaves: list[torch.Tensor] = leaves) -> Case:
+            def case() -> float:
+                td = small_td(b, leaves, cfg.small_subtds)
+                folder = store.fresh(b.name) if store is not None else None
+                t0 = time.perf_counter()
+                td.memmap_(folder)
+                dt = time.perf_counter() - t0
+                del td
+                if folder is not None and store is not None:
+                    store.remove(folder)
+                return dt
+
+            return case
+
+        stores: list[tuple[str, Scratch | None]] = [("fresh folder", scratch)]
+        if shm is not None:
+            stores.append(("fresh folder on /dev/shm", shm))
+        stores.append(("anonymous memory (prefix=None)", None))
+        for label, store in stores:
+            log(f"  {group}: memmap_ -> {label}")
+            cases: dict[str, Case] = {b.name: write_case(b, store) for b in backends}
+            if store is not None:
+                cases[LIMIT] = limits.create_files_case(store, n, cfg.small_subtds, payload)
+                limit = f"create {n:,} files of {len(payload)} B"
+            else:
+                cases[LIMIT] = limits.segment_case(leaves)
+                limit = "copy into views of one memfd"
+            res = run_interleaved(cases, cfg.reps, cfg.warmup)
+            rows.append(
+                Row(
+                    group,
+                    f"memmap_ {n:,} leaves ({cfg.small_subtds} sub-tds) -> {label}",
+                    "time",
+                    res[""],
+                    limit_name=limit,
+                )
+            )
+
+        log(f"  {group}: load_memmap")
+        folders = _write_folders(backends, scratch, lambda b, leaves=leaves: small_td(b, leaves, cfg.small_subtds))
+        raw = scratch.fresh("raw")
+        paths = limits.make_small_files(raw, n, cfg.small_subtds, payload)
+
+        def load_case(b: Backend, folders: dict[str, str] = folders) -> Case:
+            def case() -> float:
+                _raise_if_failed(folders, b)
+                t0 = time.perf_counter()
+                td = b.TensorDict.load_memmap(folders[b.name])
+                dt = time.perf_counter() - t0
+                del td
+                return dt
+
+            return case
+
+        cases = {b.name: load_case(b) for b in backends}
+        cases[LIMIT] = limits.map_files_case(paths, cfg.small_leaf_floats)
+        res = run_interleaved(cases, cfg.reps, cfg.warmup)
+        rows.append(Row(group, f"load_memmap {n:,} leaves", "time", res[""], limit_name=f"map {n:,} files"))
+        for folder in [*folders.values(), raw]:
+            scratch.remove(folder)
+        del leaves
+        gc.collect()
+    return rows
+
+
+# -- refresh ------------------------------------------------------------------------------------
+def refresh(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
+    """memmap_refresh_ of a memory-mapped tensordict: nothing changed, and one entry added by
+    another handle on the same folder (``make_memmap`` on a second memory-mapped tensordict)."""
+    n = cfg.refresh_leaves
+    group = "refresh"
+    leaves = [torch.randn(cfg.small_leaf_floats) for _ in range(n)]
+    state: dict[str, tuple[Any, Any, str]] = {}
+    added = {b.name: 0 for b in backends}
+
+    def setup(b: Backend) -> tuple[Any, Any, str]:
+        if b.name not in state:
+            require(b.TensorDict, "memmap_refresh_")
+            folder = scratch.fresh(b.name)
+            td = small_td(b, leaves, cfg.small_subtds).memmap_(folder)
+            writer = b.TensorDict.load_memmap(folder)
+            writer.memmap_(folder)
+            state[b.name] = (td, writer, folder)
+        return state[b.name]
+
+    def noop_case(b: Backend) -> Case:
+        def case() -> float:
+            td, _, _ = setup(b)
+            t0 = time.perf_counter()
+            td.memmap_refresh_()
+            return time.perf_counter() - t0
+
+        return case
+
+    def added_case(b: Backend) -> Case:
+        def case() -> float:
+            td, writer, _ = setup(b)
+            key = f"added{added[b.name]}"
+            added[b.name] += 1
+            require(writer, "make_memmap")(key, (cfg.small_leaf_floats,))
+            t0 = time.perf_counter()
+            td.memmap_refresh_()
+            dt = time.perf_counter() - t0
+            if key not in td.keys():
+                raise RuntimeError(f"memmap_refresh_ did not pick up {key!r}")
+            return dt
+
+        return case
+
+    raw = scratch.fresh("raw")
+    paths = limits.make_small_files(raw, 1, 1, bytes(cfg.small_leaf_floats * 4))
+    meta = os.path.join(raw, "meta.json")
+    with open(meta, "w") as f:
+        json.dump({f"x{i}": {"shape": [cfg.small_leaf_floats], "dtype": "torch.float32"} for i in range(n)}, f)
+
+    log(f"  {group}: no-op memmap_refresh_")
+    cases: dict[str, Case] = {b.name: noop_case(b) for b in backends}
+    cases[LIMIT] = limits.stat_case(meta)
+    res = run_interleaved(cases, cfg.reps, cfg.warmup)
+    rows = [Row(group, f"memmap_refresh_ {n:,} leaves, nothing changed", "time", res[""], limit_name="one stat()")]
+
+    log(f"  {group}: memmap_refresh_ after one entry added")
+    cases = {b.name: added_case(b) for b in backends}
+    cases[LIMIT] = limits.stat_parse_map_case(meta, paths[0], cfg.small_leaf_floats)
+    res = run_interleaved(cases, cfg.reps, cfg.warmup)
+    rows.append(
+        Row(
+            group,
+            f"memmap_refresh_ {n:,} leaves, one entry added elsewhere",
+            "time",
+            res[""],
+            limit_name=f"stat + parse {n:,}-entry JSON + map 1 file",
+        )
+    )
+    for _, _, folder in state.values():
+        scratch.remove(folder)
+    state.clear()
+    scratch.remove(raw)
+    return rows
+
+
+# -- make_memmap* -------------------------------------------------------------------------------
+def make_memmap(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
+    """make_memmap / make_memmap_from_tensor of many entries, one by one, into a memory-mapped
+    tensordict (the entries land in its folder)."""
+    n = cfg.make_entries
+    group = "make_memmap"
+    src = [torch.randn(cfg.small_leaf_floats) for _ in range(n)]
+    rows: list[Row] = []
+
+    def case_for(b: Backend, method: str) -> Case:
+        def case() -> float:
+            require(b.TensorDict, method)
+            folder = scratch.fresh(b.name)
+            td = b.TensorDict({}, batch_size=[]).memmap_(folder)
+            make = require(td, method)
+            t0 = time.perf_counter()
+            if method == "make_memmap":
+                for i in range(n):
+                    make(f"k{i}", (cfg.small_leaf_floats,))
+            else:
+                for i in range(n):
+                    make(f"k{i}", src[i])
+            dt = time.perf_counter() - t0
+            if len(list(td.keys())) != n:
+                raise RuntimeError(f"{method} left {len(list(td.keys()))} entries, not {n}")
+            del td, make
+            scratch.remove(folder)
+            return dt
+
+        return case
+
+    for method in ("make_memmap", "make_memmap_from_tensor"):
+        log(f"  {group}: {method} x {n}")
+        cases: dict[str, Case] = {b.name: case_for(b, method) for b in backends}
+        cases[LIMIT] = limits.create_files_case(scratch, n, 1, bytes(cfg.small_leaf_floats * 4))
+        res = run_interleaved(cases, cfg.reps, cfg.warmup)
+        rows.append(
+            Row(
+                group,
+                f"{method} of {n:,} entries, one by one",
+                "time",
+                res[""],
+                per=n,
+                limit_name=f"create {n:,} files",
+            )
+        )
+    return rows
+
+
+# -- hand-off to another process ------------------------------------------------------------------
+def handoff(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
+    """Pickled size of memory-mapped tensordicts, load cost against payload size, and the time
+    to hand one to a spawned worker until the worker has read one value."""
+    group = "hand-off"
+    rows: list[Row] = []
+    n = cfg.pickle_leaves
+    big = cfg.pickle_big_bytes
+    big_label = f"{big >> 30} GiB" if big >= 1 << 30 else f"{big >> 20} MiB"
+    leaves = [torch.randn(cfg.small_leaf_floats) for _ in range(n)]
+    tds: dict[str, dict[str, Any]] = {"many": {}, "big": {}, "tiny": {}}
+    paths: dict[tuple[str, str], str] = {}
+    builders: dict[str, Callable[[Backend], Any]] = {
+        "many": lambda b: small_td(b, leaves, cfg.small_subtds),
+        # torch.empty: the pages were never touched, so the source costs no memory.
+        "big": lambda b: b.TensorDict({"x": torch.empty(big // 4)}, batch_size=[]),
+        "tiny": lambda b: b.TensorDict({"x": torch.zeros(cfg.small_leaf_floats)}, batch_size=[]),
+    }
+    log(f"  {group}: writing the tensordicts")
+    for b in backends:
+        for what, build in builders.items():
+            folder = paths[what, b.name] = scratch.fresh(f"{b.name}-{what}")
+            try:
+                tds[what][b.name] = build(b).memmap_(folder)
+            except Exception as e:
+                _write_errors[folder] = e
+        gc.collect()
+
+    def size_case(b: Backend, what: str) -> Case:
+        def case() -> float:
+            _raise_if_failed({b.name: paths[what, b.name]}, b)
+            return float(len(ForkingPickler.dumps(tds[what][b.name])))
+
+        return case
+
+    for what, label in (("many", f"{n:,} leaves"), ("big", f"one {big_label} leaf")):
+        res = run_interleaved({b.name: size_case(b, what) for b in backends}, reps=1, warmup=0)
+        rows.append(Row(group, f"pickled size of a memory-mapped td, {label} (bytes)", "bytes", res[""]))
+
+    def open_case(b: Backend, what: str) -> Case:
+        def case() -> float:
+            folder = paths[what, b.name]
+            _raise_if_failed({b.name: folder}, b)
+            t0 = time.perf_counter()
+            td = b.TensorDict.load_memmap(folder)
+            dt = time.perf_counter() - t0
+            del td
+            return dt
+
+        return case
+
+    log(f"  {group}: load_memmap of a tiny and a big leaf")
+    for what, label in (("tiny", f"one leaf of {cfg.small_leaf_floats * 4} B"), ("big", f"one leaf of {big_label}")):
+        res = run_interleaved({b.name: open_case(b, what) for b in backends}, cfg.reps, cfg.warmup)
+        rows.append(Row(group, f"load_memmap, {label} (open only)", "time", res[""]))
+
+    ctx = mp.get_context("spawn")
+
+    def spawn_case(b: Backend, what: str) -> Case:
+        def case() -> float:
+            _raise_if_failed({b.name: paths[what, b.name]}, b)
+            td = tds[what][b.name]
+            parent, child = ctx.Pipe(duplex=False)
+            t0 = time.perf_counter()
+            proc = ctx.Process(target=_workers.read_one, args=(td, child))
+            proc.start()
+            child.close()
+            try:
+                if not parent.poll(120):
+                    raise TimeoutError("the worker did not answer in 120 s")
+                parent.recv()
+            except EOFError:
+                raise RuntimeError(f"the worker died (exit code {proc.exitcode})") from None
+            finally:
+                dt = time.perf_counter() - t0
+                proc.join(60)
+                parent.close()
+            return dt
+
+        return case
+
+    spawn_what = [("many", f"{n:,} leaves")] + ([("big", f"one {big_label} leaf")] if cfg.spawn_big_handoff else [])
+    for what, label in spawn_what:
+        log(f"  {group}: spawned worker receives a td with {label}")
+        cases: dict[str, Case] = {b.name: spawn_case(b, what) for b in backends}
+        cases[LIMIT] = limits.spawn_case()
+        res = run_interleaved(cases, cfg.reps, cfg.spawn_warmup)
+        rows.append(
+            Row(
+                group,
+                f"spawn a worker with a memory-mapped td ({label}) until it reads one value",
+                "time",
+                res[""],
+                limit_name="empty spawn",
+            )
+        )
+    tds.clear()
+    gc.collect()
+    for folder in paths.values():
+        scratch.remove(folder)
+    return rows
+
+
+# -- .tdz archives --------------------------------------------------------------------------------
+def tdz(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
+    """Save a tensordict as a ``.tdz`` archive, open it, and sum every leaf: stored and deflated."""
+    rows: list[Row] = []
+    for compression, nbytes in ((None, cfg.tdz_stored_bytes), ("deflate", cfg.tdz_deflated_bytes)):
+        kind = "stored" if compression is None else "deflated"
+        group = f".tdz {kind}"
+        size = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+        src = [torch.randn(nbytes // 16) for _ in range(4)]
+
+        def case_for(b: Backend, compression: str | None = compression, src: list[torch.Tensor] = src) -> Case:
+            def case() -> dict[str, float]:
+                td = b.TensorDict({f"x{i}": t for i, t in enumerate(src)}, batch_size=[])
+                path = scratch.fresh(b.name, ".tdz")
+                try:
+                    t0 = time.perf_counter()
+                    out = td.save(path) if compression is None else td.save(path, compression=compression)
+                    t1 = time.perf_counter()
+                    del out
+                    if not os.path.isfile(path):  # a folder named *.tdz: no archive support
+                        raise UnsupportedError("save(*.tdz) did not write an archive")
+                    t2 = time.perf_counter()
+                    loaded = b.TensorDict.load_memmap(path)
+                    t3 = time.perf_counter()
+                    _sum_all(loaded)
+                    t4 = time.perf_counter()
+                    del loaded
+                finally:
+                    scratch.remove(path)
+                return {"save": t1 - t0, "open": t3 - t2, "open+sum": t4 - t2}
+
+            return case
+
+        cases: dict[str, Case] = {b.name: case_for(b) for b in backends}
+        raw = scratch.fresh("raw")
+        limits.write_files(raw, src)
+        if compression is None:
+            write = limits.write_files_case(scratch, src, 1)
+            map_sum = limits.map_sum_case(raw, [t.numel() for t in src])
+
+            def raw_case(
+                write: Callable[[], float] = write, map_sum: Callable[[], float] = map_sum
+            ) -> dict[str, float]:
+                return {"save": write(), "open+sum": map_sum()}
+
+            cases[LIMIT] = raw_case
+            limit_names = {"save": "write() 1 thread", "open+sum": "map + sum"}
+        else:
+            blobs = [limits.tensor_bytes(t).tobytes() for t in src]
+            packed = [zlib.compress(x, 6) for x in blobs]
+
+            def zlib_case(blobs: list[bytes] = blobs, packed: list[bytes] = packed) -> dict[str, float]:
+                t0 = time.perf_counter()
+                for x in blobs:
+                    zlib.compress(x, 6)
+                t1 = time.perf_counter()
+                for x in packed:
+                    zlib.decompress(x)
+                t2 = time.perf_counter()
+                return {"save": t1 - t0, "open+sum": t2 - t1}
+
+            cases[LIMIT] = zlib_case
+            limit_names = {"save": "zlib deflate -6, 1 thread", "open+sum": "zlib inflate, 1 thread"}
+        log(f"  {group}: save / open / sum, {size}")
+        res = run_interleaved(cases, cfg.reps, cfg.warmup)
+        rows.append(
+            Row(
+                group,
+                f"save {size} as .tdz ({kind})",
+                "time",
+                dict(res.get("save", {})),
+                nbytes=nbytes,
+                limit_name=limit_names["save"],
+            )
+        )
+        rows.append(Row(group, f"open {size} .tdz ({kind})", "time", dict(res.get("open", {}))))
+        rows.append(
+            Row(
+                group,
+                f"open {size} .tdz ({kind}) + sum of every leaf",
+                "time",
+                dict(res.get("open+sum", {})),
+                nbytes=nbytes,
+                limit_name=limit_names["open+sum"],
+            )
+        )
+        # A library that failed every repetition leaves no metric: show its reason in every row.
+        for row in rows[-3:]:
+            for name, cell in res.get("", {}).items():
+                row.cells.setdefault(name, cell)
+        scratch.remove(raw)
+    return rows
+
+
+# -- DataLoader-like --------------------------------------------------------------------------------
+def loader(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
+    """Spawned workers gather batches of random rows from one memory-mapped tensordict.
+
+    Every variant (each library, and plain mapped tensors as the limit) gets its own workers,
+    spawned once; each repetition asks every worker of one variant for ``loader_batches``
+    batches and times the whole round.  Peak RSS and PSS are read in the workers at the end.
+    """
+    group = "DataLoader-like"
+    rows_n, w = cfg.loader_rows, cfg.loader_workers
+    columns: dict[str, torch.Tensor] = {
+        "obs": torch.randn(rows_n, 32),
+        "action": torch.randint(0, 10, (rows_n,)),
+        "reward": torch.randn(rows_n),
+        "done": torch.zeros(rows_n, dtype=torch.bool),
+        "next_obs": torch.randn(rows_n, 32),
+    }
+    folders: list[str] = []
+    payloads: dict[str, tuple[Any, bool]] = {}
+    errors: dict[str, str] = {}
+    log(f"  {group}: writing {rows_n:,} rows")
+    for b in backends:
+        folder = scratch.fresh(b.name)
+        folders.append(folder)
+        try:
+            td = b.TensorDict(
+                {
+                    "obs": columns["obs"],
+                    "action": columns["action"],
+                    "reward": columns["reward"],
+                    "done": columns["done"],
+                    "next": b.TensorDict({"obs": columns["next_obs"]}, batch_size=[rows_n]),
+                },
+                batch_size=[rows_n],
+            )
+            payloads[b.name] = (td.memmap_(folder), False)
+        except Exception as e:
+            errors[b.name] = type(e).__name__
+    raw = scratch.fresh("raw")
+    folders.append(raw)
+    limits.write_files(raw, list(columns.values()))
+    spec = [
+        (name, os.path.join(raw, f"{i}.bin"), tuple(t.shape), str(t.dtype).split(".")[1])
+        for i, (name, t) in enumerate(columns.items())
+    ]
+    payloads[LIMIT] = (spec, True)
+    del columns
+
+    ctx = mp.get_context("spawn")
+    pools: dict[str, list[tuple[Any, Connection]]] = {}
+    log(f"  {group}: spawning {w} workers per variant")
+    for name, (payload, raw_flag) in payloads.items():
+        pool = []
+        for k in range(w):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_workers.loader_worker, args=(payload, raw_flag, cfg.loader_batch, k, child))
+            proc.start()
+            child.close()
+            pool.append((proc, parent))
+        pools[name] = pool
+
+    def ask(name: str, msg: tuple[Any, ...]) -> list[Any]:
+        for _, conn in pools[name]:
+            conn.send(msg)
+        out = []
+        for proc, conn in pools[name]:
+            if not conn.poll(300):
+                raise TimeoutError("a worker did not answer in 300 s")
+            try:
+                out.append(conn.recv())
+            except EOFError:
+                raise RuntimeError(f"a worker died (exit code {proc.exitcode})") from None
+        return out
+
+    def ready(name: str) -> None:
+        for proc, conn in pools[name]:
+            if not conn.poll(300):
+                raise TimeoutError("a worker did not start in 300 s")
+            try:
+                conn.recv()
+            except EOFError:
+                raise RuntimeError(f"a worker died while starting (exit code {proc.exitcode})") from None
+
+    def run_case(name: str) -> Case:
+        started = False
+
+        def case() -> dict[str, float]:
+            nonlocal started
+            if not started:
+                ready(name)
+                started = True
+            t0 = time.perf_counter()
+            ask(name, ("run", cfg.loader_batches))
+            return {"rate": w * cfg.loader_batches / (time.perf_counter() - t0)}
+
+        return case
+
+    order = [LIMIT, *[b.name for b in backends if b.name in pools]]
+    cases: dict[str, Case] = {name: run_case(name) for name in order if name in pools}
+    try:
+        res = run_interleaved(cases, cfg.reps, cfg.warmup)
+        mem: dict[str, dict[str, Any]] = {"rss": {}, "pss": {}}
+        for name in cases:
+            cell = res.get("rate", {}).get(name)
+            if cell is not None and cell.error is not None:
+                continue
+            try:
+                stats = ask(name, ("stats",))
+            except Exception:
+                continue
+            mem["rss"][name] = [sum(s[0] for s in stats) / len(stats)]
+            mem["pss"][name] = [sum(s[1] for s in stats) / len(stats)]
+    finally:
+        for pool in pools.values():
+            for _, conn in pool:
+                try:
+                    conn.send(("exit",))
+                except OSError:
+                    pass
+        for pool in pools.values():
+            for proc, conn in pool:
+                proc.join(30)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+                conn.close()
+        payloads.clear()
+        gc.collect()
+        for folder in folders:
+            scratch.remove(folder)
+
+    def cells(values: dict[str, list[float]]) -> dict[str, Cell]:
+        out = {name: Cell(values=list(v)) for name, v in values.items()}
+        for name, why in errors.items():
+            out[name] = Cell(error=why)
+        for name, cell in res.get("rate", {}).items():
+            if cell.error is not None:
+                out[name] = Cell(error=cell.error)
+        return out
+
+    rate_cells = dict(res.get("rate", {}))
+    for name, why in errors.items():
+        rate_cells[name] = Cell(error=why)
+    label = f"{w} spawned workers, batches of {cfg.loader_batch} random rows of a {rows_n:,}-row td"
+    return [
+        Row(group, f"{label} (batches/s)", "rate", rate_cells, limit_name="plain mapped tensors"),
+        Row(group, "peak RSS per worker (MiB)", "mib", cells(mem["rss"]), limit_name="plain mapped tensors"),
+        Row(group, "PSS per worker at the end (MiB)", "mib", cells(mem["pss"]), limit_name="plain mapped tensors"),
+    ]
+
+
+Group = Callable[..., list[Row]]
+
+#: name -> (function, needs the /dev/shm scratch)
+GROUPS: dict[str, tuple[Group, bool]] = {
+    "big": (big_leaves, False),
+    "small": (small_leaves, True),
+    "refresh": (refresh, False),
+    "make_memmap": (make_memmap, False),
+    "handoff": (handoff, False),
+    "tdz": (tdz, False),
+    "loader": (loader, False),
+}

@@ -1,0 +1,79 @@
+"""Smoke test of benchmarks/: tiny workloads run and give sensible rows (nothing is timed here)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _import(name: str) -> ModuleType:
+    if str(ROOT) not in sys.path:  # plain `pytest` does not put the repository root on the path
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(name)
+
+
+@pytest.mark.timeout(60)
+def test_tiny_workloads_give_sensible_rows(tmp_path: Path) -> None:
+    common = _import("benchmarks._common")
+    workloads = _import("benchmarks.workloads")
+    report = _import("benchmarks.report")
+
+    backends, _ = common.load_backends()
+    names = [b.name for b in backends]
+    assert "tdshare" in names
+    scratch = common.Scratch(str(tmp_path))
+    cfg = common.config_for("tiny", scratch.root, None)
+    rows = workloads.small_leaves(cfg, backends, scratch) + workloads.big_leaves(cfg, backends, scratch)
+    scratch.close()
+
+    assert {r.name for r in rows} >= {
+        "memmap_ 20 leaves (2 sub-tds) -> fresh folder",
+        "memmap_ 20 leaves (2 sub-tds) -> anonymous memory (prefix=None)",
+        "load_memmap 20 leaves",
+    }
+    for row in rows:
+        assert row.kind == "time"
+        for name in names:
+            cell = row.cells[name]
+            assert cell.error is None, (row.name, name, cell.error)
+            assert cell.value is not None and 0 < cell.value < 30
+        if row.limit_name is not None:
+            assert row.cells["limit"].value is not None and row.cells["limit"].value > 0
+        if "tensordict" in names:
+            ratio = row.ratio("tdshare", "tensordict")
+            assert ratio is not None and ratio > 0
+    assert not list(tmp_path.iterdir())  # every temporary folder is gone
+
+    table = report.render(rows)
+    assert table.splitlines()[0].startswith("| workload | tdshare | tensordict |")
+    assert "load_memmap 20 leaves" in table
+    assert all(r.to_json()["cells"]["tdshare"]["median"] > 0 for r in rows)
+
+
+def test_missing_features_print_unsupported() -> None:
+    common = _import("benchmarks._common")
+    assert common.describe_error(common.UnsupportedError("no tdz")) == "unsupported"
+    assert common.describe_error(NotImplementedError()) == "unsupported"
+    assert common.describe_error(TypeError("f() got an unexpected keyword argument 'compression'")) == "unsupported"
+    assert common.describe_error(OSError(24, "Too many open files")) == "OSError EMFILE"
+
+    def broken() -> float:
+        raise common.UnsupportedError("missing")
+
+    res = common.run_interleaved({"a": lambda: 1.0, "b": broken}, reps=2, warmup=1)
+    assert res[""]["a"].values == [1.0, 1.0] and res[""]["a"].value == 1.0
+    assert res[""]["b"].error == "unsupported" and res[""]["b"].value is None
+
+
+def test_only_selects_groups() -> None:
+    runner = _import("benchmarks.runner")
+    assert runner.select_groups(["small", "ref"]) == ["small", "refresh"]
+    assert runner.select_groups(None)[0] == "limits"
+    with pytest.raises(SystemExit):
+        runner.select_groups(["nope"])
