@@ -21,11 +21,12 @@ from ._format import META_FILE, NO_FILE_FIELD, NONTENSOR_TYPE, RESERVED_KEYS, pa
 from ._keys import encode_key
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
-from ._read import _Ctx, _load_leaf, _load_level, _locate, check_load_args, read_meta
+from ._read import _load_level, _open_leaf, check_load_args, read_meta
 from ._registry import SharedRegistry, unchanged_since
 from ._runtime import read_manifest, register_user
 from ._segments import Segment, _map_fd
 from ._shared_nontensor import SharedNonTensorData
+from ._store import DirectoryStore
 from ._tensordict import TensorDictBase
 
 __all__ = ["refresh"]
@@ -48,8 +49,8 @@ def refresh(td: TensorDictBase, allow_pickle: bool | None = None) -> TensorDictB
         return td
     seen = td._generation
     same_files = state is not None and seen is not None and state[1] == seen[1]
-    ctx = _Ctx(os.path.realpath(prefix), True, None, allow_pickle)
-    _refresh_level(type(td), ctx, td, prefix, same_files)
+    store = DirectoryStore(prefix, True, None, allow_pickle)
+    _refresh_level(type(td), store, td, prefix, same_files)
     td._generation = state
     return td
 
@@ -64,7 +65,7 @@ def registry_of(td: TensorDictBase, directory: str) -> SharedRegistry:
     return registry
 
 
-def _refresh_level(cls: Any, ctx: _Ctx, td: TensorDictBase, directory: str, same_files: bool) -> None:
+def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, directory: str, same_files: bool) -> None:
     meta = read_meta(directory)
     meta_path = os.path.join(directory, META_FILE)
     if "shape" not in meta:
@@ -85,7 +86,6 @@ def _refresh_level(cls: Any, ctx: _Ctx, td: TensorDictBase, directory: str, same
         )
     current = td._tensordict
     leaves: dict[str, Any] = {k: v for k, v in current.items() if k not in changed and k not in removed}
-    names: dict[str, os.DirEntry] | None = None
     for info in level.leaves:
         if meta[info.key].get(NO_FILE_FIELD):
             continue
@@ -100,9 +100,7 @@ def _refresh_level(cls: Any, ctx: _Ctx, td: TensorDictBase, directory: str, same
         ):
             leaves[info.key] = old
             continue
-        if names is None:
-            names = {e.name: e for e in os.scandir(directory)}
-        leaves[info.key] = _load_leaf(ctx, directory, names, info, batch, meta_path, old)
+        leaves[info.key] = _open_leaf(store, directory, info, batch, meta_path, old)
     child_keys = [k for k, _ in level.children]
     # unchanged nested levels and non-tensor values live in their own meta.json: read them again
     # (a SharedNonTensorData re-reads itself on use)
@@ -115,12 +113,10 @@ def _refresh_level(cls: Any, ctx: _Ctx, td: TensorDictBase, directory: str, same
     for key in child_keys:
         old = current.get(key)
         if isinstance(old, TensorDictBase) and old._memmap_prefix is not None and key not in changed:
-            _refresh_level(cls, ctx, old, old._memmap_prefix, same_files)
+            _refresh_level(cls, store, old, old._memmap_prefix, same_files)
             continue
-        if names is None:
-            names = {e.name: e for e in os.scandir(directory)}
-        path = _locate(ctx, directory, names, key, "", True)
-        if path is None or not os.path.isdir(path):
+        path = store.child(directory, key)
+        if path is None:
             raise CorruptDataError(
                 f"{meta_path} lists the nested entry {key!r}, but its folder "
                 f"{os.path.join(directory, encode_key(key))!r} is missing."
@@ -130,10 +126,10 @@ def _refresh_level(cls: Any, ctx: _Ctx, td: TensorDictBase, directory: str, same
                 leaves[key] = old
                 continue
         if isinstance(old, TensorDictBase) and old._memmap_prefix == path:
-            _refresh_level(cls, ctx, old, path, same_files)
+            _refresh_level(cls, store, old, path, same_files)
             leaves[key] = old
         else:
-            value = _load_level(cls, ctx, path, read_meta(path), None, batch, None)
+            value = _load_level(cls, store, path, read_meta(path), None, batch, None)
             if isinstance(value, TensorDictBase):
                 _mark_memmap(value, td._is_locked)
             leaves[key] = value

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._archive import archive_target, load_archive, save_archive
+from ._archive import archive_target, save_archive
 from ._entries import (
     add_entry,
     build_empty,
@@ -193,7 +193,6 @@ class TensorDict(TensorDictBase):
             mode=mode,
             allow_pickle=allow_pickle,
             num_threads=num_threads,
-            archive_loader=load_archive,
         )
 
     load = load_memmap
@@ -211,7 +210,7 @@ class TensorDict(TensorDictBase):
         A memory-mapped ``self`` ends memory-mapped into the loaded folder and locked (nothing is
         written); ``self`` is unchanged if the load fails.
         """
-        return load_into(self, prefix, robust_key, allow_pickle=allow_pickle, mode=mode, archive_loader=load_archive)
+        return load_into(self, prefix, robust_key, allow_pickle=allow_pickle, mode=mode)
 
     # -- live entries and refresh ------------------------------------------------------------
     def make_memmap(

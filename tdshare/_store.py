@@ -1,0 +1,464 @@
+"""Where a saved tensordict is read from: one storage interface, with a folder and a ``.tdz`` archive behind it.
+
+The loader (:mod:`tdshare._read`) walks a saved tree through :class:`Store` only, so a folder and
+an archive are read by the same code, as in zarr-python v3.  A *level* is a store's handle for
+one nesting level: a folder's absolute path, or an archive's entry prefix (``""``, ``"a/b/"``).
+Each store keeps the checks of its medium: :class:`DirectoryStore` refuses symbolic links that
+leave the folder and files shorter than their metadata; :class:`ArchiveStore` refuses entries
+whose size disagrees with it and defers decompression until the whole tree is known.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import stat
+import sys
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ._errors import (
+    ArgumentTypeError,
+    CorruptDataError,
+    InvalidArgumentError,
+    MemmapError,
+    MissingMetadataError,
+    PickleRefusedError,
+)
+from ._format import LEAF_SUFFIX, META_FILE, LeafInfo, loads_json
+from ._keys import encode_key, is_safe_legacy_name
+from ._memmap import MemoryMappedTensor
+from ._tdz import METHOD_NAMES, Archive, Entry, pool, results
+
+__all__ = ["Store", "DirectoryStore", "ArchiveStore", "Deferred", "check_load_args", "read_meta"]
+
+
+def check_load_args(mode: object, allow_pickle: object) -> None:
+    if mode not in (None, "r", "r+"):
+        raise InvalidArgumentError(f"mode must be None, 'r' or 'r+', got {mode!r}.")
+    if allow_pickle is not None and not isinstance(allow_pickle, bool):
+        raise ArgumentTypeError(f"allow_pickle must be a bool or None, got {type(allow_pickle).__name__}.")
+
+
+def read_meta(directory: str) -> dict:
+    """The parsed ``meta.json`` of a saved folder (missing or malformed: an error naming it)."""
+    path = os.path.join(directory, META_FILE)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise MissingMetadataError(
+            f"No saved tensordict in {directory!r}: {META_FILE} is missing. Save one there first "
+            "(td.memmap(prefix) or td.save(prefix))."
+        ) from None
+    except IsADirectoryError:
+        raise CorruptDataError(f"{path} is a directory, not a metadata file.") from None
+    return loads_json(raw, path)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside tdshare."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def _empty(info: LeafInfo) -> MemoryMappedTensor:
+    """A zero-element leaf, which has no file or entry."""
+    return MemoryMappedTensor._wrap(torch.empty(info.shape, dtype=info.dtype), None, None, None)
+
+
+@dataclass
+class Deferred:
+    """A leaf the store fills in later (:meth:`Store.finish`): a compressed archive entry."""
+
+    entry: Entry
+    info: LeafInfo
+
+
+class Store(ABC):
+    """What the loader needs from a saved tree: metadata, leaves, pickles and sub-levels by key."""
+
+    root: str  # the level handle of the tree's top
+
+    def __init__(self, robust: bool, allow_pickle: bool | None) -> None:
+        self.robust = robust
+        self.allow_pickle = allow_pickle
+        self.pending: list[tuple[dict[str, Any], str, Deferred]] = []
+
+    # -- naming -----------------------------------------------------------------------------
+    @abstractmethod
+    def where(self, level: str, name: str = "") -> str:
+        """How an error message names the entry ``name`` of ``level`` (or the level itself)."""
+
+    @abstractmethod
+    def sub(self, level: str, name: str) -> str:
+        """The handle of the sub-level stored under the raw name ``name`` (no lookup)."""
+
+    def candidates(self, key: str, suffix: str, folder: bool) -> list[str]:
+        """The names ``key`` may be stored under: the robust encoding, then the legacy raw name."""
+        names = [encode_key(key) + suffix] if self.robust else []
+        if (not self.robust or names[0] != key + suffix) and is_safe_legacy_name(key, directory=folder):
+            names.append(key + suffix)
+        return names
+
+    # -- reading ----------------------------------------------------------------------------
+    @abstractmethod
+    def read_meta(self, level: str) -> dict:
+        """The level's parsed ``meta.json``; an error names it when missing or malformed."""
+
+    @abstractmethod
+    def has_level(self, level: str) -> bool:
+        """Whether ``level`` holds a ``meta.json``."""
+
+    @abstractmethod
+    def child(self, level: str, key: str) -> str | None:
+        """The sub-level of ``key`` (robust name, then legacy), None if absent; never outside the root."""
+
+    @abstractmethod
+    def open_leaf(self, level: str, info: LeafInfo, meta_where: str, old: Any = None) -> Any:
+        """The tensor of one leaf (or a :class:`Deferred`); ``old``, the current leaf, may be reused."""
+
+    @abstractmethod
+    def members(self, level: str) -> Iterator[str]:
+        """The member levels ``0``, ``1``... of a stack (a gap in the numbering raises)."""
+
+    @abstractmethod
+    def _read_pickle(self, level: str, name: str) -> Any:
+        """Unpickle the entry ``name`` of ``level`` (the policy is already checked)."""
+
+    def enter(self, level: str) -> AbstractContextManager[None]:
+        """Guard the descent into ``level`` (a folder refuses symlinks out of it and loops)."""
+        return nullcontext()
+
+    def default_device(self, meta: dict) -> torch.device | None:
+        """The device of a level loaded without ``device``."""
+        return torch.device("cpu") if meta.get("device") not in (None, "None") else None
+
+    @abstractmethod
+    def annotate(self, td: Any, level: str, meta: dict) -> None:
+        """Record on a loaded level where it lives."""
+
+    @abstractmethod
+    def finish(self, device: torch.device | None) -> None:
+        """Fill in the :class:`Deferred` leaves once the whole tree is known (``device``: non-cpu target)."""
+
+    def unpickle(self, level: str, name: str) -> Any:
+        """A pickled value, as ``allow_pickle`` says: None warns, False refuses, True loads."""
+        where = self.where(level, name)
+        if self.allow_pickle is False:
+            raise PickleRefusedError(
+                f"Refusing to load the pickled non-tensor data {where!r}: pickle can execute arbitrary code. Pass "
+                "allow_pickle=True only if the saved data is trusted."
+            )
+        if self.allow_pickle is None:
+            warnings.warn(
+                f"Loading the pickled non-tensor data {where!r}. This is only safe for trusted data; pass "
+                "allow_pickle=True to silence this warning, or allow_pickle=False to refuse pickles.",
+                FutureWarning,
+                stacklevel=user_stacklevel(),
+            )
+        return self._read_pickle(level, name)
+
+    def missing_leaf(self, level: str, info: LeafInfo, meta_where: str) -> CorruptDataError:
+        missing = self.where(level, encode_key(info.key) + LEAF_SUFFIX)
+        return CorruptDataError(
+            f"{meta_where} lists the leaf {info.key!r} ({info.nbytes} bytes of {info.dtype}), but its file "
+            f"{missing!r} is missing."
+        )
+
+
+# -- a saved folder ------------------------------------------------------------------------------
+class DirectoryStore(Store):
+    """A saved folder: leaves are mapped files; nothing outside the folder's real path is read."""
+
+    def __init__(self, directory: str, robust: bool, mode: str | None, allow_pickle: bool | None) -> None:
+        super().__init__(robust, allow_pickle)
+        self.root = directory
+        self.real = os.path.realpath(directory)
+        self.mode = mode
+        self._active: set[str] = set()  # real paths of the symlinked folders being loaded (loops)
+        self._names: dict[str, dict[str, os.DirEntry]] = {}  # one scan per level, on first use
+
+    def where(self, level: str, name: str = "") -> str:
+        return os.path.join(level, name) if name else level
+
+    def sub(self, level: str, name: str) -> str:
+        return os.path.join(level, name)
+
+    def _scan(self, level: str) -> dict[str, os.DirEntry]:
+        names = self._names.get(level)
+        if names is None:
+            names = self._names[level] = {e.name: e for e in os.scandir(level)}
+        return names
+
+    def _inside(self, path: str, what: str) -> str:
+        """The real path of ``path``, which must stay inside the loaded directory."""
+        real = os.path.realpath(path)
+        if real != self.real and not real.startswith(self.real + os.sep):
+            raise CorruptDataError(f"{what} {path!r} is a symbolic link that leads outside {self.real!r}: refusing it.")
+        return real
+
+    def _check_file_link(self, path: str) -> None:
+        """Refuse a metadata or pickle file that is a symbolic link leading outside the loaded directory."""
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                self._inside(path, "The file")
+        except FileNotFoundError:
+            pass
+
+    def _locate(self, level: str, key: str, suffix: str, folder: bool) -> str | None:
+        """The path of ``key`` in ``level`` (robust name, then legacy raw name), or None."""
+        names = self._scan(level)
+        for name in self.candidates(key, suffix, folder):
+            entry = names.get(name)
+            if entry is None:
+                continue
+            path = os.path.join(level, name)
+            if entry.is_symlink():
+                self._inside(path, "The entry")
+            return path
+        return None
+
+    def read_meta(self, level: str) -> dict:
+        self._check_file_link(os.path.join(level, META_FILE))
+        return read_meta(level)
+
+    def has_level(self, level: str) -> bool:
+        return os.path.isfile(os.path.join(level, META_FILE))
+
+    def child(self, level: str, key: str) -> str | None:
+        path = self._locate(level, key, "", True)
+        return path if path is not None and os.path.isdir(path) else None
+
+    @contextmanager
+    def _entering(self, path: str) -> Iterator[None]:
+        real = self._inside(path, "The folder")
+        if real in self._active:
+            raise CorruptDataError(f"The folder {path!r} is a symbolic link that loops back to {real!r}: refusing it.")
+        self._active.add(real)
+        try:
+            yield
+        finally:
+            self._active.discard(real)
+
+    def enter(self, level: str) -> AbstractContextManager[None]:
+        return self._entering(level) if os.path.islink(level) else nullcontext()
+
+    def members(self, level: str) -> Iterator[str]:
+        i = 0
+        while os.path.isdir(os.path.join(level, str(i))):
+            yield os.path.join(level, str(i))
+            i += 1
+        if os.path.exists(os.path.join(level, str(i + 1))):
+            raise CorruptDataError(f"{level!r}: the stacked member folder {i!r} is missing.")
+
+    def _read_pickle(self, level: str, name: str) -> Any:
+        path = os.path.join(level, name)
+        self._check_file_link(path)
+        try:
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        except FileNotFoundError:
+            raise CorruptDataError(f"The pickled non-tensor value {path!r} is missing.") from None
+
+    def annotate(self, td: Any, level: str, meta: dict) -> None:
+        """The folder (for ``memmap_``, unless ``mode="r"``) and the metadata read (for refresh)."""
+        td._memmap_prefix = level if self.mode != "r" else None
+        td._meta_seen = meta
+
+    def finish(self, device: torch.device | None) -> None:
+        """Nothing to do: a folder's leaves are mapped at once."""
+
+    def open_leaf(self, level: str, info: LeafInfo, meta_where: str, old: Any = None) -> Any:
+        """Map one leaf file (size checked); ``old`` is kept if it maps the same inode the same way."""
+        if info.is_nested:
+            return self._nested(level, info, meta_where)
+        path = self._locate(level, info.key, LEAF_SUFFIX, False)
+        if info.numel == 0:
+            return _empty(info)
+        if path is None:
+            raise self.missing_leaf(level, info, meta_where)
+        st = self._scan(level)[os.path.basename(path)].stat()
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptDataError(
+                f"{meta_where} lists the leaf {info.key!r}, but {path!r} is not a regular file (expected "
+                f"{info.nbytes} bytes of {info.dtype})."
+            )
+        if size < info.nbytes:
+            raise CorruptDataError(
+                f"The file {path!r} holds {size} bytes but {meta_where} expects {info.nbytes} "
+                f"(shape {list(info.shape)}, {info.dtype}): it is truncated."
+            )
+        mode = self.mode
+        if (
+            isinstance(old, MemoryMappedTensor)
+            and old._ino == st.st_ino
+            and old._filename == path
+            and old._mode == mode
+            and old.shape == info.shape
+            and old.dtype == info.dtype
+        ):
+            return old  # same file, same inode: the mapping is current
+        if mode == "r+" and not os.access(path, os.W_OK):
+            raise PermissionError(f"Cannot open {path!r} with mode='r+': the file is not writable.")
+        shared = mode == "r+" or (mode is None and os.access(path, os.W_OK))
+        flat = torch.from_file(path, shared=shared, size=info.numel, dtype=info.dtype)
+        out = MemoryMappedTensor._wrap(flat.view(info.shape), path, None, mode)
+        out._ino = st.st_ino
+        return out
+
+    def _nested(self, level: str, info: LeafInfo, meta_where: str) -> torch.Tensor:
+        """A strided nested tensor (reference layout): ``k.memmap`` values, ``k.shape.memmap`` sizes."""
+        if len(info.shape) != 2:
+            raise CorruptDataError(f"{meta_where}: nested leaf {info.key!r} needs a 2-d size table, got {info.shape}.")
+        shape_path = self._locate(level, info.key, ".shape" + LEAF_SUFFIX, False)
+        data_path = self._locate(level, info.key, LEAF_SUFFIX, False)
+        if shape_path is None or data_path is None:
+            raise CorruptDataError(f"{meta_where}: the files of nested leaf {info.key!r} are missing.")
+        sizes = MemoryMappedTensor.from_filename(shape_path, torch.int64, info.shape, mode="r")
+        counts = [math.prod(row) for row in sizes.tolist()]
+        values = MemoryMappedTensor.from_filename(data_path, info.dtype, [sum(counts)], mode="r")
+        parts = [
+            torch.Tensor.as_subclass(v, torch.Tensor).reshape(row)
+            for v, row in zip(torch.Tensor.split(values, counts), sizes.tolist(), strict=True)
+        ]
+        return torch.nested.nested_tensor(parts)
+
+
+# -- a .tdz archive ------------------------------------------------------------------------------
+class ArchiveStore(Store):
+    """A ``.tdz`` archive, mapped once: stored leaves are views of the mapping, the rest copies."""
+
+    root = ""
+
+    def __init__(self, ar: Archive, robust: bool, allow_pickle: bool | None, num_threads: int = 0) -> None:
+        super().__init__(robust, allow_pickle)
+        self.ar = ar
+        self.num_threads = num_threads
+
+    def where(self, level: str, name: str = "") -> str:
+        return f"{self.ar.path}:{level}{name}" if level or name else self.ar.path
+
+    def sub(self, level: str, name: str) -> str:
+        return f"{level}{name}/"
+
+    def _locate(self, level: str, key: str, suffix: str) -> str | None:
+        for name in self.candidates(key, suffix, False):
+            if level + name in self.ar.entries:
+                return level + name
+        return None
+
+    def read_meta(self, level: str) -> dict:
+        name = level + META_FILE
+        if name not in self.ar.entries:
+            if level == "":
+                raise InvalidArgumentError(
+                    f"{self.ar.path!r} is a zip file but not a memory-mapped tensordict archive: it has no "
+                    f"top-level {META_FILE} entry."
+                )
+            raise MissingMetadataError(f"No saved tensordict in {self.where(level)!r}: {META_FILE} is missing.")
+        return loads_json(self.ar.read(name), self.where(level, META_FILE))
+
+    def has_level(self, level: str) -> bool:
+        return level + META_FILE in self.ar.entries
+
+    def child(self, level: str, key: str) -> str | None:
+        for name in self.candidates(key, "", True):
+            if self.has_level(f"{level}{name}/"):
+                return f"{level}{name}/"
+        return None
+
+    def members(self, level: str) -> Iterator[str]:
+        i = 0
+        while self.has_level(f"{level}{i}/"):
+            yield f"{level}{i}/"
+            i += 1
+        if self.has_level(f"{level}{i + 1}/"):
+            raise CorruptDataError(f"{self.where(level)!r}: the stacked member folder {i!r} is missing.")
+
+    def _read_pickle(self, level: str, name: str) -> Any:
+        if level + name not in self.ar.entries:
+            raise CorruptDataError(f"The pickled non-tensor value {self.where(level, name)!r} is missing.")
+        return pickle.loads(self.ar.read(level + name))
+
+    def default_device(self, meta: dict) -> torch.device | None:
+        return torch.device("cpu")  # an archive is always read into cpu memory
+
+    def annotate(self, td: Any, level: str, meta: dict) -> None:
+        """Nothing: an archive's levels are not memory-mapped folders (no ``memmap_`` target, no refresh)."""
+
+    def open_leaf(self, level: str, info: LeafInfo, meta_where: str, old: Any = None) -> Any:
+        """A zero-copy view of a stored entry; a copy when misaligned; a :class:`Deferred` when compressed."""
+        ar = self.ar
+        if info.is_nested:
+            return self._nested(level, info, meta_where)
+        if info.numel == 0:
+            return _empty(info)
+        name = self._locate(level, info.key, LEAF_SUFFIX)
+        if name is None:
+            raise self.missing_leaf(level, info, meta_where)
+        e = ar.entries[name]
+        if e.size != info.nbytes:
+            raise CorruptDataError(
+                f"{self.where(name)} holds {e.size} bytes but {meta_where} expects {info.nbytes} "
+                f"(shape {list(info.shape)}, {info.dtype})."
+            )
+        view = ar.view(e, info.dtype, info.shape)
+        if view is not None:
+            out = MemoryMappedTensor._wrap(view, ar.path, None, "r+" if ar.mode == "r+" else "r")
+            out._offset, out._ino = e.data, ar.ino
+            return out
+        if ar.mode == "r+":
+            why = f"compressed ({METHOD_NAMES.get(e.method, e.method)})" if e.method else "not aligned for its dtype"
+            raise MemmapError(
+                f"Cannot open {ar.path!r} with mode='r+': entry {name!r} is {why}, so writes could not reach the "
+                "file. Load it with mode='r', or save the archive uncompressed."
+            )
+        return Deferred(e, info) if e.method else ar.copy(e).view(info.dtype).view(info.shape)
+
+    def _nested(self, level: str, info: LeafInfo, meta_where: str) -> torch.Tensor:
+        """A nested tensor (reference layout: values in ``k.memmap``, sizes in ``k.shape.memmap``), copied."""
+        sizes_name = self._locate(level, info.key, ".shape" + LEAF_SUFFIX)
+        values_name = self._locate(level, info.key, LEAF_SUFFIX)
+        if self.ar.mode == "r+" or len(info.shape) != 2 or sizes_name is None or values_name is None:
+            raise CorruptDataError(
+                f"{meta_where}: the nested leaf {info.key!r} is malformed or cannot be opened with mode='r+'."
+            )
+        raw_sizes = self.ar.copy(self.ar.entries[sizes_name])
+        if raw_sizes.numel() != info.numel * 8:
+            raise CorruptDataError(
+                f"{self.where(sizes_name)} holds {raw_sizes.numel()} bytes, expected {info.numel * 8}."
+            )
+        sizes = raw_sizes.view(torch.int64).view(info.shape).tolist()
+        values = self.ar.copy(self.ar.entries[values_name]).view(info.dtype)
+        counts = [int(torch.Size(row).numel()) for row in sizes]
+        if sum(counts) != values.numel():
+            raise CorruptDataError(
+                f"{self.where(values_name)} does not hold the {sum(counts)} elements its sizes need."
+            )
+        return torch.nested.nested_tensor([v.reshape(row) for v, row in zip(values.split(counts), sizes, strict=True)])
+
+    def finish(self, device: torch.device | None) -> None:
+        """Decompress (and CRC-check) the deferred leaves, on ``num_threads`` threads."""
+        entries = [p.entry for _, _, p in self.pending]
+        if self.num_threads > 1 and len(entries) > 1:
+            data = results([pool(self.num_threads).submit(self.ar.copy, e) for e in entries])
+        else:
+            data = [self.ar.copy(e) for e in entries]
+        for (values, key, p), raw in zip(self.pending, data, strict=True):
+            t = raw.view(p.info.dtype).view(p.info.shape)
+            values[key] = t if device is None else t.to(device)
+        self.pending.clear()
