@@ -43,13 +43,20 @@ def tmp_name(path: str) -> str:
 
 
 def tensor_buffer(tensor: torch.Tensor) -> memoryview:
-    """The C-order bytes of a CPU tensor as a memoryview (copies only if not contiguous)."""
+    """The C-order bytes of a CPU tensor (copies only if not contiguous; small ones as bytes)."""
     t = tensor.detach()
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    return tensor_memory(t.contiguous())
+    t = t.contiguous()
+    nbytes = t.numel() * t.element_size()
+    if 0 < nbytes <= _SMALL:  # one C copy beats building a view for a few bytes
+        return memoryview(ctypes.string_at(t.data_ptr(), nbytes))
+    return tensor_memory(t)
+
+
+_SMALL = 1 << 16
 
 
 def tensor_memory(t: torch.Tensor) -> memoryview:
@@ -87,8 +94,8 @@ def check_not_symlink(path: str) -> None:
         pass
 
 
-def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True) -> None:
-    """Write ``data`` as the whole content of ``path``.
+def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True) -> int:
+    """Write ``data`` as the whole content of ``path``; return the file's inode.
 
     A new path is created exclusively and written.  An existing path is replaced by a new inode
     (write to a temporary name, then rename), so processes that mapped the old file keep reading
@@ -102,26 +109,29 @@ def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True) ->
                 f"The file {path!r} already exists and existsok=False. Pass existsok=True to overwrite it."
             ) from None
         check_not_symlink(path)
-        replace_file(path, data)
-        return
+        return replace_file(path, data)
     try:
         _write_all(fd, memoryview(data), path)
+        ino = os.fstat(fd).st_ino
     except BaseException:
         os.close(fd)
         _unlink_quietly(path)
         raise
     os.close(fd)
+    return ino
 
 
-def replace_file(path: str, data: memoryview | bytes) -> None:
-    """Atomically replace (or create) ``path`` with ``data`` (temporary file + rename)."""
+def replace_file(path: str, data: memoryview | bytes) -> int:
+    """Atomically replace (or create) ``path`` with ``data`` (temporary file + rename); return its inode."""
     tmp = tmp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o666)
     try:
         _write_all(fd, memoryview(data), path)
+        ino = os.fstat(fd).st_ino
         os.close(fd)
         fd = -1
         os.replace(tmp, path)
+        return ino
     except BaseException:
         if fd >= 0:
             os.close(fd)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -151,8 +151,9 @@ def loads_json(raw: bytes, where: str) -> dict:
     return obj
 
 
-@dataclass(frozen=True)
-class LeafInfo:
+class LeafInfo(NamedTuple):
+    """One tensor entry of a level (a tuple: parsing thousands of them must cost little)."""
+
     key: str
     shape: tuple[int, ...]
     dtype: torch.dtype
@@ -179,9 +180,9 @@ class LevelMeta:
 
 
 def _int_list(value: object, what: str, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-        raise CorruptDataError(f"{where}: {what} must be a list of non-negative integers, found {value!r}.")
-    return tuple(value)
+    if type(value) is list and all(type(v) is int and v >= 0 for v in value):
+        return tuple(value)
+    raise CorruptDataError(f"{where}: {what} must be a list of non-negative integers, found {value!r}.")
 
 
 def parse_level(meta: dict, where: str) -> LevelMeta:
@@ -196,10 +197,10 @@ def parse_level(meta: dict, where: str) -> LevelMeta:
             continue
         if "dtype" not in entry or "shape" not in entry:
             continue  # not an entry of any writer we know; the reference skips it too
-        dtype = str_to_dtype(entry["dtype"], where)
+        name = entry["dtype"]
+        dtype = (_DTYPES.get(name) if type(name) is str else None) or str_to_dtype(name, where)
         shape = _int_list(entry["shape"], f"the shape of {key!r}", where)
-        is_nested = bool(entry.get("is_nested", False))
-        leaves.append(LeafInfo(key, shape, dtype, is_nested))
+        leaves.append(LeafInfo(key, shape, dtype, entry.get("is_nested") is True))
     batch = meta.get("shape")
     batch_size = None if batch is None else _int_list(batch, "the batch size ('shape')", where)
     names = meta.get("_names")

@@ -70,9 +70,13 @@ class MemoryMappedTensor(torch.Tensor):
         cls, tensor: torch.Tensor, filename: str | None, segment: Segment | None, mode: str | None
     ) -> MemoryMappedTensor:
         out = torch.Tensor._make_subclass(cls, tensor)
-        out._filename = filename
-        out._segment = segment
-        out._mode = mode
+        # the class defaults are None: set only what differs (this runs once per leaf on load)
+        if filename is not None:
+            out._filename = filename
+        if segment is not None:
+            out._segment = segment
+        if mode is not None:
+            out._mode = mode
         return out
 
     @classmethod

@@ -94,10 +94,14 @@ def _load_level(cls: type[T], store: Store, level: str, meta: dict, out: Any, pa
     leaves: dict[str, Any] = {}
     target = out if isinstance(out, TensorDictBase) else None
     current = target._tensordict if target is not None else {}
+    nbatch = len(batch)
     for info in parsed.leaves:
-        if meta[info.key].get(NO_FILE_FIELD):
+        key = info.key
+        if meta[key].get(NO_FILE_FIELD):
             continue  # added from a file-less storage: its data never reached the folder
-        leaves[info.key] = _open_leaf(store, level, info, batch, meta_path, current.get(info.key))
+        if nbatch and info.shape[:nbatch] != batch:
+            _open_leaf(store, level, info, batch, meta_path)  # raises, naming the leaf
+        leaves[key] = store.open_leaf(level, info, meta_path, current.get(key))
     for key, _ in parsed.children:
         sub = store.child(level, key)
         if sub is None:

@@ -179,6 +179,38 @@ class Store(ABC):
         )
 
 
+def _map(path: str, mode: str | None, numel: int, dtype: torch.dtype, st: os.stat_result) -> torch.Tensor:
+    """Map a leaf file: shared for "r+", private for "r"; for None shared where writable.
+
+    For None, writability is judged from the mode bits already in hand (no ``access()`` per
+    leaf); should opening for writing still be refused (ACLs, a read-only mount), the file is
+    mapped privately, as ``access()`` would have decided.
+    """
+    if mode == "r":
+        return torch.from_file(path, shared=False, size=numel, dtype=dtype)
+    if mode == "r+" and not os.access(path, os.W_OK):
+        raise PermissionError(f"Cannot open {path!r} with mode='r+': the file is not writable.")
+    if mode is None and not _may_write(st):
+        return torch.from_file(path, shared=False, size=numel, dtype=dtype)
+    try:
+        return torch.from_file(path, shared=True, size=numel, dtype=dtype)
+    except RuntimeError:
+        if mode == "r+" or os.access(path, os.W_OK):
+            raise
+        return torch.from_file(path, shared=False, size=numel, dtype=dtype)
+
+
+def _may_write(st: os.stat_result) -> bool:
+    euid = os.geteuid()
+    if euid == 0:
+        return True
+    if st.st_uid == euid:
+        return bool(st.st_mode & stat.S_IWUSR)
+    if st.st_gid in os.getgroups() or st.st_gid == os.getegid():
+        return bool(st.st_mode & stat.S_IWGRP)
+    return bool(st.st_mode & stat.S_IWOTH)
+
+
 # -- a saved folder ------------------------------------------------------------------------------
 class DirectoryStore(Store):
     """A saved folder: leaves are mapped files; nothing outside the folder's real path is read."""
@@ -285,19 +317,29 @@ class DirectoryStore(Store):
         """Map one leaf file (size checked); ``old`` is kept if it maps the same inode the same way."""
         if info.is_nested:
             return self._nested(level, info, meta_where)
-        path = self._locate(level, info.key, LEAF_SUFFIX, False)
-        if info.numel == 0:
+        dtype, shape = info.dtype, info.shape
+        numel = math.prod(shape)
+        if numel == 0:
             return _empty(info)
-        if path is None:
-            raise self.missing_leaf(level, info, meta_where)
-        st = self._scan(level)[os.path.basename(path)].stat()
+        # fast path: the robust name exists and is no symlink (one dict lookup, no path parsing)
+        name = encode_key(info.key) + LEAF_SUFFIX if self.robust else ""
+        entry = self._scan(level).get(name) if name else None
+        if entry is not None and not entry.is_symlink():
+            path = level + os.sep + name
+        else:
+            found = self._locate(level, info.key, LEAF_SUFFIX, False)
+            if found is None:
+                raise self.missing_leaf(level, info, meta_where)
+            path = found
+            entry = self._scan(level)[os.path.basename(path)]
+        st = entry.stat()
         size = st.st_size
         if not stat.S_ISREG(st.st_mode):
             raise CorruptDataError(
                 f"{meta_where} lists the leaf {info.key!r}, but {path!r} is not a regular file (expected "
                 f"{info.nbytes} bytes of {info.dtype})."
             )
-        if size < info.nbytes:
+        if size < numel * dtype.itemsize:
             raise CorruptDataError(
                 f"The file {path!r} holds {size} bytes but {meta_where} expects {info.nbytes} "
                 f"(shape {list(info.shape)}, {info.dtype}): it is truncated."
@@ -308,15 +350,12 @@ class DirectoryStore(Store):
             and old._ino == st.st_ino
             and old._filename == path
             and old._mode == mode
-            and old.shape == info.shape
-            and old.dtype == info.dtype
+            and old.shape == shape
+            and old.dtype == dtype
         ):
             return old  # same file, same inode: the mapping is current
-        if mode == "r+" and not os.access(path, os.W_OK):
-            raise PermissionError(f"Cannot open {path!r} with mode='r+': the file is not writable.")
-        shared = mode == "r+" or (mode is None and os.access(path, os.W_OK))
-        flat = torch.from_file(path, shared=shared, size=info.numel, dtype=info.dtype)
-        out = MemoryMappedTensor._wrap(flat.view(info.shape), path, None, mode)
+        flat = _map(path, mode, numel, dtype, st)
+        out = MemoryMappedTensor._wrap(flat.view(shape), path, None, mode)
         out._ino = st.st_ino
         return out
 

@@ -139,17 +139,22 @@ def _plan(
     level = _Level(td, path, names=_inherit_names(td, parent_names))
     used: dict[str, str] = {}  # file name -> key: a leaf "a" and a folder "a.memmap" would collide
     for key, value in td._tensordict.items():
-        here = f"{where}[{key!r}]" if where != "the tensordict" else f"key {key!r}"
         is_leaf = not isinstance(value, (TensorDictBase, NonTensorData))
         name = _file_name(key, robust, LEAF_SUFFIX if is_leaf else "", where, directory=not is_leaf)
-        name += LEAF_SUFFIX if is_leaf else ""
+        if is_leaf:
+            name += LEAF_SUFFIX
         if name in used:
             raise InvalidArgumentError(
                 f"The keys {used[name]!r} and {key!r} (in {where}) would both be stored as {name!r}; rename one."
             )
         used[name] = key
+        if is_leaf:
+            file = None if path is None else (path + os.sep + name if path else name)  # "" plans an archive
+            level.leaves.append(_plan_leaf(key, value, file, copy_existing, existsok, where))
+            level.entries[key] = leaf_entry(value.shape, value.dtype)
+            continue
+        here = f"{where}[{key!r}]" if where != "the tensordict" else f"key {key!r}"
         if isinstance(value, TensorDictBase):
-            name = _file_name(key, robust, "", where, directory=True)
             child = _plan(
                 value,
                 None if path is None else os.path.join(path, name),
@@ -161,16 +166,12 @@ def _plan(
             )
             level.children.append((key, child))
             level.entries[key] = {"type": "TensorDict"}
-        elif isinstance(value, NonTensorData):
-            name = _file_name(key, robust, "", where, directory=True)
+        else:
             nt = _NonTensor(key, value, None if path is None else os.path.join(path, name))
             if path is not None:
                 nt.meta, nt.pickled = encode_nontensor(value.data, here)
             level.nontensors.append(nt)
             level.entries[key] = {"type": "NonTensorData"}
-        else:
-            level.leaves.append(_plan_leaf(key, value, path, robust, copy_existing, existsok, where, here))
-            level.entries[key] = leaf_entry(value.shape, value.dtype)
     return level
 
 
@@ -186,23 +187,14 @@ def _inherit_names(td: TensorDictBase, parent_names: list | None) -> list | None
 
 
 def _plan_leaf(
-    key: str,
-    value: torch.Tensor,
-    path: str | None,
-    robust: bool,
-    copy_existing: bool,
-    existsok: bool,
-    where: str,
-    here: str,
+    key: str, value: torch.Tensor, file: str | None, copy_existing: bool, existsok: bool, where: str
 ) -> _Leaf:
-    if value.is_nested or value.layout != torch.strided:
+    here = f"{where}[{key!r}]" if where != "the tensordict" else f"key {key!r}"
+    if value.layout != torch.strided or value.is_nested:
         raise NotSupportedError(
             f"The entry {here} is a nested or sparse tensor, which tdshare cannot memory-map yet; "
             "store its values and offsets as dense tensors."
         )
-    file = (
-        None if path is None else os.path.join(path, _file_name(key, robust, LEAF_SUFFIX, where, False) + LEAF_SUFFIX)
-    )
     leaf = _Leaf(key, value, file)
     if isinstance(value, MemoryMappedTensor):
         if file is None and value._segment is not None:
@@ -230,10 +222,10 @@ def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
         leaf.result = MemoryMappedTensor._wrap(torch.empty(shape, dtype=dtype), None, None, None)
         return
     assert leaf.path is not None
-    write_file(leaf.path, tensor_buffer(src.cpu()), existsok=existsok)
+    ino = write_file(leaf.path, tensor_buffer(src.cpu()), existsok=existsok)
     flat = torch.from_file(leaf.path, shared=True, size=numel, dtype=dtype)
     leaf.result = MemoryMappedTensor._wrap(flat.view(shape), leaf.path, None, None)
-    leaf.result._ino = os.stat(leaf.path).st_ino
+    leaf.result._ino = ino
 
 
 

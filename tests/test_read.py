@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import as_other_user
 
 import tdshare
 from tdshare import MemoryMappedTensor, TensorDict
@@ -161,17 +162,29 @@ def test_mode_r_keeps_writes_private(tmp_path: Path) -> None:
     assert anonymous["a"].is_anonymous and (path / "a.memmap").read_bytes() == before
 
 
-def test_mode_r_plus_writes_through_and_needs_writable_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = _saved(tmp_path)
+def test_mode_r_plus_writes_through_and_needs_writable_files(shared_dir: Path) -> None:
+    """As root the read-only half runs as the user ``nobody`` (root may write any file)."""
+    path = _saved(shared_dir)
     loaded = TensorDict.load(path, mode="r+")
     loaded["a"][0] = 7.0
     assert TensorDict.load(path)["a"][0, 0] == 7.0
-    monkeypatch.setattr(os, "access", lambda *args, **kwargs: False)  # as if the files were read-only
-    with pytest.raises(PermissionError, match=r"a\.memmap"):
-        TensorDict.load(path, mode="r+")
-    loaded = TensorDict.load(path)  # mode None on a read-only file: copy-on-write
-    loaded["a"][0] = 8.0
-    monkeypatch.undo()
+    for folder, _, files in os.walk(path):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o444)
+
+    def check() -> str:
+        try:
+            TensorDict.load(path, mode="r+")
+        except PermissionError as err:
+            assert "a.memmap" in str(err)
+        else:
+            return "r+ loaded a read-only file"
+        loaded = TensorDict.load(path)  # mode None on a read-only file: copy-on-write
+        loaded["a"][0] = 8.0
+        return f"{loaded['a'][0, 0].item()} {TensorDict.load(path)['a'][0, 0].item()}"
+
+    assert as_other_user(check) == "8.0 7.0"
     assert TensorDict.load(path)["a"][0, 0] == 7.0
 
 
