@@ -22,7 +22,7 @@ import torch
 
 from ._errors import BatchSizeError, MemmapError, NotMemmapError, NotSupportedError
 from ._files import replace_file, reserve_file, tensor_buffer, write_file
-from ._format import LEAF_SUFFIX, META_FILE, NO_FILE_FIELD, dumps_json, leaf_entry, level_meta
+from ._format import LEAF_SUFFIX, META_FILE, NO_FILE_FIELD, dumps_json, leaf_entry, level_meta, loads_json
 from ._keys import NestedKey, unravel_key
 from ._memmap import MemoryMappedTensor, _storage_filename
 from ._read import read_meta
@@ -187,7 +187,7 @@ def _read_chain(prefix: str, folders: list[str], parts: tuple[str, ...]) -> list
     writer killed before it linked it) is a new level.  A level that another process made a leaf
     or a non-tensor value cannot hold the entry.
     """
-    metas: list[dict | None] = [read_meta(prefix)]
+    metas: list[dict | None] = [_read_level(prefix)[0]]
     path = prefix
     for name, part in zip(folders, parts[:-1], strict=True):
         path = os.path.join(path, name)
@@ -196,7 +196,7 @@ def _read_chain(prefix: str, folders: list[str], parts: tuple[str, ...]) -> list
         if entry is None:
             metas.append(None)
             continue
-        child = read_meta(path) if isinstance(entry, dict) and "type" in entry else None
+        child = _read_level(path)[0] if isinstance(entry, dict) and "type" in entry else None
         if child is None or "shape" not in child:
             raise MemmapError(
                 f"Cannot add {parts!r}: another process added {part!r} as a leaf or a non-tensor value, not a "
@@ -225,14 +225,60 @@ def _commit_chain(
         meta = metas[depth]
         if meta is None:
             meta = level_meta({}, batch, names)
-        meta = dict(meta)
         if depth == len(paths) - 1:
-            meta[parts[-1]] = entry
+            key, value = parts[-1], entry
         elif metas[depth + 1] is None:
-            meta[parts[depth]] = {"type": "TensorDict"}
+            key, value = parts[depth], {"type": "TensorDict"}
         else:
             continue  # this level is unchanged
-        replace_file(os.path.join(paths[depth], META_FILE), dumps_json(meta))
+        _append_to_level(paths[depth], meta, key, value)
+
+
+# Adding entries one by one must not cost O(entries) each: the last meta.json this process read
+# or wrote per level is kept with its (inode, size, mtime), and a new entry is appended to its
+# bytes (JSON objects keep insertion order, so this is exactly what re-encoding would give).
+_META_CACHE: dict[str, tuple[tuple[int, int, int], dict, bytes]] = {}
+_CACHE_SIZE = 64
+
+
+def _read_level(directory: str) -> tuple[dict, bytes | None]:
+    """A level's meta.json (parsed, and its bytes), from the cache when the file is unchanged."""
+    path = os.path.join(directory, META_FILE)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return read_meta(directory), None  # raises the clear error
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    hit = _META_CACHE.get(path)
+    if hit is not None and hit[0] == stamp:
+        return hit[1], hit[2]
+    with open(path, "rb") as f:
+        raw = f.read()
+    meta = loads_json(raw, path)
+    _remember(path, meta, raw)
+    return meta, raw
+
+
+def _remember(path: str, meta: dict, raw: bytes) -> None:
+    st = os.stat(path)
+    if len(_META_CACHE) >= _CACHE_SIZE:
+        _META_CACHE.pop(next(iter(_META_CACHE)))
+    _META_CACHE[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), meta, raw)
+
+
+def _append_to_level(directory: str, meta: dict, key: str, value: dict) -> None:
+    """Replace a level's meta.json with ``key: value`` added at the end."""
+    path = os.path.join(directory, META_FILE)
+    new_meta = {**meta, key: value}
+    hit = _META_CACHE.get(path)
+    raw = hit[2] if hit is not None and hit[1] is meta else None
+    body = raw.rstrip() if raw is not None else b""
+    if body.endswith(b"}") and body != b"{}" and key not in meta:
+        data = body[:-1] + b", " + dumps_json({key: value})[1:-1] + b"}"
+    else:
+        data = dumps_json(new_meta)
+    replace_file(path, data)
+    _remember(path, new_meta, data)
 
 
 def _insert(td: TensorDictBase, parts: tuple[str, ...], tensor: torch.Tensor, prefix: str | None, robust: bool) -> None:

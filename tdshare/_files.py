@@ -44,7 +44,7 @@ def tmp_name(path: str) -> str:
 
 def tensor_buffer(tensor: torch.Tensor) -> memoryview:
     """The C-order bytes of a CPU tensor (copies only if not contiguous; small ones as bytes)."""
-    t = tensor.detach()
+    t = tensor.detach() if tensor.requires_grad else tensor
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():

@@ -310,7 +310,8 @@ class MemoryMappedTensor(torch.Tensor):
 
     # -- views --------------------------------------------------------------------------------
     def _same_memory(self, out: Any) -> Any:
-        if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() == self.untyped_storage().data_ptr():
+        # the result of indexing/splitting us is either a view of our memory or a fresh copy
+        if isinstance(out, torch.Tensor) and out._is_view():
             view = MemoryMappedTensor._wrap(out, self._filename, self._segment, self._mode)
             view._offset = self._offset
             if self._offset is not None:

@@ -82,7 +82,7 @@ class SharedRegistry:
     def __init__(self, root: str) -> None:
         self.root = root
         self.lock_path, self.gen_path = control_paths(root)
-        self._lock = FileLock(self.lock_path, **_LOCK_KW)
+        self._lock: FileLock | None = None  # made on first use: loads and refreshes never lock
         self._lock_pid = os.getpid()
         self._map: mmap.mmap | None = None
 
@@ -127,7 +127,7 @@ class SharedRegistry:
 
     def lock(self) -> FileLock:
         """The inter-process lock for metadata changes (a context manager, reentrant)."""
-        if self._lock_pid != os.getpid():  # a forked child: never reuse the parent's lock state
+        if self._lock is None or self._lock_pid != os.getpid():  # a forked child never reuses the parent's
             self._lock = FileLock(self.lock_path, **_LOCK_KW)
             self._lock_pid = os.getpid()
         return self._lock

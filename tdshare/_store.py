@@ -355,7 +355,7 @@ class DirectoryStore(Store):
         ):
             return old  # same file, same inode: the mapping is current
         flat = _map(path, mode, numel, dtype, st)
-        out = MemoryMappedTensor._wrap(flat.view(shape), path, None, mode)
+        out = MemoryMappedTensor._wrap(flat if len(shape) == 1 else flat.view(shape), path, None, mode)
         out._ino = st.st_ino
         return out
 

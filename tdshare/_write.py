@@ -216,7 +216,7 @@ def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
     if leaf.reuse is not None:
         leaf.result = leaf.reuse
         return
-    src = leaf.src.detach()
+    src = leaf.src
     shape, dtype, numel = src.shape, src.dtype, src.numel()
     if numel == 0:
         leaf.result = MemoryMappedTensor._wrap(torch.empty(shape, dtype=dtype), None, None, None)
@@ -224,7 +224,7 @@ def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
     assert leaf.path is not None
     ino = write_file(leaf.path, tensor_buffer(src.cpu()), existsok=existsok)
     flat = torch.from_file(leaf.path, shared=True, size=numel, dtype=dtype)
-    leaf.result = MemoryMappedTensor._wrap(flat.view(shape), leaf.path, None, None)
+    leaf.result = MemoryMappedTensor._wrap(flat if len(shape) == 1 else flat.view(shape), leaf.path, None, None)
     leaf.result._ino = ino
 
 
