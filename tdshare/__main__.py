@@ -1,9 +1,11 @@
-"""Command line: ``python -m tdshare pack|unpack|info|gc``.
+"""Command line: ``python -m tdshare pack|unpack|info|verify|gc``.
 
 ``pack FOLDER ARCHIVE`` packs a saved folder into a ``.tdz`` archive, ``unpack ARCHIVE FOLDER``
 extracts one (checking every CRC), ``info PATH`` prints the keys, dtypes and shapes of a saved
-folder or archive from its metadata alone (nothing is unpickled, no payload is read), ``gc``
-removes the runtime folders of anonymous tensordicts whose processes are gone.
+folder or archive from its metadata alone (nothing is unpickled, no payload is read),
+``verify PATH`` loads it with every check (sizes, dtypes, paths, and each archive entry's
+CRC-32) and unpickles nothing unless ``--allow-pickle`` is given, ``gc`` removes the runtime
+folders of anonymous tensordicts whose processes are gone.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import argparse
 import json
 import os
 import sys
+import zlib
 from collections.abc import Callable
 
 from ._archive import pack_memmap, unpack_memmap
-from ._errors import TdshareError
+from ._errors import CorruptDataError, TdshareError
 from ._format import META_FILE, NONTENSOR_STACK_TYPE, NONTENSOR_TYPE, loads_json
 from ._keys import encode_key
+from ._td import TensorDict
 from ._tdz import Archive
 
 Reader = Callable[[str], "bytes | None"]
@@ -64,6 +68,21 @@ def _describe(read: Reader, d: str, shown: str, lines: list[str]) -> None:
             lines.append(f"{name}  {str(entry['dtype']).removeprefix('torch.')}  {entry.get('shape')}")
 
 
+def _verify(path: str, allow_pickle: bool) -> str:
+    """Check every CRC of an archive, then load it (or a folder) with every check; raise on a problem."""
+    checked = 0
+    if os.path.isfile(path):
+        ar = Archive(path, "r")
+        for name, e in ar.entries.items():
+            if e.method == 0 and zlib.crc32(ar.payload(e)) != e.crc:
+                raise CorruptDataError(f"{path}: the entry {name!r} fails its CRC-32 check; the archive is corrupt.")
+            checked += 1
+    td = TensorDict.load(path, allow_pickle=allow_pickle)
+    leaves = sum(1 for _ in td.keys(include_nested=True, leaves_only=True))
+    crcs = f", {checked} entry CRCs" if checked else ""
+    return f"ok: {path} ({leaves} leaves{crcs}; batch size {list(td.batch_size)})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tdshare", description="tdshare command line.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -77,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     unpack.add_argument("folder")
     info = commands.add_parser("info", help="print the keys, dtypes and shapes of a saved folder or archive")
     info.add_argument("path")
+    verify = commands.add_parser("verify", help="load a saved folder or archive with every check, CRCs included")
+    verify.add_argument("path")
+    verify.add_argument("--allow-pickle", action="store_true", help="also unpickle pickled values (trusted data only)")
     commands.add_parser("gc", help="remove the runtime folders of anonymous tensordicts whose processes are gone")
     args = parser.parse_args(argv)
     try:
@@ -84,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             print(pack_memmap(args.folder, args.archive, compression=args.compression, compresslevel=args.level))
         elif args.command == "unpack":
             print(unpack_memmap(args.archive, args.folder))
+        elif args.command == "verify":
+            print(_verify(os.path.abspath(args.path), args.allow_pickle))
         elif args.command == "gc":
             from ._runtime import reap
 

@@ -577,3 +577,29 @@ def test_we_load_tensordicts(tmp_path: Path, compression: str | None) -> None:
     if compression is None:
         assert ours["a"].untyped_storage().data_ptr() == ours["n", "b"].untyped_storage().data_ptr()
     assert ours["text"] == "hello" and ours["obj"] == Point(3)
+
+
+def test_cli_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """verify loads with every check (archive CRCs included) and unpickles only when allowed."""
+    from tdshare.__main__ import main
+
+    folder, archive = tmp_path / "f", tmp_path / "a.tdz"
+    TensorDict(a=torch.arange(10.0), s={1, 2}, n={"b": torch.ones(10)}, batch_size=[10]).save(folder)
+    TensorDict(a=torch.arange(10.0), batch_size=[10]).save(archive)
+    assert main(["verify", str(folder)]) == 1  # a pickled value, not allowed
+    assert "Refusing to load the pickled" in capsys.readouterr().err
+    assert main(["verify", str(folder), "--allow-pickle"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ok:") and "3 leaves" in out and "batch size [10]" in out
+    assert main(["verify", str(archive)]) == 0
+    assert "2 entry CRCs" in capsys.readouterr().out
+    # flip one payload byte of the stored leaf: its CRC no longer matches
+    data = bytearray(archive.read_bytes())
+    at = bytes(data).index(bytes(torch.arange(10.0).numpy().tobytes()[:8]))
+    data[at] ^= 0xFF
+    archive.write_bytes(bytes(data))
+    assert main(["verify", str(archive)]) == 1
+    assert "CRC-32" in capsys.readouterr().err
+    (folder / "a.memmap").write_bytes(b"\0" * 20)  # truncated leaf
+    assert main(["verify", str(folder), "--allow-pickle"]) == 1
+    assert "truncated" in capsys.readouterr().err
