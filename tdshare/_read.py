@@ -95,13 +95,14 @@ def _load_level(cls: type[T], store: Store, level: str, meta: dict, out: Any, pa
     target = out if isinstance(out, TensorDictBase) else None
     current = target._tensordict if target is not None else {}
     nbatch = len(batch)
+    infos = []
     for info in parsed.leaves:
-        key = info.key
-        if meta[key].get(NO_FILE_FIELD):
+        if meta[info.key].get(NO_FILE_FIELD):
             continue  # added from a file-less storage: its data never reached the folder
         if nbatch and info.shape[:nbatch] != batch:
             _open_leaf(store, level, info, batch, meta_path)  # raises, naming the leaf
-        leaves[key] = store.open_leaf(level, info, meta_path, current.get(key))
+        infos.append(info)
+    leaves.update(store.open_leaves(level, infos, meta_path, current))
     for key, _ in parsed.children:
         sub = store.child(level, key)
         if sub is None:

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ._errors import MemmapError
+
 __all__ = ["Segment", "ALIGN", "align"]
 
 ALIGN = 64
@@ -102,7 +104,15 @@ class Segment:
 
 
 def _rebuild_segment(dupfd: Any, size: int) -> Segment:
-    fd = dupfd.detach()
+    try:
+        fd = dupfd.detach()
+    except OSError as err:  # the sender's resource sharer is gone: it exited before we received
+        raise MemmapError(
+            "Cannot receive this anonymous shared memory: the process that sent it exited (or closed it) before it "
+            f"was received ({type(err).__name__}: {err}). Anonymous memory lives only as long as a process holds it; "
+            "to hand data to processes that outlive the sender, memory-map it to a folder (for example under "
+            "/dev/shm), which any process can open by path."
+        ) from None
     try:
         buffer = _map_fd(fd, size) if size else torch.empty(0, dtype=torch.uint8)
     except BaseException:

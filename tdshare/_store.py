@@ -130,6 +130,12 @@ class Store(ABC):
     def open_leaf(self, level: str, info: LeafInfo, meta_where: str, old: Any = None) -> Any:
         """The tensor of one leaf (or a :class:`Deferred`); ``old``, the current leaf, may be reused."""
 
+    def open_leaves(
+        self, level: str, infos: list[LeafInfo], meta_where: str, current: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Every leaf of a level (its batch-size check done); ``current`` holds reusable old leaves."""
+        return {info.key: self.open_leaf(level, info, meta_where, current.get(info.key)) for info in infos}
+
     @abstractmethod
     def members(self, level: str) -> Iterator[str]:
         """The member levels ``0``, ``1``... of a stack (a gap in the numbering raises)."""
@@ -312,6 +318,49 @@ class DirectoryStore(Store):
 
     def finish(self, device: torch.device | None) -> None:
         """Nothing to do: a folder's leaves are mapped at once."""
+
+    def open_leaves(
+        self, level: str, infos: list[LeafInfo], meta_where: str, current: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Every leaf of a level, with one fused loop for the common case.
+
+        A fresh load of regular, robustly named, large-enough files in mode None or "r" maps them
+        here directly (loading thousands of small leaves is bound by per-leaf Python work); any
+        other leaf (nested, empty, legacy name, symlink, short file, a reusable old leaf, "r+")
+        goes through :meth:`open_leaf`, which raises the precise errors.
+        """
+        names = self._scan(level)
+        prefix = level + os.sep
+        mode = self.mode
+        robust = self.robust and mode != "r+"
+        from_file, make, mmt = torch.from_file, torch.Tensor._make_subclass, MemoryMappedTensor
+        euid = os.geteuid()
+        out: dict[str, Any] = {}
+        for info in infos:
+            key, shape, dtype, nested = info
+            entry = names.get(encode_key(key) + LEAF_SUFFIX) if robust and not nested else None
+            if entry is None or entry.is_symlink() or current.get(key) is not None:
+                out[key] = self.open_leaf(level, info, meta_where, current.get(key))
+                continue
+            numel = math.prod(shape)
+            st = entry.stat()
+            if not numel or st.st_size < numel * dtype.itemsize or not stat.S_ISREG(st.st_mode):
+                out[key] = self.open_leaf(level, info, meta_where)
+                continue
+            path = prefix + entry.name
+            if mode is None and (euid == 0 or (st.st_uid == euid and st.st_mode & stat.S_IWUSR)):
+                flat = from_file(path, shared=True, size=numel, dtype=dtype)
+            elif mode == "r":
+                flat = from_file(path, shared=False, size=numel, dtype=dtype)
+            else:  # group/other permissions, ACLs: the careful path
+                flat = _map(path, mode, numel, dtype, st)
+            leaf = make(mmt, flat if len(shape) == 1 else flat.view(shape))
+            leaf._filename = path
+            if mode is not None:
+                leaf._mode = mode
+            leaf._ino = st.st_ino
+            out[key] = leaf
+        return out
 
     def open_leaf(self, level: str, info: LeafInfo, meta_where: str, old: Any = None) -> Any:
         """Map one leaf file (size checked); ``old`` is kept if it maps the same inode the same way."""

@@ -323,3 +323,37 @@ def test_anonymous_memory_leaves_nothing_in_dev_shm() -> None:
     # other programs may use /dev/shm meanwhile: only names that could be ours count
     ours = sorted(n for n in new if "tdshare" in n or any(p in n for p in pids))
     assert ours == []
+
+
+def _produce_and_exit(kind: str, folder: str, out: Any) -> None:
+    td = _make_td()
+    if kind == "folder":
+        td.memmap_(os.path.join(folder, "td"))
+    elif kind == "archive":
+        td = td.save(os.path.join(folder, "td.tdz"))
+    else:
+        td.memmap_()
+    td["a"][1] = 7.0 if kind != "archive" else 0.0
+    out.put(td)  # the process exits right after: the queue's feeder flushes first
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["folder", "archive", "anonymous"])
+def test_producer_may_exit_right_after_putting(kind: str, tmp_path: Path) -> None:
+    """Folder- and archive-backed tensordicts open by path after their sender exited; anonymous memory
+    cannot outlive its last process, and says so instead of failing obscurely."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_produce_and_exit, args=(kind, str(tmp_path), out))
+    proc.start()
+    proc.join(timeout=WAIT)
+    assert proc.exitcode == 0
+    if kind == "anonymous":
+        with pytest.raises(RuntimeError, match="exited .* before it was received"):
+            out.get(timeout=WAIT)
+        return
+    td = out.get(timeout=WAIT)
+    assert isinstance(td["a"], MemoryMappedTensor)
+    expected = [0.0, 7.0, 2.0, 3.0] if kind == "folder" else [0.0, 1.0, 2.0, 3.0]
+    assert td["a"].tolist() == expected
+    assert td["n", "b"].shape == (4, 3) and td["i"].tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
