@@ -69,7 +69,6 @@ _LOCAL, _CENTRAL, _END, _END64, _LOC64 = 0x04034B50, 0x02014B50, 0x06054B50, 0x0
 _LOCAL_FMT, _CENTRAL_FMT = struct.Struct("<IHHHHHIIIHH"), struct.Struct("<IHHHHHHIIIHHHHHII")
 _CHUNK = 8 << 20  # bytes per write/CRC task
 _SMALL = 1 << 20  # smaller payloads are written inline, in the calling thread
-_CACHED = 256 << 10  # bytes written then CRC-checked while still in the CPU cache
 _COMPRESSION = {"stored": 0, "deflate": 8, "deflated": 8, "bzip2": 12, "lzma": 14}
 METHOD_NAMES = {0: "stored", 8: "deflate", 12: "bzip2", 14: "lzma"}
 _VERSION = {0: 45, 8: 45, 12: 46, 14: 63}
@@ -177,11 +176,14 @@ def _rows(t: torch.Tensor, start: int, step: int) -> memoryview:
 
 
 def _write_and_crc(fd: int, get: Callable[[], memoryview], offset: int) -> int:
-    """Write a piece and return its CRC-32, 256 KiB at a time: the CRC reads what the write left in cache."""
-    data, crc = get(), 0
-    for a in range(0, len(data), _CACHED):
-        _pwrite_all(fd, data[a : a + _CACHED], offset + a)
-        crc = zlib.crc32(data[a : a + _CACHED], crc)
+    """Write a piece with one call and return its CRC-32.
+
+    One large write lets the page cache keep the payload in large folios, which a mapping then
+    reads markedly faster (many 256 KiB writes left small folios: open + sum ran ~30% slower).
+    """
+    data = get()
+    crc = zlib.crc32(data)
+    _pwrite_all(fd, data, offset)
     return crc
 
 
