@@ -23,6 +23,7 @@ import torch
 from ._errors import BatchSizeError, MemmapError, NotMemmapError, NotSupportedError
 from ._files import replace_file, reserve_file, tensor_buffer, write_file
 from ._format import LEAF_SUFFIX, META_FILE, NO_FILE_FIELD, dumps_json, leaf_entry, level_meta, loads_json
+from ._indexing import contiguous_strides
 from ._keys import NestedKey, unravel_key
 from ._memmap import MemoryMappedTensor, _storage_filename
 from ._read import read_meta
@@ -348,7 +349,7 @@ def build_from_storage(storage: torch.UntypedStorage) -> Builder:
     stored = _storage_filename(storage)
 
     def build(path: str | None, shape: torch.Size, dtype: torch.dtype) -> MemoryMappedTensor:
-        t = torch.empty(0, dtype=dtype).set_(storage, 0, shape, _strides(shape))
+        t = torch.empty(0, dtype=dtype).set_(storage, 0, shape, contiguous_strides(shape))
         return MemoryMappedTensor._wrap(t, stored, None, None)
 
     return build
@@ -385,10 +386,3 @@ def storage_entry_checks(
         )
     return True
 
-
-def _strides(shape: torch.Size) -> list[int]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return strides[::-1]

@@ -9,7 +9,7 @@ import torch
 
 from ._errors import InvalidArgumentError
 
-__all__ = ["is_key", "index_dims", "normalize_index", "index_names", "as_size", "check_dim"]
+__all__ = ["is_key", "index_dims", "normalize_index", "index_names", "as_size", "check_dim", "contiguous_strides"]
 
 
 def is_key(idx: object) -> bool:
@@ -84,3 +84,12 @@ def check_dim(dim: int, ndim: int) -> int:
     if not -ndim <= dim < max(ndim, 1) or ndim == 0:
         raise IndexError(f"Dimension {dim} is out of range for {ndim} batch dimension(s).")
     return dim % ndim
+
+
+def contiguous_strides(shape: torch.Size) -> list[int]:
+    """The strides of a C-contiguous tensor of ``shape`` (zero-size dimensions count as 1)."""
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return strides[::-1]

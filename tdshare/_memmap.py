@@ -19,6 +19,7 @@ import torch
 
 from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
 from ._files import map_file, reserve_file, tensor_buffer, write_file
+from ._indexing import contiguous_strides
 from ._segments import Segment
 
 __all__ = ["MemoryMappedTensor"]
@@ -195,7 +196,7 @@ class MemoryMappedTensor(torch.Tensor):
             raise InvalidArgumentError(
                 f"A storage of {storage.nbytes()} bytes cannot hold shape {list(shape)} of {dtype}."
             )
-        t = torch.empty(0, dtype=dtype).set_(storage, 0, shape, _contiguous_strides(shape))
+        t = torch.empty(0, dtype=dtype).set_(storage, 0, shape, contiguous_strides(shape))
         segment = Segment.of_storage(storage) if path is None and stored is None else None
         out = cls._wrap(t, path or stored, segment, None)
         return out if index is None else out[index]
@@ -418,14 +419,6 @@ def _map_archive(path: str, nbytes: int, mode: str | None) -> torch.Tensor:
 
     _ARCHIVE_MAPS[key] = weakref.ref(flat.untyped_storage(), forget)
     return flat
-
-
-def _contiguous_strides(shape: torch.Size) -> list[int]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return strides[::-1]
 
 
 def _storage_filename(storage: torch.UntypedStorage) -> str | None:

@@ -46,6 +46,7 @@ import torch
 from ._errors import CorruptDataError, FileExistsRuntimeError, InvalidArgumentError, UnsupportedFormatError
 from ._files import TMP_MARK, tensor_buffer, tensor_memory, tmp_name
 from ._format import LEAF_SUFFIX, META_FILE
+from ._indexing import contiguous_strides
 
 __all__ = [
     "ALIGN",
@@ -592,11 +593,7 @@ class Archive:
             self._typed[dtype] = self.flat[: n - n % k].view(dtype)
         strides = self._strides.get(shape)
         if strides is None:
-            acc, rev = 1, []
-            for s in reversed(shape):
-                rev.append(acc)
-                acc *= max(s, 1)
-            strides = self._strides[shape] = tuple(reversed(rev))
+            strides = self._strides[shape] = tuple(contiguous_strides(torch.Size(shape)))
         return self._typed[dtype].as_strided(shape, strides, e.data // k)
 
     def copy(self, e: Entry) -> torch.Tensor:
