@@ -278,6 +278,9 @@ class TensorDictBase(CombineOps):
         batch = self._batch_size if batch is None else batch
         if isinstance(value, TensorDictBase):
             shape = value.batch_size
+        elif isinstance(value, torch.Tensor) and value.is_nested:
+            # a nested tensor has no fixed shape: only its first (number of elements) dimension counts
+            shape = torch.Size([value.size(0)]) if len(batch) <= 1 else torch.Size([-1])
         elif isinstance(value, torch.Tensor):
             shape = value.shape
         else:

@@ -349,7 +349,7 @@ def test_producer_may_exit_right_after_putting(kind: str, tmp_path: Path) -> Non
     proc.join(timeout=WAIT)
     assert proc.exitcode == 0
     if kind == "anonymous":
-        with pytest.raises(RuntimeError, match="exited .* before it was received"):
+        with pytest.raises(RuntimeError, match=r"exited .* before it was received"):
             out.get(timeout=WAIT)
         return
     td = out.get(timeout=WAIT)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tdshare
-from tdshare import NonTensorData, TensorDict
+from tdshare import BatchSizeError, NonTensorData, TensorDict
 
 
 def make() -> TensorDict:
@@ -617,3 +617,16 @@ def test_select_exclude_empty_to_dict() -> None:
     assert empty.keys() == [] and empty.batch_size == (3,)
     d = td.to_dict()
     assert set(d) == {"a", "n", "s"} and isinstance(d["n"], dict) and d["n"]["c"] is td["n", "c"] and d["s"] == "x"
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensor_leaf_checks_its_first_dimension_only() -> None:
+    nt = torch.nested.nested_tensor([torch.arange(3.0), torch.arange(5.0)])
+    td = TensorDict({"nt": nt}, batch_size=[2])
+    assert td["nt"].is_nested
+    assert [t.tolist() for t in td["nt"].unbind()] == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0, 4.0]]
+    with pytest.raises(BatchSizeError, match="'nt'"):
+        TensorDict({"nt": nt}, batch_size=[3])
+    with pytest.raises(NotImplementedError, match="nested"):
+        td.memmap_()  # refused before anything is written
+    assert not td.is_memmap()
