@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ._errors import MemmapError
+from ._indexing import contiguous_strides
 
 __all__ = ["Segment", "ALIGN", "align"]
 
@@ -43,12 +44,13 @@ def _map_fd(fd: int, size: int) -> torch.Tensor:
 class Segment:
     """One anonymous shared-memory region, mapped once per process."""
 
-    __slots__ = ("__weakref__", "buffer", "fd", "size")
+    __slots__ = ("__weakref__", "_typed", "buffer", "fd", "size")
 
     def __init__(self, fd: int, size: int, buffer: torch.Tensor) -> None:
         self.fd = fd
         self.size = size
         self.buffer = buffer  # flat uint8 tensor over the whole mapping
+        self._typed: dict[torch.dtype, torch.Tensor] = {}
         weakref.finalize(self, os.close, fd)
         if size:
             _BY_ADDRESS[buffer.data_ptr()] = self
@@ -85,13 +87,18 @@ class Segment:
         return cls(fd, size, buffer)
 
     def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+        """A C-contiguous ``dtype`` view of ``shape`` at byte ``offset`` (a multiple of the itemsize)."""
         numel = 1
         for s in shape:
             numel *= s
-        nbytes = numel * dtype.itemsize
-        if offset + nbytes > self.size:
+        k = dtype.itemsize
+        nbytes = numel * k
+        if offset + nbytes > self.size or offset % k:
             raise ValueError(f"A view of {nbytes} bytes at {offset} overruns a {self.size}-byte segment.")
-        return self.buffer[offset : offset + nbytes].view(dtype).view(shape)
+        typed = self._typed.get(dtype)
+        if typed is None:  # one reinterpretation per dtype: each leaf is then a single as_strided
+            typed = self._typed[dtype] = self.buffer.view(dtype)
+        return typed.as_strided(shape, contiguous_strides(torch.Size(shape)), offset // k)
 
     def offset_of(self, tensor: torch.Tensor) -> int:
         """Byte offset of the first element of ``tensor`` (a view of this segment)."""

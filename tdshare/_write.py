@@ -140,6 +140,9 @@ def _plan(
     used: dict[str, str] = {}  # file name -> key: a leaf "a" and a folder "a.memmap" would collide
     for key, value in td._tensordict.items():
         is_leaf = not isinstance(value, (TensorDictBase, NonTensorData))
+        if is_leaf and path is None:  # anonymous memory: no file name, no metadata entry
+            level.leaves.append(_plan_leaf(key, value, None, copy_existing, existsok, where))
+            continue
         name = _file_name(key, robust, LEAF_SUFFIX if is_leaf else "", where, directory=not is_leaf)
         if is_leaf:
             name += LEAF_SUFFIX
