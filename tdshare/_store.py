@@ -228,6 +228,8 @@ class DirectoryStore(Store):
         self.mode = mode
         self._active: set[str] = set()  # real paths of the symlinked folders being loaded (loops)
         self._names: dict[str, dict[str, os.DirEntry]] = {}  # one scan per level, on first use
+        self._links: set[str] = set()  # sub-levels child() found to be symbolic links
+        self._plain: set[str] = set()  # and those it found to be real entries
 
     def where(self, level: str, name: str = "") -> str:
         return os.path.join(level, name) if name else level
@@ -270,6 +272,8 @@ class DirectoryStore(Store):
         return None
 
     def read_meta(self, level: str) -> dict:
+        # lstat, not the level's scan: the scan must come after the metadata, so that every file
+        # the committed metadata names (data is written before metadata) is in it
         self._check_file_link(os.path.join(level, META_FILE))
         return read_meta(level)
 
@@ -277,8 +281,19 @@ class DirectoryStore(Store):
         return os.path.isfile(os.path.join(level, META_FILE))
 
     def child(self, level: str, key: str) -> str | None:
-        path = self._locate(level, key, "", True)
-        return path if path is not None and os.path.isdir(path) else None
+        names = self._scan(level)
+        for name in self.candidates(key, "", True):
+            entry = names.get(name)
+            if entry is None:
+                continue
+            path = os.path.join(level, name)
+            if entry.is_symlink():
+                self._inside(path, "The entry")
+                self._links.add(path)
+                return path if os.path.isdir(path) else None
+            self._plain.add(path)
+            return path if entry.is_dir() else None
+        return None
 
     @contextmanager
     def _entering(self, path: str) -> Iterator[None]:
@@ -292,7 +307,9 @@ class DirectoryStore(Store):
             self._active.discard(real)
 
     def enter(self, level: str) -> AbstractContextManager[None]:
-        return self._entering(level) if os.path.islink(level) else nullcontext()
+        if level in self._plain:  # found by child() as a real folder: no lstat
+            return nullcontext()
+        return self._entering(level) if level in self._links or os.path.islink(level) else nullcontext()
 
     def members(self, level: str) -> Iterator[str]:
         i = 0
