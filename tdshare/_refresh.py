@@ -66,12 +66,22 @@ def registry_of(td: TensorDictBase, directory: str) -> SharedRegistry:
 
 
 def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, directory: str, same_files: bool) -> None:
-    meta = read_meta(directory)
     meta_path = os.path.join(directory, META_FILE)
+    try:  # taken before reading: a change after it shows at the next refresh
+        st = os.stat(meta_path)
+        stamp: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        stamp = None
+    # meta.json is only ever replaced (new inode): the same stamp means the same metadata
+    unchanged = same_files and stamp is not None and stamp == td._meta_stamp and td._meta_seen is not None
+    meta = td._meta_seen if unchanged and td._meta_seen is not None else read_meta(directory)
     if "shape" not in meta:
         raise CorruptDataError(f"{meta_path} no longer describes a TensorDict level: load the folder again.")
     seen = td._meta_seen if same_files else None
-    if seen is not None and all(meta.get(k) == seen.get(k) for k in RESERVED_KEYS):
+    if unchanged:
+        changed: dict = {}  # only nested levels and non-tensor values (their own files) may have changed
+        removed: list[str] = []
+    elif seen is not None and all(meta.get(k) == seen.get(k) for k in RESERVED_KEYS):
         # Only entries whose metadata changed need work; unchanged nested levels are still read,
         # since their own meta.json may have changed.
         changed = {k: v for k, v in meta.items() if seen.get(k) != v}
@@ -135,6 +145,7 @@ def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, director
             leaves[key] = value
     td._tensordict = {k: leaves[k] for k in meta if k in leaves}
     td._meta_seen = meta
+    td._meta_stamp = stamp
 
 
 def _is_nontensor(meta: dict) -> bool:

@@ -83,6 +83,7 @@ class TensorDictBase(CombineOps):
         self._memmap_prefix = None
         self._generation: tuple[int, int] | None = None  # registry state last seen (memory-mapped folders)
         self._meta_seen: dict | None = None  # this level's meta.json as the last refresh read it
+        self._meta_stamp: tuple[int, int, int] | None = None  # its (inode, size, mtime) then
         # anonymous memory-mapped trees: (runtime store path, this level's key from the root)
         self._anon_store: tuple[str, tuple[str, ...]] | None = None
         self._registry: Any = None  # (folder, SharedRegistry) held while this tensordict lives
