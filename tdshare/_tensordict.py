@@ -501,7 +501,10 @@ class TensorDictBase(CombineOps):
         def fn(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=device, dtype=dtype, non_blocking=non_blocking)
 
-        return self._map(fn, device=torch.device(device) if device is not None else self._device)
+        out = self._map(fn, device=torch.device(device) if device is not None else self._device)
+        if self._is_locked:  # like the reference: a locked tensordict moves to a locked one
+            out._propagate(lambda td: setattr(td, "_is_locked", True))
+        return out
 
     def cpu(self: T) -> T:
         return self.to("cpu")
@@ -543,6 +546,10 @@ class TensorDictBase(CombineOps):
         leaf = self._get_leaf(unravel_key(key))
         if isinstance(leaf, TensorDictBase):
             leaf.apply_(lambda t: t.fill_(value))
+        elif isinstance(leaf, NonTensorData):
+            raise InvalidArgumentError(
+                f"fill_ writes a number into tensors, but {key!r} holds a non-tensor value; use set_({key!r}, value)."
+            )
         else:
             leaf.fill_(value)
         return self

@@ -630,3 +630,14 @@ def test_nested_tensor_leaf_checks_its_first_dimension_only() -> None:
     with pytest.raises(NotImplementedError, match="nested"):
         td.memmap_()  # refused before anything is written
     assert not td.is_memmap()
+
+
+def test_to_keeps_the_lock_and_fill_refuses_non_tensors() -> None:
+    td = make().lock_()
+    moved = td.to(torch.float64)
+    assert moved.is_locked and moved["n"].is_locked and moved["a"].dtype == torch.float64
+    assert moved["a"].tolist() == td["a"].tolist()
+    with pytest.raises(ValueError, match="'s' holds a non-tensor value"):
+        td.fill_("s", 1)
+    td.fill_("a", 2.0)
+    assert td["a"].tolist() == [[2.0, 2.0]] * 3
