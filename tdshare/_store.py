@@ -258,18 +258,23 @@ class DirectoryStore(Store):
         except FileNotFoundError:
             pass
 
-    def _locate(self, level: str, key: str, suffix: str, folder: bool) -> str | None:
-        """The path of ``key`` in ``level`` (robust name, then legacy raw name), or None."""
+    def _find(self, level: str, key: str, suffix: str, folder: bool) -> tuple[str, os.DirEntry] | None:
+        """The path and scan entry of ``key`` in ``level`` (robust name, then legacy raw name), or None.
+
+        A symbolic link must lead inside the loaded directory."""
         names = self._scan(level)
         for name in self.candidates(key, suffix, folder):
             entry = names.get(name)
-            if entry is None:
-                continue
-            path = os.path.join(level, name)
-            if entry.is_symlink():
-                self._inside(path, "The entry")
-            return path
+            if entry is not None:
+                path = os.path.join(level, name)
+                if entry.is_symlink():
+                    self._inside(path, "The entry")
+                return path, entry
         return None
+
+    def _locate(self, level: str, key: str, suffix: str, folder: bool) -> str | None:
+        found = self._find(level, key, suffix, folder)
+        return None if found is None else found[0]
 
     def read_meta(self, level: str) -> dict:
         # lstat, not the level's scan: the scan must come after the metadata, so that every file
@@ -281,19 +286,15 @@ class DirectoryStore(Store):
         return os.path.isfile(os.path.join(level, META_FILE))
 
     def child(self, level: str, key: str) -> str | None:
-        names = self._scan(level)
-        for name in self.candidates(key, "", True):
-            entry = names.get(name)
-            if entry is None:
-                continue
-            path = os.path.join(level, name)
-            if entry.is_symlink():
-                self._inside(path, "The entry")
-                self._links.add(path)
-                return path if os.path.isdir(path) else None
-            self._plain.add(path)
-            return path if entry.is_dir() else None
-        return None
+        found = self._find(level, key, "", True)
+        if found is None:
+            return None
+        path, entry = found
+        if entry.is_symlink():
+            self._links.add(path)
+            return path if os.path.isdir(path) else None
+        self._plain.add(path)
+        return path if entry.is_dir() else None
 
     @contextmanager
     def _entering(self, path: str) -> Iterator[None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -65,3 +66,36 @@ def as_other_user(check: Callable[[], str]) -> str:
     os.waitpid(pid, 0)
     assert reply.startswith("ok:"), reply
     return reply[3:]
+
+
+class Point:
+    """A picklable value that JSON cannot hold (defined in an importable module, so any process unpickles it)."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Point) and other.x == self.x
+
+    def __hash__(self) -> int:
+        return hash(self.x)
+
+    def __repr__(self) -> str:
+        return f"Point({self.x})"
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a plain tensor (comparisons without the MemoryMappedTensor subclass)."""
+    return torch.Tensor.as_subclass(t, torch.Tensor)
+
+
+def assert_same_tensordict(a: Any, b: Any) -> None:
+    """Equal batch sizes, key order, dtypes and values (non-tensor values by ==)."""
+    assert a.batch_size == b.batch_size
+    assert list(a.keys(True, True)) == list(b.keys(True, True))
+    for key, value in a.items(True, True):
+        other = b.get(key)
+        if isinstance(value, torch.Tensor):
+            assert value.dtype == other.dtype and torch.equal(plain(value), plain(other)), key
+        else:
+            assert value == other, key

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import COMMON_DTYPES, FLOAT8_DTYPES, as_other_user
+from _helpers import COMMON_DTYPES, FLOAT8_DTYPES, Point, as_other_user
 
 import tdshare
 from tdshare import (
@@ -34,19 +34,6 @@ from tdshare import (
 from tdshare._tdz import Archive, crc32_combine, write_archive
 
 DTYPES = [*COMMON_DTYPES, *FLOAT8_DTYPES[:2]]
-
-
-class Point:
-    """A picklable value that JSON cannot hold."""
-
-    def __init__(self, x: int) -> None:
-        self.x = x
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Point) and other.x == self.x
-
-    def __hash__(self) -> int:
-        return self.x
 
 
 def raw(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:

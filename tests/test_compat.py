@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import COMMON_DTYPES
+from _helpers import COMMON_DTYPES, Point
 
 import tdshare
 from tdshare import TensorDict as TdsTD
@@ -39,22 +39,6 @@ class CompatPair:
 
     x: torch.Tensor
     label: str
-
-
-class Point:
-    """A picklable object that JSON cannot hold."""
-
-    def __init__(self, x: int) -> None:
-        self.x = x
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Point) and other.x == self.x
-
-    def __hash__(self) -> int:
-        return hash(self.x)
-
-    def __repr__(self) -> str:
-        return f"Point({self.x})"
 
 
 def sample(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:

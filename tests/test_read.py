@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import as_other_user
+from _helpers import as_other_user, assert_same_tensordict
 
 import tdshare
 from tdshare import MemoryMappedTensor, TensorDict
@@ -36,21 +36,6 @@ def _make(value: float = 0.0) -> TensorDict:
         },
         batch_size=[3],
     )
-
-
-def _plain(t: torch.Tensor) -> torch.Tensor:
-    return torch.Tensor.as_subclass(t, torch.Tensor)
-
-
-def _assert_equal(a: TensorDict, b: TensorDict) -> None:
-    assert a.batch_size == b.batch_size
-    assert list(a.keys(True, True)) == list(b.keys(True, True))
-    for key, value in a.items(True, True):
-        other = b.get(key)
-        if isinstance(value, torch.Tensor):
-            assert value.dtype == other.dtype and torch.equal(_plain(value), _plain(other)), key
-        else:
-            assert value == other, key
 
 
 def _saved(tmp_path: Path, name: str = "td", value: float = 0.0) -> Path:
@@ -124,7 +109,7 @@ def test_load_round_trip(tmp_path: Path) -> None:
         tdshare.load(path),
         tdshare.load_memmap(path, None, False, num_threads=2),
     ):
-        _assert_equal(loaded, _make(2.0))
+        assert_same_tensordict(loaded, _make(2.0))
         assert isinstance(loaded["a"], MemoryMappedTensor) and isinstance(loaded["n", "m", "c"], MemoryMappedTensor)
         assert loaded["n", "m", "c"].filename == str(path / "n" / "m" / "c.memmap")
         assert not loaded.is_locked and not loaded.is_memmap()
@@ -234,7 +219,7 @@ def test_out(tmp_path: Path) -> None:
     out = TensorDict.load(path, out=target)
     assert out is target and target["n"] is nested
     assert "gone" not in target and "old" not in nested
-    _assert_equal(target, _make(1.0))
+    assert_same_tensordict(target, _make(1.0))
     with pytest.raises(ValueError, match="device"):
         TensorDict.load(path, device="meta", out=TensorDict({}, batch_size=[3], device="cpu"))
 
@@ -306,7 +291,7 @@ def test_load_memmap_in_place_reuses_the_tds(tmp_path: Path) -> None:
     assert list(td.keys()) == ["a", "n", "s"] and list(nested.keys()) == ["b", "m"]
     assert td["a"] is not old_a and old_a.sum() == 0  # the leaf is replaced, its storage not written
     assert isinstance(td["a"], MemoryMappedTensor) and td["a"].filename == str(path / "a.memmap")
-    _assert_equal(td, _make(3.0))
+    assert_same_tensordict(td, _make(3.0))
     assert not td.is_memmap() and not td.is_locked
 
 
@@ -321,7 +306,7 @@ def test_load_memmap_in_place_of_a_memmapped_td(tmp_path: Path) -> None:
     assert td.saved_path == str(path) and td["n"].saved_path == str(path / "n")
     assert td["n", "m", "c"].filename == str(path / "n" / "m" / "c.memmap")
     assert {p: p.read_bytes() for p in path.rglob("meta.json")} == meta_before  # loading wrote nothing
-    _assert_equal(td, _make(3.0))
+    assert_same_tensordict(td, _make(3.0))
     td["a"][0] = 99.0
     assert TensorDict.load(path)["a"][0, 0] == 99.0
     with pytest.raises(RuntimeError):
@@ -483,7 +468,7 @@ def test_format_version_0_loads(tmp_path: Path) -> None:
     path = _saved(tmp_path, value=1.0)
     for meta_path in path.rglob("meta.json"):
         _edit_meta(meta_path, lambda m: [m.pop("_format_version", None), m.pop("_class", None)])
-    _assert_equal(TensorDict.load(path), _make(1.0))
+    assert_same_tensordict(TensorDict.load(path), _make(1.0))
 
 
 @pytest.mark.parametrize(
@@ -558,7 +543,7 @@ def test_symlinks_inside_the_prefix_are_fine(tmp_path: Path) -> None:
     os.rename(path / "a.memmap", path / "a.data")
     os.symlink("a.data", path / "a.memmap")
     os.symlink(path, tmp_path / "link")
-    _assert_equal(TensorDict.load(tmp_path / "link"), _make(1.0))
+    assert_same_tensordict(TensorDict.load(tmp_path / "link"), _make(1.0))
 
 
 def test_symlink_loop(tmp_path: Path) -> None:
@@ -622,7 +607,7 @@ def test_legacy_folder_loads_with_robust_key_true(tmp_path: Path) -> None:
     td.save(tmp_path / "td", robust_key=False)
     assert (tmp_path / "td" / "a b.memmap").exists() and (tmp_path / "td" / "n x" / "c%d.memmap").exists()
     for robust_key in (True, None, False):
-        _assert_equal(TensorDict.load(tmp_path / "td", robust_key=robust_key), td)
+        assert_same_tensordict(TensorDict.load(tmp_path / "td", robust_key=robust_key), td)
     assert TensorDict.load(tmp_path / "td", subpath="n x")["c%d"].tolist() == [0.0] * 3
 
 
@@ -662,7 +647,7 @@ def test_deep_nested_memmap_then_load(tmp_path: Path) -> None:
     expected = td.clone()
     td.memmap_(tmp_path / "td")
     loaded = TensorDict.load(tmp_path / "td")
-    _assert_equal(loaded, expected)
+    assert_same_tensordict(loaded, expected)
     assert loaded["l1", "l2", "l3"]._memmap_prefix == str(tmp_path / "td" / "l1" / "l2" / "l3")
     td["l1", "l2", "l3", "c"][0] = False  # seen by a later load of the same folder
     assert TensorDict.load(tmp_path / "td", subpath="l1/l2/l3")["c"].tolist() == [False, False, True, False]

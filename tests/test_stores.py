@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import assert_same_tensordict
 
 import tdshare
 from tdshare import NonTensorData, TensorDict, pack_memmap
@@ -63,27 +64,12 @@ def _edit_meta(path: Path, fn: Callable[[dict], Any]) -> None:
     path.write_text(json.dumps(meta))
 
 
-def _plain(t: torch.Tensor) -> torch.Tensor:
-    return torch.Tensor.as_subclass(t, torch.Tensor)
-
-
-def _assert_equal(a: Any, b: Any) -> None:
-    assert a.batch_size == b.batch_size
-    assert list(a.keys(True, True)) == list(b.keys(True, True))
-    for key, value in a.items(True, True):
-        other = b.get(key)
-        if isinstance(value, torch.Tensor):
-            assert value.dtype == other.dtype and torch.equal(_plain(value), _plain(other)), key
-        else:
-            assert value == other, key
-
-
 # -- round trips ---------------------------------------------------------------------------------
 def test_round_trip(tmp_path: Path, backend: Loader) -> None:
     td = _make()
     td["p"] = {1, 2}  # JSON cannot hold a set: pickled
     loaded = TensorDict.load(backend(_saved(tmp_path, td)), allow_pickle=True)
-    _assert_equal(loaded, td)
+    assert_same_tensordict(loaded, td)
     assert loaded["j"] == {"x": 1, "y": [1.5, None]} and loaded["p"] == {1, 2}
     assert isinstance(loaded["a"], tdshare.MemoryMappedTensor) and loaded["n", "m"].batch_size == (3,)
 
@@ -99,7 +85,7 @@ def test_load_into_out(tmp_path: Path, backend: Loader) -> None:
 def test_subpath(tmp_path: Path, backend: Loader, subpath: Any) -> None:
     loaded = TensorDict.load(backend(_saved(tmp_path)), subpath=subpath)
     expected = _make().get(subpath if isinstance(subpath, tuple) else tuple(subpath.split("/")))
-    _assert_equal(loaded, expected)
+    assert_same_tensordict(loaded, expected)
 
 
 def test_bad_subpath(tmp_path: Path, backend: Loader) -> None:
@@ -116,7 +102,7 @@ def test_legacy_names_load_with_robust_key(tmp_path: Path, backend: Loader) -> N
     assert (path / "a b.memmap").exists() and (path / "n x" / "c%d.memmap").exists()
     source = backend(path)
     for robust_key in (True, None, False):
-        _assert_equal(TensorDict.load(source, robust_key=robust_key), td)
+        assert_same_tensordict(TensorDict.load(source, robust_key=robust_key), td)
     assert TensorDict.load(source, subpath="n x")["c%d"].tolist() == [0.0] * 3
 
 
@@ -234,7 +220,7 @@ def test_tensorclass_folder(tmp_path: Path, backend: Loader) -> None:
     source = backend(path)
     with pytest.warns(UserWarning, match="MyClass"):
         loaded = TensorDict.load(source)
-    _assert_equal(loaded, _make())
+    assert_same_tensordict(loaded, _make())
     # a subpath looks inside the tensorclass's fields and lands on a plain level: no warning
     assert TensorDict.load(source, subpath="n")["b"].tolist() == [1.0] * 3
 
