@@ -712,7 +712,7 @@ def test_lazy_stack_with_differing_nontensor_values_is_refused_clearly(tmp_path:
     members[0].set_non_tensor("s", "x")
     members[1].set_non_tensor("s", "y")
     tensordict.LazyStackedTensorDict.lazy_stack(members, 0).memmap(tmp_path)
-    with pytest.raises(ValueError, match="non-tensor entry 's'.*differ"):
+    with pytest.raises(ValueError, match=r"non-tensor entry 's'.*differ"):
         TdsTD.load(tmp_path)
 
 
