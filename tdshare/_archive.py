@@ -9,7 +9,7 @@ None/``"r"`` maps copy-on-write, ``"r+"`` writes through (then :func:`refresh_ar
 updates the zip CRCs).  Compressed or misaligned leaves are decompressed or copied into ordinary
 memory (compressed ones CRC-checked, on ``num_threads`` threads).  The result is unlocked and
 ``is_memmap()`` is False, as in the reference.  Reading is :mod:`tdshare._read`'s walker over
-:class:`tdshare._store.ArchiveStore`; this module writes, packs and unpacks.
+:class:`tdshare._archive_store.ArchiveStore`; this module writes, packs and unpacks.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ._archive_store import ArchiveStore
 from ._errors import ArgumentTypeError, CorruptDataError, InvalidArgumentError, LockedError, UnsupportedFormatError
 from ._format import (
     LAZY_STACK_TYPE,
@@ -30,7 +31,7 @@ from ._format import (
 from ._keys import encode_key, unravel_key
 from ._nontensor import NonTensorData
 from ._registry import SharedRegistry
-from ._store import ArchiveStore, Deferred, DirectoryStore, Store, check_load_args, read_meta, user_stacklevel
+from ._store import Deferred, DirectoryStore, Store, check_load_args, read_meta, user_stacklevel
 from ._tdz import Archive
 from ._tensordict import TensorDictBase
 

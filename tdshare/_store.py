@@ -3,9 +3,10 @@
 The loader (:mod:`tdshare._read`) walks a saved tree through :class:`Store` only, so a folder and
 an archive are read by the same code, as in zarr-python v3.  A *level* is a store's handle for
 one nesting level: a folder's absolute path, or an archive's entry prefix (``""``, ``"a/b/"``).
-Each store keeps the checks of its medium: :class:`DirectoryStore` refuses symbolic links that
+Each store keeps the checks of its medium: :class:`DirectoryStore` (here) refuses symbolic links that
 leave the folder and files shorter than their metadata; :class:`ArchiveStore` refuses entries
-whose size disagrees with it and defers decompression until the whole tree is known.
+whose size disagrees with it and defers decompression until the whole tree is known
+(:mod:`tdshare._archive_store`).
 """
 
 from __future__ import annotations
@@ -28,16 +29,15 @@ from ._errors import (
     ArgumentTypeError,
     CorruptDataError,
     InvalidArgumentError,
-    MemmapError,
     MissingMetadataError,
     PickleRefusedError,
 )
 from ._format import LEAF_SUFFIX, META_FILE, LeafInfo, loads_json
 from ._keys import encode_key, is_safe_legacy_name
 from ._memmap import MemoryMappedTensor
-from ._tdz import METHOD_NAMES, Archive, Entry, pool, results
+from ._tdz import Entry
 
-__all__ = ["Store", "DirectoryStore", "ArchiveStore", "Deferred", "check_load_args", "read_meta"]
+__all__ = ["Store", "DirectoryStore", "empty_leaf", "Deferred", "check_load_args", "read_meta"]
 
 
 def check_load_args(mode: object, allow_pickle: object) -> None:
@@ -74,7 +74,7 @@ def user_stacklevel() -> int:
     return level
 
 
-def _empty(info: LeafInfo) -> MemoryMappedTensor:
+def empty_leaf(info: LeafInfo) -> MemoryMappedTensor:
     """A zero-element leaf, which has no file or entry."""
     return MemoryMappedTensor._wrap(torch.empty(info.shape, dtype=info.dtype), None, None, None)
 
@@ -387,7 +387,7 @@ class DirectoryStore(Store):
         dtype, shape = info.dtype, info.shape
         numel = math.prod(shape)
         if numel == 0:
-            return _empty(info)
+            return empty_leaf(info)
         # fast path: the robust name exists and is no symlink (one dict lookup, no path parsing)
         name = encode_key(info.key) + LEAF_SUFFIX if self.robust else ""
         entry = self._scan(level).get(name) if name else None
@@ -442,129 +442,3 @@ class DirectoryStore(Store):
             for v, row in zip(torch.Tensor.split(values, counts), sizes.tolist(), strict=True)
         ]
         return torch.nested.nested_tensor(parts)
-
-
-# -- a .tdz archive ------------------------------------------------------------------------------
-class ArchiveStore(Store):
-    """A ``.tdz`` archive, mapped once: stored leaves are views of the mapping, the rest copies."""
-
-    root = ""
-
-    def __init__(self, ar: Archive, robust: bool, allow_pickle: bool | None, num_threads: int = 0) -> None:
-        super().__init__(robust, allow_pickle)
-        self.ar = ar
-        self.num_threads = num_threads
-
-    def where(self, level: str, name: str = "") -> str:
-        return f"{self.ar.path}:{level}{name}" if level or name else self.ar.path
-
-    def sub(self, level: str, name: str) -> str:
-        return f"{level}{name}/"
-
-    def _locate(self, level: str, key: str, suffix: str) -> str | None:
-        for name in self.candidates(key, suffix, False):
-            if level + name in self.ar.entries:
-                return level + name
-        return None
-
-    def read_meta(self, level: str) -> dict:
-        name = level + META_FILE
-        if name not in self.ar.entries:
-            if level == "":
-                raise InvalidArgumentError(
-                    f"{self.ar.path!r} is a zip file but not a memory-mapped tensordict archive: it has no "
-                    f"top-level {META_FILE} entry."
-                )
-            raise MissingMetadataError(f"No saved tensordict in {self.where(level)!r}: {META_FILE} is missing.")
-        return loads_json(self.ar.read(name), self.where(level, META_FILE))
-
-    def has_level(self, level: str) -> bool:
-        return level + META_FILE in self.ar.entries
-
-    def child(self, level: str, key: str) -> str | None:
-        for name in self.candidates(key, "", True):
-            if self.has_level(f"{level}{name}/"):
-                return f"{level}{name}/"
-        return None
-
-    def members(self, level: str) -> Iterator[str]:
-        i = 0
-        while self.has_level(f"{level}{i}/"):
-            yield f"{level}{i}/"
-            i += 1
-        if self.has_level(f"{level}{i + 1}/"):
-            raise CorruptDataError(f"{self.where(level)!r}: the stacked member folder {i!r} is missing.")
-
-    def _read_pickle(self, level: str, name: str) -> Any:
-        if level + name not in self.ar.entries:
-            raise CorruptDataError(f"The pickled non-tensor value {self.where(level, name)!r} is missing.")
-        return pickle.loads(self.ar.read(level + name))
-
-    def default_device(self, meta: dict) -> torch.device | None:
-        return torch.device("cpu")  # an archive is always read into cpu memory
-
-    def annotate(self, td: Any, level: str, meta: dict) -> None:
-        """Nothing: an archive's levels are not memory-mapped folders (no ``memmap_`` target, no refresh)."""
-
-    def open_leaf(self, level: str, info: LeafInfo, meta_where: str, old: Any = None) -> Any:
-        """A zero-copy view of a stored entry; a copy when misaligned; a :class:`Deferred` when compressed."""
-        ar = self.ar
-        if info.is_nested:
-            return self._nested(level, info, meta_where)
-        if info.numel == 0:
-            return _empty(info)
-        name = self._locate(level, info.key, LEAF_SUFFIX)
-        if name is None:
-            raise self.missing_leaf(level, info, meta_where)
-        e = ar.entries[name]
-        if e.size != info.nbytes:
-            raise CorruptDataError(
-                f"{self.where(name)} holds {e.size} bytes but {meta_where} expects {info.nbytes} "
-                f"(shape {list(info.shape)}, {info.dtype})."
-            )
-        view = ar.view(e, info.dtype, info.shape)
-        if view is not None:
-            out = MemoryMappedTensor._wrap(view, ar.path, None, "r+" if ar.mode == "r+" else "r")
-            out._offset, out._ino = e.data, ar.ino
-            return out
-        if ar.mode == "r+":
-            why = f"compressed ({METHOD_NAMES.get(e.method, e.method)})" if e.method else "not aligned for its dtype"
-            raise MemmapError(
-                f"Cannot open {ar.path!r} with mode='r+': entry {name!r} is {why}, so writes could not reach the "
-                "file. Load it with mode='r', or save the archive uncompressed."
-            )
-        return Deferred(e, info) if e.method else ar.copy(e).view(info.dtype).view(info.shape)
-
-    def _nested(self, level: str, info: LeafInfo, meta_where: str) -> torch.Tensor:
-        """A nested tensor (reference layout: values in ``k.memmap``, sizes in ``k.shape.memmap``), copied."""
-        sizes_name = self._locate(level, info.key, ".shape" + LEAF_SUFFIX)
-        values_name = self._locate(level, info.key, LEAF_SUFFIX)
-        if self.ar.mode == "r+" or len(info.shape) != 2 or sizes_name is None or values_name is None:
-            raise CorruptDataError(
-                f"{meta_where}: the nested leaf {info.key!r} is malformed or cannot be opened with mode='r+'."
-            )
-        raw_sizes = self.ar.copy(self.ar.entries[sizes_name])
-        if raw_sizes.numel() != info.numel * 8:
-            raise CorruptDataError(
-                f"{self.where(sizes_name)} holds {raw_sizes.numel()} bytes, expected {info.numel * 8}."
-            )
-        sizes = raw_sizes.view(torch.int64).view(info.shape).tolist()
-        values = self.ar.copy(self.ar.entries[values_name]).view(info.dtype)
-        counts = [int(torch.Size(row).numel()) for row in sizes]
-        if sum(counts) != values.numel():
-            raise CorruptDataError(
-                f"{self.where(values_name)} does not hold the {sum(counts)} elements its sizes need."
-            )
-        return torch.nested.nested_tensor([v.reshape(row) for v, row in zip(values.split(counts), sizes, strict=True)])
-
-    def finish(self, device: torch.device | None) -> None:
-        """Decompress (and CRC-check) the deferred leaves, on ``num_threads`` threads."""
-        entries = [p.entry for _, _, p in self.pending]
-        if self.num_threads > 1 and len(entries) > 1:
-            data = results([pool(self.num_threads).submit(self.ar.copy, e) for e in entries])
-        else:
-            data = [self.ar.copy(e) for e in entries]
-        for (values, key, p), raw in zip(self.pending, data, strict=True):
-            t = raw.view(p.info.dtype).view(p.info.shape)
-            values[key] = t if device is None else t.to(device)
-        self.pending.clear()
