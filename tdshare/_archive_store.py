@@ -26,6 +26,7 @@ class ArchiveStore(Store):
     """A ``.tdz`` archive, mapped once: stored leaves are views of the mapping, the rest copies."""
 
     root = ""
+    defers = True
 
     def __init__(self, ar: Archive, robust: bool, allow_pickle: bool | None, num_threads: int = 0) -> None:
         super().__init__(robust, allow_pickle)

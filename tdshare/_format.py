@@ -180,27 +180,42 @@ class LevelMeta:
 
 
 def _int_list(value: object, what: str, where: str) -> tuple[int, ...]:
-    if type(value) is list and all(type(v) is int and v >= 0 for v in value):
-        return tuple(value)
+    if type(value) is list:
+        if len(value) == 1:  # most leaves: no generator for one number (bool and float refused too)
+            v = value[0]
+            if type(v) is int and v >= 0:
+                return (v,)
+        elif all(type(v) is int and v >= 0 for v in value):
+            return tuple(value)
     raise CorruptDataError(f"{where}: {what} must be a list of non-negative integers, found {value!r}.")
 
 
+_new_leaf = tuple.__new__  # LeafInfo(...) runs a Python __new__: this skips it for thousands of leaves
+
+
 def parse_level(meta: dict, where: str) -> LevelMeta:
-    """Validate a TensorDict level's meta.json and split it into leaves and children."""
+    """Validate a TensorDict level's meta.json and split it into leaves and children.
+
+    Leaves added from a file-less storage (``NO_FILE_FIELD``) are left out: no file holds them.
+    """
     leaves: list[LeafInfo] = []
     children: list[tuple[str, str]] = []
     for key, entry in meta.items():
-        if not isinstance(entry, dict):
+        if type(entry) is not dict:
             continue  # a level field; a dict under a field name is a user entry the reference kept
         if "type" in entry:
             children.append((key, str(entry["type"])))
             continue
-        if "dtype" not in entry or "shape" not in entry:
-            continue  # not an entry of any writer we know; the reference skips it too
-        name = entry["dtype"]
+        name = entry.get("dtype")
+        shape = entry.get("shape")
+        if name is None or shape is None:
+            if "dtype" not in entry or "shape" not in entry:
+                continue  # not an entry of any writer we know; the reference skips it too
+        if entry.get(NO_FILE_FIELD):
+            continue
         dtype = (_DTYPES.get(name) if type(name) is str else None) or str_to_dtype(name, where)
-        shape = _int_list(entry["shape"], f"the shape of {key!r}", where)
-        leaves.append(LeafInfo(key, shape, dtype, entry.get("is_nested") is True))
+        shape = _int_list(shape, f"the shape of {key!r}", where)
+        leaves.append(_new_leaf(LeafInfo, (key, shape, dtype, entry.get("is_nested") is True)))
     batch = meta.get("shape")
     batch_size = None if batch is None else _int_list(batch, "the batch size ('shape')", where)
     names = meta.get("_names")

@@ -54,6 +54,8 @@ def unravel_key(key: object) -> tuple[str, ...]:
 
 def encode_key(key: str) -> str:
     """Encode one key component as a file-name component (robust-key encoding)."""
+    if key.isidentifier():  # letters, digits and "_" only: nothing to encode (the common case)
+        return key
     special = _SPECIAL.get(key)
     if special is not None:
         return special

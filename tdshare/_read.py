@@ -21,7 +21,6 @@ from ._errors import ArgumentTypeError, CorruptDataError, InvalidArgumentError, 
 from ._format import (
     LAZY_STACK_TYPE,
     META_FILE,
-    NO_FILE_FIELD,
     NONTENSOR_STACK_TYPE,
     NONTENSOR_TYPE,
     PICKLE_FILE,
@@ -96,14 +95,11 @@ def _load_level(cls: type[T], store: Store, level: str, meta: dict, out: Any, pa
     target = out if isinstance(out, TensorDictBase) else None
     current = target._tensordict if target is not None else {}
     nbatch = len(batch)
-    infos = []
-    for info in parsed.leaves:
-        if meta[info.key].get(NO_FILE_FIELD):
-            continue  # added from a file-less storage: its data never reached the folder
-        if nbatch and info.shape[:nbatch] != batch:
-            _open_leaf(store, level, info, batch, meta_path)  # raises, naming the leaf
-        infos.append(info)
-    leaves.update(store.open_leaves(level, infos, meta_path, current))
+    if nbatch:
+        for info in parsed.leaves:
+            if info.shape[:nbatch] != batch:
+                _open_leaf(store, level, info, batch, meta_path)  # raises, naming the leaf
+    leaves.update(store.open_leaves(level, parsed.leaves, meta_path, current))
     for key, _ in parsed.children:
         sub = store.child(level, key)
         if sub is None:
@@ -118,13 +114,13 @@ def _load_level(cls: type[T], store: Store, level: str, meta: dict, out: Any, pa
     if device_obj is not None and device_obj.type != "cpu":
         leaves = {k: v.to(device_obj) if isinstance(v, torch.Tensor) else v for k, v in leaves.items()}
     # a new tensordict even with ``out``: load_tree moves the result into ``out`` only once all loaded
-    result = cls._from_leaves({}, torch.Size(batch), None, parsed.names)
+    size = torch.Size(batch)
+    result = cls._from_leaves({}, size, None, parsed.names)
     result._tensordict = {k: leaves[k] for k in meta if k in leaves}
-    for k, v in result._tensordict.items():
-        if isinstance(v, Deferred):  # filled in by store.finish once the whole tree is known
-            store.pending.append((result._tensordict, k, v))
-    result._batch_size = torch.Size(batch)
-    result._names = parsed.names
+    if store.defers:
+        for k, v in result._tensordict.items():
+            if isinstance(v, Deferred):  # filled in by store.finish once the whole tree is known
+                store.pending.append((result._tensordict, k, v))
     result._device = device_obj if device_obj is not None else store.default_device(meta)
     result._is_memmap = False
     store.annotate(result, level, meta)

@@ -17,7 +17,7 @@ import torch
 
 from ._entries import _insert
 from ._errors import CorruptDataError, MemmapError, NotMemmapError
-from ._format import META_FILE, NO_FILE_FIELD, NONTENSOR_TYPE, RESERVED_KEYS, parse_level, str_to_dtype
+from ._format import META_FILE, NONTENSOR_TYPE, RESERVED_KEYS, parse_level, str_to_dtype
 from ._keys import encode_key
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
@@ -96,9 +96,7 @@ def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, director
         )
     current = td._tensordict
     leaves: dict[str, Any] = {k: v for k, v in current.items() if k not in changed and k not in removed}
-    for info in level.leaves:
-        if meta[info.key].get(NO_FILE_FIELD):
-            continue
+    for info in level.leaves:  # file-less entries are not among them: nothing of theirs is shared
         old = current.get(info.key)
         if (
             same_files

@@ -11,6 +11,7 @@ whose size disagrees with it and defers decompression until the whole tree is kn
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import pickle
@@ -47,12 +48,30 @@ def check_load_args(mode: object, allow_pickle: object) -> None:
         raise ArgumentTypeError(f"allow_pickle must be a bool or None, got {type(allow_pickle).__name__}.")
 
 
-def read_meta(directory: str) -> dict:
-    """The parsed ``meta.json`` of a saved folder (missing or malformed: an error naming it)."""
+_CPU = torch.device("cpu")
+_NOFOLLOW = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _read_file(path: str, flags: int = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) -> bytes:
+    """The whole content of a small file, without the buffered file object's extra system calls."""
+    fd = os.open(path, flags)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_meta(directory: str, *, nofollow: bool = False) -> dict:
+    """The parsed ``meta.json`` of a saved folder (missing or malformed: an error naming it).
+
+    ``nofollow``: refuse a symbolic link (``OSError`` ELOOP), so the caller can check where it leads.
+    """
     path = os.path.join(directory, META_FILE)
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = _read_file(path, _NOFOLLOW) if nofollow else _read_file(path)
     except FileNotFoundError:
         raise MissingMetadataError(
             f"No saved tensordict in {directory!r}: {META_FILE} is missing. Save one there first "
@@ -91,6 +110,7 @@ class Store(ABC):
     """What the loader needs from a saved tree: metadata, leaves, pickles and sub-levels by key."""
 
     root: str  # the level handle of the tree's top
+    defers = False  # whether open_leaf may return a Deferred (filled in by finish)
 
     def __init__(self, robust: bool, allow_pickle: bool | None) -> None:
         self.robust = robust
@@ -150,7 +170,7 @@ class Store(ABC):
 
     def default_device(self, meta: dict) -> torch.device | None:
         """The device of a level loaded without ``device``."""
-        return torch.device("cpu") if meta.get("device") not in (None, "None") else None
+        return _CPU if meta.get("device") not in (None, "None") else None
 
     @abstractmethod
     def annotate(self, td: Any, level: str, meta: dict) -> None:
@@ -277,9 +297,14 @@ class DirectoryStore(Store):
         return None if found is None else found[0]
 
     def read_meta(self, level: str) -> dict:
-        # lstat, not the level's scan: the scan must come after the metadata, so that every file
-        # the committed metadata names (data is written before metadata) is in it
-        self._check_file_link(os.path.join(level, META_FILE))
+        # not the level's scan: the scan must come after the metadata, so that every file the
+        # committed metadata names (data is written before metadata) is in it
+        try:
+            return read_meta(level, nofollow=True)
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                raise
+        self._check_file_link(os.path.join(level, META_FILE))  # a symbolic link: it must stay inside
         return read_meta(level)
 
     def has_level(self, level: str) -> bool:
@@ -351,28 +376,33 @@ class DirectoryStore(Store):
         prefix = level + os.sep
         mode = self.mode
         robust = self.robust and mode != "r+"
-        from_file, make, mmt = torch.from_file, torch.Tensor._make_subclass, MemoryMappedTensor
+        from_file, mmt, isreg = torch.from_file, MemoryMappedTensor, stat.S_ISREG
         euid = os.geteuid()
+        shared = mode is None
         out: dict[str, Any] = {}
         for info in infos:
             key, shape, dtype, nested = info
-            entry = names.get(encode_key(key) + LEAF_SUFFIX) if robust and not nested else None
-            if entry is None or entry.is_symlink() or current.get(key) is not None:
+            entry = (
+                names.get((key if key.isidentifier() else encode_key(key)) + LEAF_SUFFIX)
+                if robust and not nested
+                else None
+            )
+            if entry is None or entry.is_symlink() or (current and current.get(key) is not None):
                 out[key] = self.open_leaf(level, info, meta_where, current.get(key))
                 continue
-            numel = math.prod(shape)
+            numel = shape[0] if len(shape) == 1 else math.prod(shape)
             st = entry.stat()
-            if not numel or st.st_size < numel * dtype.itemsize or not stat.S_ISREG(st.st_mode):
+            if not numel or st.st_size < numel * dtype.itemsize or not isreg(st.st_mode):
                 out[key] = self.open_leaf(level, info, meta_where)
                 continue
             path = prefix + entry.name
-            if mode is None and (euid == 0 or (st.st_uid == euid and st.st_mode & stat.S_IWUSR)):
+            if shared and (euid == 0 or (st.st_uid == euid and st.st_mode & stat.S_IWUSR)):
                 flat = from_file(path, shared=True, size=numel, dtype=dtype)
             elif mode == "r":
                 flat = from_file(path, shared=False, size=numel, dtype=dtype)
             else:  # group/other permissions, ACLs: the careful path
                 flat = _map(path, mode, numel, dtype, st)
-            leaf = make(mmt, flat if len(shape) == 1 else flat.view(shape))
+            leaf = (flat if len(shape) == 1 else flat.view(shape)).as_subclass(mmt)  # fresh: no grad
             leaf._filename = path
             if mode is not None:
                 leaf._mode = mode
