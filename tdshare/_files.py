@@ -44,6 +44,10 @@ def tmp_name(path: str) -> str:
 
 def tensor_buffer(tensor: torch.Tensor) -> memoryview:
     """The C-order bytes of a CPU tensor (copies only if not contiguous; small ones as bytes)."""
+    if tensor.is_cpu and tensor.is_contiguous() and not tensor.is_complex() and not tensor.is_neg():
+        nbytes = tensor.numel() * tensor.element_size()
+        if 0 < nbytes <= _SMALL:
+            return memoryview(ctypes.string_at(tensor.data_ptr(), nbytes))
     t = tensor.detach() if tensor.requires_grad else tensor
     if t.is_conj():
         t = t.resolve_conj()
@@ -74,10 +78,13 @@ def tensor_memory(t: torch.Tensor) -> memoryview:
     return memoryview(raw).cast("B")
 
 
-def _write_all(fd: int, data: memoryview, path: str) -> None:
+def _write_all(fd: int, data: memoryview | bytes, path: str) -> None:
     total = len(data)
     done = 0
     try:
+        if total <= _SMALL:  # one call, mostly, for a small leaf
+            done = os.write(fd, data)
+        data = memoryview(data)
         while done < total:
             done += os.write(fd, data[done : done + (1 << 30)])
     except OSError as err:
@@ -111,7 +118,7 @@ def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True) ->
         check_not_symlink(path)
         return replace_file(path, data)
     try:
-        _write_all(fd, memoryview(data), path)
+        _write_all(fd, data, path)
         ino = os.fstat(fd).st_ino
     except BaseException:
         os.close(fd)
@@ -126,7 +133,7 @@ def replace_file(path: str, data: memoryview | bytes) -> int:
     tmp = tmp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o666)
     try:
-        _write_all(fd, memoryview(data), path)
+        _write_all(fd, data, path)
         ino = os.fstat(fd).st_ino
         os.close(fd)
         fd = -1

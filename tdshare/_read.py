@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import torch
 
 from ._archive_store import ArchiveStore
+from ._bulk import bulk
 from ._errors import ArgumentTypeError, CorruptDataError, InvalidArgumentError, LockedError, UnsupportedFormatError
 from ._format import (
     LAZY_STACK_TYPE,
@@ -178,6 +179,7 @@ def _resolve_subpath(store: Store, level: str, subpath: Any) -> str:
     return level
 
 
+@bulk
 def load_tree(
     cls: type[T],
     prefix: str | os.PathLike,

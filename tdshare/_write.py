@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ._bulk import bulk
 from ._commit import atomic_directory
 from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
 from ._files import check_not_symlink, tensor_buffer, write_file
@@ -51,7 +52,7 @@ T = TypeVar("T", bound=TensorDictBase)
 _NAME_MAX = 255
 
 
-@dataclass
+@dataclass(slots=True)
 class _Leaf:
     key: str
     src: torch.Tensor
@@ -91,6 +92,8 @@ class _Level:
 
 # -- phase 1: plan ----------------------------------------------------------------------------
 def _file_name(key: str, robust: bool, suffix: str, where: str, directory: bool) -> str:
+    if robust and key.isidentifier() and len(key) <= 60 and key not in RESERVED_KEYS:
+        return key  # the common case: encodes to itself, no name of the folder's own, fits NAME_MAX
     if key in RESERVED_KEYS:
         raise InvalidArgumentError(
             f"The key {key!r} (in {where}) is a field name of meta.json and would be lost on reload; "
@@ -156,7 +159,7 @@ def _plan(
             level.leaves.append(_plan_leaf(key, value, file, copy_existing, existsok, where))
             level.entries[key] = leaf_entry(value.shape, value.dtype)
             continue
-        here = f"{where}[{key!r}]" if where != "the tensordict" else f"key {key!r}"
+        here = _here(where, key)
         if isinstance(value, TensorDictBase):
             child = _plan(
                 value,
@@ -189,17 +192,21 @@ def _inherit_names(td: TensorDictBase, parent_names: list | None) -> list | None
 
 
 
+def _here(where: str, key: str) -> str:
+    return f"{where}[{key!r}]" if where != "the tensordict" else f"key {key!r}"
+
+
 def _plan_leaf(
     key: str, value: torch.Tensor, file: str | None, copy_existing: bool, existsok: bool, where: str
 ) -> _Leaf:
-    here = f"{where}[{key!r}]" if where != "the tensordict" else f"key {key!r}"
     if value.layout != torch.strided or value.is_nested:
         raise NotSupportedError(
-            f"The entry {here} is a nested or sparse tensor, which tdshare cannot memory-map yet; "
+            f"The entry {_here(where, key)} is a nested or sparse tensor, which tdshare cannot memory-map yet; "
             "store its values and offsets as dense tensors."
         )
     leaf = _Leaf(key, value, file)
-    if isinstance(value, MemoryMappedTensor):
+    if type(value) is not torch.Tensor and isinstance(value, MemoryMappedTensor):
+        here = _here(where, key)
         if file is None and value._segment is not None:
             leaf.reuse = value
         elif file is not None and _same_file(value, file):
@@ -209,7 +216,7 @@ def _plan_leaf(
                 f"The entry {here} is already memory-mapped to {value._filename!r}; writing it to {file!r} "
                 "would duplicate the data on disk. Pass copy_existing=True to copy it."
             )
-    if file is not None and leaf.reuse is None and not existsok and os.path.lexists(file):
+    if not existsok and file is not None and leaf.reuse is None and os.path.lexists(file):
         raise MemmapError(f"The file {file!r} already exists and existsok=False. Pass existsok=True to overwrite it.")
     return leaf
 
@@ -219,16 +226,19 @@ def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
     if leaf.reuse is not None:
         leaf.result = leaf.reuse
         return
-    src = leaf.src
-    shape, dtype, numel = src.shape, src.dtype, src.numel()
+    src, path = leaf.src, leaf.path
+    numel = src.numel()
     if numel == 0:
-        leaf.result = MemoryMappedTensor._wrap(torch.empty(shape, dtype=dtype), None, None, None)
+        leaf.result = MemoryMappedTensor._wrap(torch.empty(src.shape, dtype=src.dtype), None, None, None)
         return
-    assert leaf.path is not None
-    ino = write_file(leaf.path, tensor_buffer(src.cpu()), existsok=existsok)
-    flat = torch.from_file(leaf.path, shared=True, size=numel, dtype=dtype)
-    leaf.result = MemoryMappedTensor._wrap(flat if len(shape) == 1 else flat.view(shape), leaf.path, None, None)
-    leaf.result._ino = ino
+    assert path is not None
+    ino = write_file(path, tensor_buffer(src if src.is_cpu else src.cpu()), existsok=existsok)
+    flat = torch.from_file(path, True, numel, dtype=src.dtype)
+    # the mapping is fresh (no grad): as_subclass instead of _wrap's checks, for thousands of leaves
+    result = (flat if src.dim() == 1 else flat.view(src.shape)).as_subclass(MemoryMappedTensor)
+    result._filename = path
+    result._ino = ino
+    leaf.result = result
 
 
 
@@ -375,6 +385,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_EXECUTORS.clear)  # threads do not survive a fork
 
 
+@bulk
 def memmap_tree(
     td: T,
     prefix: str | os.PathLike | None,
