@@ -49,6 +49,7 @@ def check_load_args(mode: object, allow_pickle: object) -> None:
 
 
 _CPU = torch.device("cpu")
+_SEP = os.sep
 _NOFOLLOW = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -252,10 +253,10 @@ class DirectoryStore(Store):
         self._plain: set[str] = set()  # and those it found to be real entries
 
     def where(self, level: str, name: str = "") -> str:
-        return os.path.join(level, name) if name else level
+        return level + _SEP + name if name else level  # levels are absolute and normalized: a plain join
 
     def sub(self, level: str, name: str) -> str:
-        return os.path.join(level, name)
+        return level + _SEP + name
 
     def _scan(self, level: str) -> dict[str, os.DirEntry]:
         names = self._names.get(level)
@@ -286,7 +287,7 @@ class DirectoryStore(Store):
         for name in self.candidates(key, suffix, folder):
             entry = names.get(name)
             if entry is not None:
-                path = os.path.join(level, name)
+                path = level + _SEP + name
                 if entry.is_symlink():
                     self._inside(path, "The entry")
                 return path, entry
