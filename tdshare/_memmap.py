@@ -70,7 +70,7 @@ class MemoryMappedTensor(torch.Tensor):
     def _wrap(
         cls, tensor: torch.Tensor, filename: str | None, segment: Segment | None, mode: str | None
     ) -> MemoryMappedTensor:
-        # as_subclass costs half of _make_subclass; both alias the tensor, which has no grad here
+        # as_subclass is cheaper than _make_subclass here; both alias the tensor, which has no grad
         out = tensor.as_subclass(cls) if not tensor.requires_grad else torch.Tensor._make_subclass(cls, tensor)
         # the class defaults are None: set only what differs (this runs once per leaf on load)
         if filename is not None:
