@@ -16,12 +16,22 @@ from __future__ import annotations
 
 import os
 import pathlib
+import struct
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
-from ._errors import InvalidArgumentError, MissingMetadataError, NotSupportedError
-from ._format import META_FILE, PICKLE_FILE, dumps_json, level_meta
+from ._crc import crc32_threaded
+from ._errors import (
+    CorruptDataError,
+    FileExistsRuntimeError,
+    InvalidArgumentError,
+    MissingMetadataError,
+    NotSupportedError,
+)
+from ._files import TMP_MARK, tmp_name
+from ._format import LEAF_SUFFIX, META_FILE, PICKLE_FILE, dumps_json, level_meta
 from ._read import load_tree
-from ._tdz import check_target, extract, folder_entries, parse_compression, refresh_crcs, write_archive
+from ._tdz import Archive, Source, inflate, parse_compression, pwrite_all, write_archive
 from ._tensordict import TensorDictBase
 from ._write import _Level, _plan
 
@@ -86,7 +96,7 @@ def save_archive(
     if share_non_tensor:
         raise NotSupportedError("share_non_tensor=True is not supported for a .tdz archive, a read-only snapshot.")
     method = parse_compression(compression)
-    path = check_target(prefix, existsok)
+    path = _check_target(prefix, existsok)
     robust = True if robust_key is None else bool(robust_key)
     write_archive(path, _tree_entries(_plan(td, "", robust, True, True)), method)
     return load_tree(type(td), path, robust_key=robust_key, allow_pickle=True, num_threads=num_threads)
@@ -105,15 +115,15 @@ def pack_memmap(
     if not os.path.isfile(os.path.join(root, META_FILE)):
         raise MissingMetadataError(f"No saved tensordict in {root!r}: {META_FILE} is missing.")
     method = parse_compression(compression)
-    path = check_target(archive, existsok)
-    write_archive(path, folder_entries(root), method, compresslevel)
+    path = _check_target(archive, existsok)
+    write_archive(path, _folder_entries(root), method, compresslevel)
     return path
 
 
 def unpack_memmap(archive: PathLike, folder: PathLike) -> str:
     """Extract an archive into ``folder`` (created if needed), checking every CRC; return the folder."""
     root = os.path.abspath(os.fspath(folder))
-    extract(os.path.abspath(os.fspath(archive)), root)
+    _extract(os.path.abspath(os.fspath(archive)), root)
     return root
 
 
@@ -122,4 +132,91 @@ def refresh_archive_checksums(path: PathLike, *, num_threads: int = 0) -> int:
 
     Afterwards ``zipfile.ZipFile(path).testzip()`` and ``unzip -t`` accept the archive again.
     """
-    return refresh_crcs(os.path.abspath(os.fspath(path)), max(2, num_threads))
+    return _refresh_crcs(os.path.abspath(os.fspath(path)), max(2, num_threads))
+
+
+# -- where archives come from and go -----------------------------------------------------------
+def _check_target(prefix: str | os.PathLike, existsok: bool) -> str:
+    """The file an archive is written to: not a folder, not an existing file unless ``existsok``."""
+    path = os.path.abspath(os.fspath(prefix))
+    if os.path.isdir(path):
+        raise InvalidArgumentError(
+            f"{path!r} is a directory, but an archive is a single file: remove the folder or choose another name."
+        )
+    if os.path.lexists(path):
+        if not existsok:
+            raise FileExistsRuntimeError(f"A file already exists at {path!r}. Set existsok=True to overwrite.")
+        path = os.path.realpath(path)  # through a symlink: replace the file it names
+    return path
+
+
+def _folder_entries(root: str, directory: str = "", rel: str = "") -> Iterator[tuple[str, Source]]:
+    """Every file under the folder ``root``, in archive order (temporary files left out)."""
+    directory = directory or root
+    files: list[str] = []
+    dirs: list[str] = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if TMP_MARK in entry.name:
+            continue
+        real = os.path.realpath(entry.path) if entry.is_symlink() else root
+        if real != root and not real.startswith(root + os.sep):
+            raise CorruptDataError(f"{entry.path!r} is a symbolic link that leads outside {root!r}: refusing it.")
+        (dirs if entry.is_dir() else files).append(entry.name)
+    for name in sorted(files, key=lambda n: n != META_FILE):  # meta.json first, the others stay sorted
+        path = os.path.join(directory, name)
+        if name.endswith(LEAF_SUFFIX):
+            yield rel + name, path
+        else:
+            with open(path, "rb") as f:
+                yield rel + name, f.read()
+    for name in dirs:
+        yield from _folder_entries(root, os.path.join(directory, name), f"{rel}{name}/")
+
+
+# -- archives as files: checksums, extraction --------------------------------------------------
+def _refresh_crcs(path: str, threads: int) -> int:
+    """Recompute the CRC-32 of every stored entry and rewrite those that changed; return their number."""
+    ar = Archive(path, "r")
+    stored = [e for e in ar.entries.values() if e.method == 0]
+    changed = [(e, crc) for e in stored if (crc := crc32_threaded(ar.payload(e), threads)) != e.crc]
+    if changed:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            for e, crc in changed:
+                value = struct.pack("<I", crc)
+                pwrite_all(fd, value, e.central + 16)
+                if e.flags & 0x08:  # a data descriptor after the payload, with or without its signature
+                    sig = bytes(ar.buf[e.data + e.csize : e.data + e.csize + 4]) == b"PK\x07\x08"
+                    pwrite_all(fd, value, e.data + e.csize + 4 * sig)
+                else:
+                    pwrite_all(fd, value, e.header + 14)
+        finally:
+            os.close(fd)
+    return len(changed)
+
+
+def _extract(path: str, root: str) -> None:
+    """Extract every entry of the archive under ``root``, checking every CRC."""
+    ar = Archive(path, "r")
+    os.makedirs(root, exist_ok=True)
+    real_root = os.path.realpath(root)
+    for e in ar.entries.values():
+        target = os.path.join(root, *e.name.split("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        parent = os.path.realpath(os.path.dirname(target))
+        if parent != real_root and not parent.startswith(real_root + os.sep):
+            raise CorruptDataError(f"Refusing to extract {e.name!r}: {parent!r} leads outside {root!r}.")
+        tmp = tmp_name(target)
+        with open(tmp, "wb") as f:
+            try:
+                if e.method:
+                    inflate(e, ar.payload(e), f.write, path)
+                elif crc32_threaded(ar.payload(e), 2) != e.crc:
+                    raise CorruptDataError(f"{path}: the entry {e.name!r} fails its CRC-32 check.")
+                else:
+                    f.write(ar.payload(e))
+            except BaseException:
+                f.close()
+                os.unlink(tmp)
+                raise
+        os.replace(tmp, target)

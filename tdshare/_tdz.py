@@ -18,10 +18,12 @@ zip LZMA header and an end marker); other entries are always STORED.  This is te
 layout, so either library reads the other's archives.
 
 Writing streams each tensor's bytes (8 MiB pieces written with ``pwrite`` and CRC-checked on
-threads, the CRCs then combined) into a temporary file next to the target, renamed over it at the
-end.  Reading trusts nothing: names must be relative POSIX paths without ``..``; every entry must
-lie inside the file, before the central directory, and not overlap another; compressed entries
-and small entries are CRC-checked; encrypted entries are refused.
+threads with :mod:`tdshare._crc`'s CRC-32, the CRCs then combined) into a temporary file next to
+the target, renamed over it at the end.  Reading trusts nothing: names must be relative POSIX
+paths without ``..``; every entry must lie inside the file, before the central directory, agree
+with its local header and not overlap another; compressed entries and small entries are
+CRC-checked; encrypted entries are refused.  Checking the central directory of ten thousand
+entries is one tight loop plus passes over all the names at once.
 """
 
 from __future__ import annotations
@@ -31,20 +33,21 @@ import concurrent.futures
 import functools
 import itertools
 import lzma
+import operator
 import os
 import stat
 import struct
-import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
 
-from ._errors import CorruptDataError, FileExistsRuntimeError, InvalidArgumentError, UnsupportedFormatError
-from ._files import TMP_MARK, tensor_buffer, tensor_memory, tmp_name
+from ._crc import CHUNK, crc32, crc32_combine, pool, results
+from ._errors import CorruptDataError, InvalidArgumentError, UnsupportedFormatError
+from ._files import tensor_buffer, tensor_memory, tmp_name
 from ._format import LEAF_SUFFIX, META_FILE
 from ._indexing import contiguous_strides
 
@@ -54,12 +57,10 @@ __all__ = [
     "Entry",
     "Source",
     "METHOD_NAMES",
-    "check_target",
     "crc32_combine",
-    "folder_entries",
+    "inflate",
     "parse_compression",
-    "refresh_crcs",
-    "extract",
+    "pwrite_all",
     "write_archive",
 ]
 
@@ -68,7 +69,7 @@ PAD_ID = 0x6474  # b"td"
 _M32 = 0xFFFFFFFF
 _LOCAL, _CENTRAL, _END, _END64, _LOC64 = 0x04034B50, 0x02014B50, 0x06054B50, 0x06064B50, 0x07064B50
 _LOCAL_FMT, _CENTRAL_FMT = struct.Struct("<IHHHHHIIIHH"), struct.Struct("<IHHHHHHIIIHHHHHII")
-_CHUNK = 8 << 20  # bytes per write/CRC task
+_CHUNK = CHUNK  # bytes per write/CRC task
 _SMALL = 1 << 20  # smaller payloads are written inline, in the calling thread
 _COMPRESSION = {"stored": 0, "deflate": 8, "deflated": 8, "bzip2": 12, "lzma": 14}
 METHOD_NAMES = {0: "stored", 8: "deflate", 12: "bzip2", 14: "lzma"}
@@ -90,68 +91,8 @@ def parse_compression(value: object) -> int:
     )
 
 
-# -- CRC-32 of concatenated pieces, threads ---------------------------------------------------
-_ZERO_OPS: list[list[int]] = []  # [k]: the GF(2) matrix appending 2**k zero bytes to a CRC register
-_ZERO_LOCK = threading.Lock()
-
-
-def _gf2_times(matrix: list[int], vector: int) -> int:
-    out, i = 0, 0
-    while vector:
-        if vector & 1:
-            out ^= matrix[i]
-        vector >>= 1
-        i += 1
-    return out
-
-
-def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
-    """The CRC-32 of ``a + b`` from ``crc32(a)``, ``crc32(b)`` and ``len(b)``."""
-    with _ZERO_LOCK:
-        while len(_ZERO_OPS) < len2.bit_length():
-            if not _ZERO_OPS:  # one zero byte: column i is what register bit i becomes
-                _ZERO_OPS.append([~zlib.crc32(b"\0", ~(1 << i) & _M32) & _M32 for i in range(32)])
-            else:
-                _ZERO_OPS.append([_gf2_times(_ZERO_OPS[-1], col) for col in _ZERO_OPS[-1]])
-    for k in range(len2.bit_length()):
-        if len2 >> k & 1:
-            crc1 = _gf2_times(_ZERO_OPS[k], crc1)
-    return crc1 ^ crc2
-
-
-_POOLS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    with _POOLS_LOCK:
-        if threads not in _POOLS:
-            _POOLS[threads] = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="tdshare-tdz")
-        return _POOLS[threads]
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_POOLS.clear)  # threads do not survive a fork
-
-
-def results(futures: list[concurrent.futures.Future[Any]]) -> list[Any]:
-    concurrent.futures.wait(futures)  # every thread is done before an error propagates
-    return [f.result() for f in futures]
-
-
-def _crc(buf: memoryview, threads: int) -> int:
-    if len(buf) <= _CHUNK:
-        return zlib.crc32(buf)
-    starts = range(0, len(buf), _CHUNK)
-    crcs = results([pool(threads).submit(zlib.crc32, buf[a : a + _CHUNK]) for a in starts])
-    out = crcs[0]
-    for a, c in zip(starts[1:], crcs[1:], strict=True):
-        out = crc32_combine(out, c, min(_CHUNK, len(buf) - a))
-    return out
-
-
 # -- writing ----------------------------------------------------------------------------------
-def _pwrite_all(fd: int, data: memoryview | bytes | bytearray, offset: int) -> None:
+def pwrite_all(fd: int, data: memoryview | bytes | bytearray, offset: int) -> None:
     view, done = memoryview(data), 0
     while done < len(view):
         done += os.pwrite(fd, view[done : done + (1 << 30)], offset + done)
@@ -183,8 +124,8 @@ def _write_and_crc(fd: int, get: Callable[[], memoryview], offset: int) -> int:
     reads markedly faster (many 256 KiB writes left small folios: open + sum ran ~30% slower).
     """
     data = get()
-    crc = zlib.crc32(data)
-    _pwrite_all(fd, data, offset)
+    crc = crc32(data)
+    pwrite_all(fd, data, offset)
     return crc
 
 
@@ -261,12 +202,12 @@ class _Writer:
         return self.start + len(self.buf)
 
     def _flush(self) -> None:
-        _pwrite_all(self.fd, self.buf, self.start)
+        pwrite_all(self.fd, self.buf, self.start)
         self.start += len(self.buf)
         self.buf = bytearray()
 
     def add_bytes(self, name: str, data: bytes) -> None:
-        e = _Out(name.encode("utf-8"), 0, self.pos, None, zlib.crc32(data), len(data), len(data))
+        e = _Out(name.encode("utf-8"), 0, self.pos, None, crc32(data), len(data), len(data))
         self.out.append(e)
         self.buf += e.local(self.when) + data
 
@@ -278,7 +219,7 @@ class _Writer:
         self.out.append(e)
         if method == 0 and size < _SMALL:
             data = tensor_buffer(t)
-            e.crc = zlib.crc32(data)
+            e.crc = crc32(data)
             self.buf += e.local(self.when) + data
             return
         self.buf += e.local(self.when)  # written again with the CRC (and compressed size) by finish()
@@ -291,7 +232,7 @@ class _Writer:
         begin, comp = self.pos, _compressor(method, self.level)
         for _, get in _blocks(t, _SMALL):
             data = get()
-            e.crc = zlib.crc32(data, e.crc)
+            e.crc = crc32(data, e.crc)
             self.buf += comp.compress(data)
             if len(self.buf) >= _CHUNK:
                 self._flush()
@@ -310,7 +251,7 @@ class _Writer:
                 for _, length in e.parts[1:]:
                     e.crc = crc32_combine(e.crc, next(crcs), length)
             if e.parts or e.method:
-                _pwrite_all(self.fd, e.local(self.when), e.header)
+                pwrite_all(self.fd, e.local(self.when), e.header)
         cd = b"".join(e.central(self.when) for e in self.out)
         start, n = self.pos, len(self.out)
         if n >= 0xFFFF or len(cd) >= _M32 or start >= _M32:
@@ -362,43 +303,6 @@ def _as_tensor(src: Source) -> torch.Tensor:
     return torch.from_file(src, shared=False, size=size, dtype=torch.uint8) if size else torch.empty(0).byte()
 
 
-def check_target(prefix: str | os.PathLike, existsok: bool) -> str:
-    """The file an archive is written to: not a folder, not an existing file unless ``existsok``."""
-    path = os.path.abspath(os.fspath(prefix))
-    if os.path.isdir(path):
-        raise InvalidArgumentError(
-            f"{path!r} is a directory, but an archive is a single file: remove the folder or choose another name."
-        )
-    if os.path.lexists(path):
-        if not existsok:
-            raise FileExistsRuntimeError(f"A file already exists at {path!r}. Set existsok=True to overwrite.")
-        path = os.path.realpath(path)  # through a symlink: replace the file it names
-    return path
-
-
-def folder_entries(root: str, directory: str = "", rel: str = "") -> Iterator[tuple[str, Source]]:
-    """Every file under the folder ``root``, in archive order (temporary files left out)."""
-    directory = directory or root
-    files: list[str] = []
-    dirs: list[str] = []
-    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        if TMP_MARK in entry.name:
-            continue
-        real = os.path.realpath(entry.path) if entry.is_symlink() else root
-        if real != root and not real.startswith(root + os.sep):
-            raise CorruptDataError(f"{entry.path!r} is a symbolic link that leads outside {root!r}: refusing it.")
-        (dirs if entry.is_dir() else files).append(entry.name)
-    for name in sorted(files, key=lambda n: n != META_FILE):  # meta.json first, the others stay sorted
-        path = os.path.join(directory, name)
-        if name.endswith(LEAF_SUFFIX):
-            yield rel + name, path
-        else:
-            with open(path, "rb") as f:
-                yield rel + name, f.read()
-    for name in dirs:
-        yield from folder_entries(root, os.path.join(directory, name), f"{rel}{name}/")
-
-
 # -- reading ----------------------------------------------------------------------------------
 class Entry(NamedTuple):
     name: str
@@ -420,6 +324,37 @@ def _check_name(name: str, where: str) -> None:
         raise CorruptDataError(f"{where} holds the entry {name!r}, which is not a safe relative path: refusing it.")
 
 
+def _check_names(names: list[str], where: str) -> bool:
+    """:func:`_check_name` for every name, in a few passes over all of them joined; True if some are folders.
+
+    Joined as ``/a/\\0/b/``, a bad part still shows as //, /./ or /../ (the NUL ends it); anything
+    unusual (a NUL, a colon, a backslash, a directory entry's trailing /) is checked name by name.
+    """
+    wrapped = "/" + "/\0/".join(names) + "/"
+    if "//" in wrapped or "/./" in wrapped or "/../" in wrapped or ":" in wrapped or "\\" in wrapped:
+        odd = True
+    else:
+        odd = wrapped.count("\0") != len(names) - 1
+    if odd:
+        for name in names:
+            _check_name(name, where)
+    return odd and any(name[-1:] == "/" for name in names)
+
+
+def _decode(raw: bytes, flags: int) -> str:
+    return raw.decode("utf-8" if flags & 0x800 else "cp437", errors="replace")
+
+
+def _decode_all(raws: list[bytes], rows: Sequence[tuple[int, ...]]) -> list[str]:
+    """Every name: one ASCII decode of them all (the same in UTF-8 and cp437) when they allow it."""
+    joined = b"\0".join(raws)
+    if joined.isascii():
+        names = joined.decode("ascii").split("\0")
+        if len(names) == len(raws):
+            return names
+    return [_decode(raw, row[1]) for raw, row in zip(raws, rows, strict=True)]
+
+
 def _zip64(extra: bytes, values: list[int], where: str) -> list[int]:
     """Replace the 0xFFFFFFFF ones of ``values`` (size, compressed size, offset) from the zip64 field."""
     i = 0
@@ -434,7 +369,8 @@ def _zip64(extra: bytes, values: list[int], where: str) -> list[int]:
     raise CorruptDataError(f"{where}: an entry's zip64 sizes are missing or malformed.")
 
 
-def _parse(buf: memoryview, where: str) -> dict[str, Entry]:
+def _end_record(buf: memoryview, where: str) -> tuple[int, int, int]:
+    """The entry count, size and offset of the central directory, from the (zip64) end records."""
     size = len(buf)
     base = max(0, size - 22 - 0xFFFF)
     tail = bytes(buf[base:])
@@ -460,43 +396,90 @@ def _parse(buf: memoryview, where: str) -> dict[str, Entry]:
         raise CorruptDataError(f"{where} is a multi-disk zip archive, which is not supported.")
     if cd_off + cd_size > end:
         raise CorruptDataError(f"{where}: the central directory lies outside the file; it is truncated or damaged.")
-    entries: dict[str, Entry] = {}
-    spans: list[tuple[int, int, str]] = []
+    return n, cd_size, cd_off
+
+
+class _LocalHeaders(dict[int, struct.Struct]):
+    """Name length -> the struct of a local header's signature, name and extra lengths, and name."""
+
+    def __missing__(self, nlen: int) -> struct.Struct:
+        fmt = self[nlen] = struct.Struct(f"<I22xHH{nlen}s")
+        return fmt
+
+
+_LOCAL_NAMED = _LocalHeaders()
+_CENTRAL_USED = struct.Struct("<I4xHH4xIIIHHH8xI")  # the central record's fields _parse reads
+_new_entry = functools.partial(tuple.__new__, Entry)
+
+
+def _parse(buf: memoryview, where: str) -> dict[str, Entry]:
+    """Every entry of the archive, validated (loading many small leaves is bound by this loop)."""
+    n, cd_size, cd_off = _end_record(buf, where)
     cd, p = bytes(buf[cd_off : cd_off + cd_size]), 0  # one copy of the central directory
+    raws: list[bytes] = []
+    rows: list[tuple[int, int, int, int, int, int, int, int]] = []
+    unpack, local_of = _CENTRAL_USED.unpack_from, _LOCAL_NAMED
     for _ in range(n):
         if p + 46 > cd_size:
             raise CorruptDataError(f"{where}: the central directory is shorter than its {n} entries.")
-        sig, _, _, flags, method, _, _, crc, csize, usize, nlen, elen, clen, _, _, _, off = _CENTRAL_FMT.unpack_from(
-            cd, p
-        )
-        q = p + 46
-        if sig != _CENTRAL or q + nlen + elen + clen > cd_size:
+        sig, flags, method, crc, csize, usize, nlen, elen, clen, off = unpack(cd, p)
+        q = p + 46 + nlen
+        if sig != _CENTRAL or q + elen + clen > cd_size:
             raise CorruptDataError(f"{where}: the central directory record at byte {cd_off + p} is malformed.")
-        raw = cd[q : q + nlen]
+        raw = cd[p + 46 : q]
         if _M32 in (usize, csize, off):
-            usize, csize, off = _zip64(cd[q + nlen : q + nlen + elen], [usize, csize, off], where)
-        name = raw.decode("utf-8" if flags & 0x800 else "cp437", errors="replace")
-        _check_name(name, where)
+            usize, csize, off = _zip64(cd[q : q + elen], [usize, csize, off], where)
         if flags & 0x41:
+            name = _decode(raw, flags)
             raise CorruptDataError(f"{where}: the entry {name!r} is encrypted, which tdshare does not read.")
-        if name in entries:
-            raise CorruptDataError(f"{where} holds the entry {name!r} twice.")
-        local = _LOCAL_FMT.unpack_from(buf, off) if off + 30 <= cd_off else (0,)
-        if local[0] != _LOCAL:
-            raise CorruptDataError(f"{where}: the local header of {name!r} (byte {off}) is missing.")
-        data = off + 30 + local[9] + local[10]
-        if buf[off + 30 : off + 30 + local[9]] != raw or data + csize > cd_off:
-            raise CorruptDataError(f"{where}: the entry {name!r} disagrees with its local header or overruns the data.")
-        if method == 0 and csize != usize:
-            raise CorruptDataError(f"{where}: the stored entry {name!r} records two different sizes.")
-        rec, p = cd_off + p, q + nlen + elen + clen
-        if not name.endswith("/"):  # a directory entry (zip -r) holds nothing to load
-            entries[name] = Entry(name, method, flags, crc, csize, usize, off, data, rec)
-            spans.append((off, data + csize, name))
-    for (_, a_end, a), (b_start, _, b) in itertools.pairwise(sorted(spans)):
-        if b_start < a_end:
-            raise CorruptDataError(f"{where}: the entries {a!r} and {b!r} overlap; the archive is malformed.")
+        data = off + 30 + nlen
+        if data > cd_off:
+            raise CorruptDataError(f"{where}: the local header of {_decode(raw, flags)!r} (byte {off}) is missing.")
+        sig, local_nlen, local_elen, local_name = local_of[nlen].unpack_from(buf, off)
+        if sig != _LOCAL:
+            raise CorruptDataError(f"{where}: the local header of {_decode(raw, flags)!r} (byte {off}) is missing.")
+        data += local_elen
+        if local_nlen != nlen or local_name != raw or data + csize > cd_off:
+            raise CorruptDataError(
+                f"{where}: the entry {_decode(raw, flags)!r} disagrees with its local header or overruns the data."
+            )
+        if csize != usize and not method:
+            raise CorruptDataError(f"{where}: the stored entry {_decode(raw, flags)!r} records two different sizes.")
+        raws.append(raw)
+        rows.append((method, flags, crc, csize, usize, off, data, cd_off + p))
+        p = q + elen + clen
+    names = _decode_all(raws, rows)
+    made = map(_new_entry, map(operator.add, zip(names), rows))  # all in C: (name,) + row
+    if _check_names(names, where):  # a directory entry (zip -r) holds nothing to load
+        entries = {e.name: e for e in made if e.name[-1:] != "/"}
+    else:
+        entries = dict(zip(names, made, strict=True))
+    if len(entries) != len(names):
+        _check_unique(names, where)
+    _check_spans(entries, where)
     return entries
+
+
+def _check_unique(names: list[str], where: str) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen and name[-1:] != "/":
+            raise CorruptDataError(f"{where} holds the entry {name!r} twice.")
+        seen.add(name)
+
+
+def _check_spans(entries: dict[str, Entry], where: str) -> None:
+    """Refuse entries (local header to payload end) that overlap."""
+    es = list(entries.values())
+    starts = [e.header for e in es]
+    if not all(map(operator.le, starts, starts[1:])):  # not in file order: sort
+        es.sort(key=operator.attrgetter("header"))
+        starts = [e.header for e in es]
+    if all(map(operator.le, [e.data + e.csize for e in es], starts[1:])):
+        return
+    for a, b in itertools.pairwise(es):
+        if b.header < a.data + a.csize:
+            raise CorruptDataError(f"{where}: the entries {a.name!r} and {b.name!r} overlap; the archive is malformed.")
 
 
 _IN, _OUT = 1 << 20, 16 << 20  # compressed bytes fed, and most bytes produced, per step
@@ -518,7 +501,7 @@ def _decompressor(e: Entry, src: memoryview, where: str) -> tuple[Any, memoryvie
     )
 
 
-def _inflate(e: Entry, src: memoryview, sink: Callable[[bytes], Any], where: str) -> None:
+def inflate(e: Entry, src: memoryview, sink: Callable[[bytes], Any], where: str) -> None:
     """Decompress ``e`` into ``sink`` in bounded pieces, checking its size and CRC-32."""
     total = crc = 0
     try:
@@ -536,7 +519,7 @@ def _inflate(e: Entry, src: memoryview, sink: Callable[[bytes], Any], where: str
                 total += len(piece)
                 if total > e.size:
                     raise CorruptDataError(f"{where}: {e.name!r} decompresses to more than its {e.size} bytes.")
-                crc = zlib.crc32(piece, crc)
+                crc = crc32(piece, crc)
                 sink(piece)
             if d.eof:
                 break
@@ -575,26 +558,35 @@ class Archive:
         pieces: list[bytes] = []
         if e.method == 0:
             pieces.append(bytes(self.payload(e)))
-            if zlib.crc32(pieces[0]) != e.crc:
+            if crc32(pieces[0]) != e.crc:
                 raise CorruptDataError(
                     f"{self.path}: the entry {name!r} fails its CRC-32 check; the archive is corrupt."
                 )
         else:
-            _inflate(e, self.payload(e), pieces.append, self.path)
+            inflate(e, self.payload(e), pieces.append, self.path)
         return b"".join(pieces)
+
+    def typed(self, dtype: torch.dtype) -> torch.Tensor:
+        """The whole mapping as elements of ``dtype`` (the base of every view of that dtype)."""
+        out = self._typed.get(dtype)
+        if out is None:
+            n, k = self.flat.numel(), dtype.itemsize
+            out = self._typed[dtype] = self.flat[: n - n % k].view(dtype)
+        return out
+
+    def strides(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The C-contiguous strides of ``shape`` (cached: leaves share few shapes)."""
+        out = self._strides.get(shape)
+        if out is None:
+            out = self._strides[shape] = tuple(contiguous_strides(torch.Size(shape)))
+        return out
 
     def view(self, e: Entry, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor | None:
         """A view of a stored entry inside the mapping, or None if it is compressed or misaligned."""
         k = dtype.itemsize
         if e.method or e.data % k:
             return None
-        if dtype not in self._typed:
-            n = self.flat.numel()
-            self._typed[dtype] = self.flat[: n - n % k].view(dtype)
-        strides = self._strides.get(shape)
-        if strides is None:
-            strides = self._strides[shape] = tuple(contiguous_strides(torch.Size(shape)))
-        return self._typed[dtype].as_strided(shape, strides, e.data // k)
+        return self.typed(dtype).as_strided(shape, self.strides(shape), e.data // k)
 
     def copy(self, e: Entry) -> torch.Tensor:
         """A new uint8 tensor holding the entry (compressed: decompressed and CRC-checked)."""
@@ -607,53 +599,5 @@ class Archive:
             mv[pos[0] : pos[0] + len(piece)] = piece
             pos[0] += len(piece)
 
-        _inflate(e, self.payload(e), sink, self.path)
+        inflate(e, self.payload(e), sink, self.path)
         return out
-
-
-def refresh_crcs(path: str, threads: int) -> int:
-    """Recompute the CRC-32 of every stored entry and rewrite those that changed; return their number."""
-    ar = Archive(path, "r")
-    stored = [e for e in ar.entries.values() if e.method == 0]
-    changed = [(e, crc) for e in stored if (crc := _crc(ar.payload(e), threads)) != e.crc]
-    if changed:
-        fd = os.open(path, os.O_WRONLY | _O_CLOEXEC)
-        try:
-            for e, crc in changed:
-                value = struct.pack("<I", crc)
-                _pwrite_all(fd, value, e.central + 16)
-                if e.flags & 0x08:  # a data descriptor after the payload, with or without its signature
-                    sig = bytes(ar.buf[e.data + e.csize : e.data + e.csize + 4]) == b"PK\x07\x08"
-                    _pwrite_all(fd, value, e.data + e.csize + 4 * sig)
-                else:
-                    _pwrite_all(fd, value, e.header + 14)
-        finally:
-            os.close(fd)
-    return len(changed)
-
-
-def extract(path: str, root: str) -> None:
-    """Extract every entry of the archive under ``root``, checking every CRC."""
-    ar = Archive(path, "r")
-    os.makedirs(root, exist_ok=True)
-    real_root = os.path.realpath(root)
-    for e in ar.entries.values():
-        target = os.path.join(root, *e.name.split("/"))
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        parent = os.path.realpath(os.path.dirname(target))
-        if parent != real_root and not parent.startswith(real_root + os.sep):
-            raise CorruptDataError(f"Refusing to extract {e.name!r}: {parent!r} leads outside {root!r}.")
-        tmp = tmp_name(target)
-        with open(tmp, "wb") as f:
-            try:
-                if e.method:
-                    _inflate(e, ar.payload(e), f.write, path)
-                elif _crc(ar.payload(e), 2) != e.crc:
-                    raise CorruptDataError(f"{path}: the entry {e.name!r} fails its CRC-32 check.")
-                else:
-                    f.write(ar.payload(e))
-            except BaseException:
-                f.close()
-                os.unlink(tmp)
-                raise
-        os.replace(tmp, target)

@@ -203,6 +203,36 @@ def test_leaves_view_one_mapping(saved: tuple[TensorDict, Path]) -> None:
     assert a.untyped_storage().nbytes() == path.stat().st_size
 
 
+def test_many_leaves_are_exact_views(tmp_path: Path) -> None:
+    """Runs of like leaves (one strided view cut by unbind), lone ones, other dtypes and shapes, a 0-d
+    leaf, an empty one: every leaf is a view of the one mapping at its payload, equal to its source."""
+    src: dict[str, torch.Tensor] = {f"f{i}": torch.randn(3, 2) for i in range(12)}
+    src |= {f"i{i}": torch.arange(i, i + 5, dtype=torch.int64) for i in range(5)}
+    src |= {"b": torch.tensor([True, False, True]), "s": torch.tensor(2.5), "e": torch.zeros(0, 3)}
+    src |= {"h": torch.randn(7).half(), "long_name_" + "x" * 70: torch.randn(3, 2), "d": torch.randn(2, 2).double()}
+    td = TensorDict(src, nested=TensorDict({f"n{i}": torch.full((4,), float(i)) for i in range(9)}), batch_size=[])
+    path = tmp_path / "many.tdz"
+    td.save(path)
+    offsets = payload_offsets(path)
+    for mode in (None, "r+"):
+        loaded = TensorDict.load(path, mode=mode)
+        base = loaded["f0"].untyped_storage().data_ptr()
+        for key in [*src, *(("nested", f"n{i}") for i in range(9))]:
+            leaf = loaded[key]
+            name = (key if isinstance(key, str) else "/".join(key)) + ".memmap"
+            assert isinstance(leaf, MemoryMappedTensor) and raw(leaf) == raw(td[key]), key
+            if leaf.numel():  # an empty leaf has no entry: an unmapped empty tensor
+                assert leaf._mode == ("r+" if mode else "r") and leaf.filename == str(path)
+                assert leaf.data_ptr() - base == offsets[name] == leaf._offset and leaf.is_contiguous()
+                assert leaf.untyped_storage().data_ptr() == base and leaf._ino == path.stat().st_ino
+        again = pickle.loads(pickle.dumps(loaded["nested", "n5"]))
+        assert again.tolist() == [5.0] * 4 and again._offset == offsets["nested/n5.memmap"]
+    grad = torch.ones(3, 2, requires_grad=True)
+    loaded = TensorDict.load(path)
+    loaded["f3"].copy_(grad * 2)  # writing a grad-tracking value into a leaf works as for any tensor
+    assert loaded["f3"].tolist() == [[2.0, 2.0]] * 3 and loaded["f4"].tolist() == td["f4"].tolist()
+
+
 def test_default_and_r_modes_are_copy_on_write(saved: tuple[TensorDict, Path]) -> None:
     _, path = saved
     before = path.read_bytes()
@@ -361,11 +391,45 @@ def small(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", [b"../.memmap", b"/bc.memmap", b"a\\c.memmap", b"./c.memmap"])
+@pytest.mark.parametrize(
+    "name", [b"../.memmap", b"/bc.memmap", b"a\\c.memmap", b"./c.memmap", b"a:c.memmap", b"ab\0.memmap", b"a//.memmap"]
+)
 def test_unsafe_names(small: Path, name: bytes) -> None:
     patch(small, b"abc.memmap", name)
     with pytest.raises(CorruptDataError, match="not a safe relative path"):
         TensorDict.load(small)
+
+
+def test_unsafe_name_among_many(tmp_path: Path) -> None:
+    """The names are checked all at once: one bad name among many is still found and named."""
+    path = tmp_path / "many.tdz"
+    TensorDict({f"k{i:03d}": torch.ones(2) for i in range(300)}, batch_size=[]).save(path)
+    patch(path, b"k123.memmap", b"k/../memmap")
+    with pytest.raises(CorruptDataError, match=r"'k/\.\./memmap'.*not a safe relative path"):
+        TensorDict.load(path)
+
+
+def test_directory_entries_and_non_ascii_names(tmp_path: Path) -> None:
+    """Directory entries (``zip -r``) are skipped; names are UTF-8 when flagged 0x800, cp437 otherwise."""
+    td = TensorDict({"é": torch.arange(3.0), "plain": torch.ones(2), "日本": torch.zeros(1)}, batch_size=[])
+    td.memmap(tmp_path / "f")
+    path = tmp_path / "d.tdz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("meta.json", (tmp_path / "f" / "meta.json").read_bytes())
+        z.writestr(zipfile.ZipInfo("empty/"), b"")
+        for name in sorted(os.listdir(tmp_path / "f")):
+            if name.endswith(".memmap"):
+                z.writestr(name, (tmp_path / "f" / name).read_bytes())
+    ar = Archive(str(path))
+    assert "empty/" not in ar.entries and "é.memmap" in ar.entries and "日本.memmap" in ar.entries
+    assert describe(TensorDict.load(path)) == describe(td)
+    entry = ar.entries["é.memmap"]
+    del ar
+    for at in (entry.header + 6, entry.central + 8):  # clear the UTF-8 flag in both headers
+        flags = struct.unpack_from("<H", path.read_bytes(), at)[0]
+        patch_at(path, at, struct.pack("<H", flags & ~0x800))
+    names = Archive(str(path)).entries
+    assert "é.memmap".encode().decode("cp437") in names and "é.memmap" not in names and "日本.memmap" in names
 
 
 def test_out_of_range_and_overlapping_entries(small: Path) -> None:
@@ -378,6 +442,31 @@ def test_out_of_range_and_overlapping_entries(small: Path) -> None:
     meta = Archive(str(small)).entries["meta.json"]
     patch_at(small, meta.central + 20, struct.pack("<II", meta.size + 200, meta.size + 200))  # runs into the next
     with pytest.raises(CorruptDataError, match="overlap"):
+        TensorDict.load(small)
+
+
+def test_central_directory_out_of_file_order(small: Path) -> None:
+    """Entries listed in another order than the file's still load; an overlap among them is still refused."""
+    data = small.read_bytes()
+    n, _, cd_off = tdshare._tdz._end_record(memoryview(data), str(small))
+    records, p = [], cd_off
+    for _ in range(n):
+        nlen, elen, clen = struct.unpack_from("<HHH", data, p + 28)
+        records.append(data[p : p + 46 + nlen + elen + clen])
+        p += len(records[-1])
+    small.write_bytes(data[:cd_off] + b"".join(reversed(records)) + data[p:])
+    assert list(Archive(str(small)).entries)[-1] == "meta.json"
+    assert TensorDict.load(small)["n", "q"].tolist() == [1.0] * 4
+    meta = Archive(str(small)).entries["meta.json"]
+    patch_at(small, meta.central + 20, struct.pack("<II", meta.size + 200, meta.size + 200))
+    with pytest.raises(CorruptDataError, match="overlap"):
+        TensorDict.load(small)
+
+
+def test_local_header_disagreeing_with_the_central_directory(small: Path) -> None:
+    entry = Archive(str(small)).entries["abc.memmap"]
+    patch_at(small, entry.central + 46, b"abd")
+    with pytest.raises(CorruptDataError, match=r"'abd\.memmap' disagrees with its local header"):
         TensorDict.load(small)
 
 
