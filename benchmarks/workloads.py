@@ -149,6 +149,22 @@ def big_leaves(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[R
     return rows
 
 
+def _load_case(b: Backend, saved: dict[str, str], archive: bool = False) -> Case:
+    """Time ``load_memmap`` of what ``b`` saved (``archive``: it must be a .tdz file)."""
+
+    def case() -> float:
+        _raise_if_failed(saved, b)
+        if archive and not os.path.isfile(saved[b.name]):
+            raise UnsupportedError("save(*.tdz) did not write an archive")
+        t0 = time.perf_counter()
+        td = b.TensorDict.load_memmap(saved[b.name])
+        dt = time.perf_counter() - t0
+        del td
+        return dt
+
+    return case
+
+
 # -- many small leaves ----------------------------------------------------------------------------
 def small_td(b: Backend, leaves: list[torch.Tensor], subtds: int) -> Any:
     """``subtds`` sub-tensordicts sharing ``leaves`` evenly (unbatched)."""
@@ -213,18 +229,7 @@ def small_leaves(cfg: Config, backends: list[Backend], scratch: Scratch, shm: Sc
         raw = scratch.fresh("raw")
         paths = limits.make_small_files(raw, n, cfg.small_subtds, payload)
 
-        def load_case(b: Backend, folders: dict[str, str] = folders) -> Case:
-            def case() -> float:
-                _raise_if_failed(folders, b)
-                t0 = time.perf_counter()
-                td = b.TensorDict.load_memmap(folders[b.name])
-                dt = time.perf_counter() - t0
-                del td
-                return dt
-
-            return case
-
-        cases = {b.name: load_case(b) for b in backends}
+        cases = {b.name: _load_case(b, folders) for b in backends}
         cases[LIMIT] = limits.map_files_case(paths, cfg.small_leaf_floats)
         res = run_interleaved(cases, cfg.reps, cfg.warmup)
         rows.append(Row(group, f"load_memmap {n:,} leaves", "time", res[""], limit_name=f"map {n:,} files"))
@@ -465,7 +470,10 @@ def handoff(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]
 
 # -- .tdz archives --------------------------------------------------------------------------------
 def tdz(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
-    """Save a tensordict as a ``.tdz`` archive, open it, and sum every leaf: stored and deflated."""
+    """Save a tensordict as a ``.tdz`` archive, open it, and sum every leaf: stored and deflated; then
+    open stored archives of many small leaves (each library its own archive; no payload is read)."""
+    import zipfile
+
     rows: list[Row] = []
     for compression, nbytes in ((None, cfg.tdz_stored_bytes), ("deflate", cfg.tdz_deflated_bytes)):
         kind = "stored" if compression is None else "deflated"
@@ -554,6 +562,41 @@ def tdz(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
             for name, cell in res.get("", {}).items():
                 row.cells.setdefault(name, cell)
         scratch.remove(raw)
+    for n in cfg.small_counts:
+        group = f".tdz {n:,} small leaves"
+        leaves = [torch.randn(cfg.small_leaf_floats) for _ in range(n)]
+        paths: dict[str, str] = {}
+        for b in backends:  # untimed setup; a failure shows in the cell (see _raise_if_failed)
+            paths[b.name] = scratch.fresh(b.name, ".tdz")
+            try:
+                saved = small_td(b, leaves, cfg.small_subtds).save(paths[b.name])
+                del saved
+            except Exception as e:
+                _write_errors[paths[b.name]] = e
+
+        def list_case(path: str = paths[backends[0].name]) -> float:
+            t0 = time.perf_counter()
+            with zipfile.ZipFile(path) as z:
+                z.infolist()
+            return time.perf_counter() - t0
+
+        cases = {b.name: _load_case(b, paths, archive=True) for b in backends}
+        cases[LIMIT] = list_case
+        log(f"  {group}: load_memmap")
+        res = run_interleaved(cases, cfg.reps, cfg.warmup)
+        rows.append(
+            Row(
+                group,
+                f"open {n:,}-leaf .tdz ({cfg.small_subtds} sub-tds, stored)",
+                "time",
+                res[""],
+                limit_name="zipfile: list the entries",
+            )
+        )
+        for path in paths.values():
+            scratch.remove(path)
+        del leaves
+        gc.collect()
     return rows
 
 
