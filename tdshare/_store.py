@@ -373,30 +373,29 @@ class DirectoryStore(Store):
         other leaf (nested, empty, legacy name, symlink, short file, a reusable old leaf, "r+")
         goes through :meth:`open_leaf`, which raises the precise errors.
         """
-        names = self._scan(level)
         prefix = level + os.sep
         mode = self.mode
         robust = self.robust and mode != "r+"
-        from_file, mmt, isreg = torch.from_file, MemoryMappedTensor, stat.S_ISREG
+        from_file, mmt, isreg, lstat = torch.from_file, MemoryMappedTensor, stat.S_ISREG, os.lstat
         euid = os.geteuid()
         shared = mode is None
         out: dict[str, Any] = {}
         for info in infos:
             key, shape, dtype, nested = info
-            entry = (
-                names.get((key if key.isidentifier() else encode_key(key)) + LEAF_SUFFIX)
-                if robust and not nested
-                else None
-            )
-            if entry is None or entry.is_symlink() or (current and current.get(key) is not None):
+            if not robust or nested or (current and current.get(key) is not None):
                 out[key] = self.open_leaf(level, info, meta_where, current.get(key))
                 continue
+            # one lstat per leaf, no listing of the level: a missing file, a legacy name or a
+            # symbolic link (not S_ISREG under lstat) goes the careful way, which lists it
+            path = prefix + (key if key.isidentifier() else encode_key(key)) + LEAF_SUFFIX
+            try:
+                st = lstat(path)
+            except OSError:
+                st = None
             numel = shape[0] if len(shape) == 1 else math.prod(shape)
-            st = entry.stat()
-            if not numel or st.st_size < numel * dtype.itemsize or not isreg(st.st_mode):
+            if st is None or not numel or st.st_size < numel * dtype.itemsize or not isreg(st.st_mode):
                 out[key] = self.open_leaf(level, info, meta_where)
                 continue
-            path = prefix + entry.name
             if shared and (euid == 0 or (st.st_uid == euid and st.st_mode & stat.S_IWUSR)):
                 flat = from_file(path, shared=True, size=numel, dtype=dtype)
             elif mode == "r":
