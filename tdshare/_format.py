@@ -130,7 +130,8 @@ def dumps_json(obj: Any) -> bytes:
 
 def loads_json(raw: bytes, where: str) -> dict:
     try:
-        obj = json.loads(raw)
+        # UTF-8 text without a BOM (every writer's) skips json's encoding detection on bytes
+        obj = json.loads(raw.decode("utf-8") if raw[:1] == b"{" else raw)
     except (ValueError, UnicodeDecodeError) as err:
         raise CorruptDataError(
             f"{where} is not valid JSON ({err}); the file is truncated or was not written by "
