@@ -13,7 +13,7 @@ import os
 import weakref
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -79,6 +79,19 @@ class MemoryMappedTensor(torch.Tensor):
             out._segment = segment
         if mode is not None:
             out._mode = mode
+        return out
+
+    @classmethod
+    def _adopt(cls, fresh: torch.Tensor, filename: str, ino: int) -> MemoryMappedTensor:
+        """Make ``fresh``, a tensor just made and referenced nowhere else, this class in place.
+
+        Changing its class costs a tenth of a microsecond; ``as_subclass`` builds an alias for
+        two, once per leaf of a load or save of thousands.
+        """
+        fresh.__class__ = cls
+        out = cast(MemoryMappedTensor, fresh)
+        out._filename = filename
+        out._ino = ino
         return out
 
     @classmethod

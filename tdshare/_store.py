@@ -376,7 +376,7 @@ class DirectoryStore(Store):
         prefix = level + os.sep
         mode = self.mode
         robust = self.robust and mode != "r+"
-        from_file, mmt, isreg, lstat = torch.from_file, MemoryMappedTensor, stat.S_ISREG, os.lstat
+        from_file, adopt, isreg, lstat = torch.from_file, MemoryMappedTensor._adopt, stat.S_ISREG, os.lstat
         euid = os.geteuid()
         shared = mode is None
         out: dict[str, Any] = {}
@@ -402,11 +402,9 @@ class DirectoryStore(Store):
                 flat = from_file(path, shared=False, size=numel, dtype=dtype)
             else:  # group/other permissions, ACLs: the careful path
                 flat = _map(path, mode, numel, dtype, st)
-            leaf = (flat if len(shape) == 1 else flat.view(shape)).as_subclass(mmt)  # fresh: no grad
-            leaf._filename = path
+            leaf = adopt(flat if len(shape) == 1 else flat.view(shape), path, st.st_ino)
             if mode is not None:
                 leaf._mode = mode
-            leaf._ino = st.st_ino
             out[key] = leaf
         return out
 

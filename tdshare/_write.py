@@ -234,11 +234,7 @@ def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
     assert path is not None
     ino = write_file(path, tensor_buffer(src if src.is_cpu else src.cpu()), existsok=existsok)
     flat = torch.from_file(path, True, numel, dtype=src.dtype)
-    # the mapping is fresh (no grad): as_subclass instead of _wrap's checks, for thousands of leaves
-    result = (flat if src.dim() == 1 else flat.view(src.shape)).as_subclass(MemoryMappedTensor)
-    result._filename = path
-    result._ino = ino
-    leaf.result = result
+    leaf.result = MemoryMappedTensor._adopt(flat if src.dim() == 1 else flat.view(src.shape), path, ino)
 
 
 
