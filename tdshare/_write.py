@@ -50,6 +50,7 @@ __all__ = ["memmap_tree"]
 
 T = TypeVar("T", bound=TensorDictBase)
 _NAME_MAX = 255
+_STRIDED = torch.strided
 
 
 @dataclass(slots=True)
@@ -141,7 +142,23 @@ def _plan(
 ) -> _Level:
     level = _Level(td, path, names=_inherit_names(td, parent_names))
     used: dict[str, str] = {}  # file name -> key: a leaf "a" and a folder "a.memmap" would collide
+    head = path + os.sep if path and robust else None
     for key, value in td._tensordict.items():
+        if (  # the common leaf, in few steps: a plain dense tensor under a name that needs no encoding
+            head is not None
+            and type(value) is torch.Tensor
+            and value.layout is _STRIDED
+            and not value.is_nested
+            and key.isidentifier()
+            and len(key) <= 60
+            and key not in RESERVED_KEYS
+            and (key + LEAF_SUFFIX) not in used
+            and existsok
+        ):
+            used[key + LEAF_SUFFIX] = key
+            level.leaves.append(_Leaf(key, value, head + key + LEAF_SUFFIX))
+            level.entries[key] = leaf_entry(value.shape, value.dtype)
+            continue
         is_leaf = not isinstance(value, (TensorDictBase, NonTensorData))
         if is_leaf and path is None:  # anonymous memory: no file name, no metadata entry
             level.leaves.append(_plan_leaf(key, value, None, copy_existing, existsok, where))
