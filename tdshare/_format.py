@@ -34,8 +34,10 @@ A saved TensorDict is a directory per nesting level. Each level holds:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -60,6 +62,8 @@ __all__ = [
     "level_meta",
     "nontensor_meta",
     "dumps_json",
+    "dumps_meta",
+    "leaf_entry_json",
     "loads_json",
     "LevelMeta",
     "LeafInfo",
@@ -98,8 +102,32 @@ def str_to_dtype(name: object, where: str) -> torch.dtype:
     return dtype
 
 
-def leaf_entry(shape: torch.Size | list[int], dtype: torch.dtype, *, is_nested: bool = False) -> dict:
+def leaf_entry(shape: Sequence[int], dtype: torch.dtype, *, is_nested: bool = False) -> dict:
     return {"device": "cpu", "shape": list(shape), "dtype": str(dtype), "is_nested": is_nested}
+
+
+@functools.lru_cache(maxsize=1024)
+def leaf_entry_json(shape: tuple[int, ...], dtype: torch.dtype) -> str:
+    """``json.dumps(leaf_entry(shape, dtype))``, spelled once per (shape, dtype): levels repeat them."""
+    return json.dumps(leaf_entry(shape, dtype))
+
+
+def dumps_meta(meta: dict, known: dict[str, str]) -> bytes:
+    """``json.dumps(meta).encode()``, byte for byte, taking the JSON of ``known`` values as given.
+
+    ``known`` maps keys to the JSON text of their values (leaf entries, from
+    :func:`leaf_entry_json`): a level of thousands of leaves is then mostly joined, not encoded.
+    """
+    parts = []
+    for key, value in meta.items():
+        text = known.get(key)
+        if text is None:
+            parts.append(json.dumps({key: value})[1:-1])
+        elif key.isascii() and key.isidentifier():  # json.dumps writes such a key as is
+            parts.append(f'"{key}": {text}')
+        else:
+            parts.append(f"{json.dumps(key)}: {text}")
+    return ("{" + ", ".join(parts) + "}").encode("utf-8")
 
 
 def level_meta(entries: dict[str, dict], batch_size: torch.Size, names: list | None) -> dict:

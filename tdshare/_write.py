@@ -31,8 +31,9 @@ from ._format import (
     META_FILE,
     PICKLE_FILE,
     RESERVED_KEYS,
-    dumps_json,
+    dumps_meta,
     leaf_entry,
+    leaf_entry_json,
     level_meta,
 )
 from ._future import TensorDictFuture
@@ -76,6 +77,7 @@ class _Level:
     src: TensorDictBase
     path: str | None
     entries: dict[str, dict] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)  # the JSON of the leaf entries (dumps_meta)
     leaves: list[_Leaf] = field(default_factory=list)
     nontensors: list[_NonTensor] = field(default_factory=list)
     children: list[tuple[str, _Level]] = field(default_factory=list)
@@ -158,6 +160,7 @@ def _plan(
             used[key + LEAF_SUFFIX] = key
             level.leaves.append(_Leaf(key, value, head + key + LEAF_SUFFIX))
             level.entries[key] = leaf_entry(value.shape, value.dtype)
+            level.texts[key] = leaf_entry_json(value.shape, value.dtype)
             continue
         is_leaf = not isinstance(value, (TensorDictBase, NonTensorData))
         if is_leaf and path is None:  # anonymous memory: no file name, no metadata entry
@@ -175,6 +178,7 @@ def _plan(
             file = None if path is None else (path + os.sep + name if path else name)  # "" plans an archive
             level.leaves.append(_plan_leaf(key, value, file, copy_existing, existsok, where))
             level.entries[key] = leaf_entry(value.shape, value.dtype)
+            level.texts[key] = leaf_entry_json(value.shape, value.dtype)
             continue
         here = _here(where, key)
         if isinstance(value, TensorDictBase):
@@ -281,7 +285,7 @@ def _write_metadata(root: _Level) -> tuple[bool, bool]:
         if src._meta_seen is not None and meta == src._meta_seen and src._memmap_prefix == level.path:
             kept = True
             continue
-        changed = replace_if_changed(os.path.join(level.path, META_FILE), dumps_json(meta)) or changed
+        changed = replace_if_changed(os.path.join(level.path, META_FILE), dumps_meta(meta, level.texts)) or changed
         src._meta_seen = meta
     return changed, kept
 

@@ -255,6 +255,29 @@ def test_folder_format(tmp_path: Path) -> None:
     assert pickle.loads((root / "obj" / "other.pickle").read_bytes()) == {"data": {1, 2, 3}}
 
 
+@pytest.mark.parametrize("robust_key", [True, False])
+def test_meta_json_is_exactly_what_json_dumps_writes(tmp_path: Path, robust_key: bool) -> None:
+    # leaf entries are joined from cached text: the bytes must still be json.dumps' own
+    keys = ["x", "x_1", "é", "with space", 'q"uote', "back\\slash", "tab\t", "名前", "a-b.c", "x" * 80, "_private"]
+    if not robust_key:
+        keys = [k for k in keys if "\\" not in k]
+    td = TensorDict(
+        {k: torch.full((2, i + 1), float(i)) for i, k in enumerate(keys)}
+        | {"zero_d": torch.zeros(2), "big": torch.zeros(2, 3, 4, 5, dtype=torch.int16), "s": "text"},
+        batch_size=[2],
+        names=["t"],
+    )
+    td.save(tmp_path / "td", robust_key=robust_key)
+    raw = (tmp_path / "td" / "meta.json").read_bytes()
+    meta = json.loads(raw)
+    assert raw == json.dumps(meta).encode("utf-8")
+    assert list(meta)[: len(keys)] == keys
+    assert meta["big"] == {"device": "cpu", "shape": [2, 3, 4, 5], "dtype": "torch.int16", "is_nested": False}
+    assert meta["_names"] == ["t"]
+    loaded = TensorDict.load(tmp_path / "td", robust_key=robust_key)
+    assert [loaded[k][0, -1].item() for k in keys] == [float(i) for i in range(len(keys))]
+
+
 def test_names_are_saved(tmp_path: Path) -> None:
     td = TensorDict(a=torch.zeros(2, 3), n={"b": torch.zeros(2)}, batch_size=[2], names=["time"])
     td.save(tmp_path / "td")
