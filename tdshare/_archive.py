@@ -29,7 +29,7 @@ from ._errors import (
     NotSupportedError,
 )
 from ._files import TMP_MARK, tmp_name
-from ._format import LEAF_SUFFIX, META_FILE, PICKLE_FILE, dumps_json, level_meta
+from ._format import LEAF_SUFFIX, META_FILE, PICKLE_FILE, dumps_meta, level_meta
 from ._read import load_tree
 from ._tdz import Archive, Source, inflate, parse_compression, pwrite_all, write_archive
 from ._tensordict import TensorDictBase
@@ -64,7 +64,7 @@ def archive_target(prefix: object, archive: bool | None, compression: object) ->
 def _tree_entries(level: _Level) -> Any:
     """The files of a planned tree (``_write._plan`` with the root ``""``) in archive order."""
     rel = "" if not level.path else level.path.replace(os.sep, "/") + "/"
-    yield rel + META_FILE, dumps_json(level_meta(level.entries, level.src.batch_size, level.names))
+    yield rel + META_FILE, dumps_meta(level_meta(level.entries, level.src.batch_size, level.names), level.texts)
     for leaf in sorted(level.leaves, key=lambda leaf: leaf.path or ""):
         if leaf.src.numel():  # a zero-element leaf has no file
             yield (leaf.path or "").replace(os.sep, "/"), leaf.src
