@@ -31,7 +31,7 @@ from ._errors import (
 from ._files import TMP_MARK, tmp_name
 from ._format import LEAF_SUFFIX, META_FILE, PICKLE_FILE, dumps_meta, level_meta
 from ._read import load_tree
-from ._tdz import Archive, Source, inflate, parse_compression, pwrite_all, write_archive
+from ._tdz import Archive, Entry, Source, inflate, parse_compression, pwrite_all, write_archive
 from ._tensordict import TensorDictBase
 from ._write import _Level, _plan
 
@@ -184,15 +184,52 @@ def _refresh_crcs(path: str, threads: int) -> int:
         try:
             for e, crc in changed:
                 value = struct.pack("<I", crc)
+                where = _descriptor_crc(ar, e) if e.flags & 0x08 else e.header + 14
                 pwrite_all(fd, value, e.central + 16)
-                if e.flags & 0x08:  # a data descriptor after the payload, with or without its signature
-                    sig = bytes(ar.buf[e.data + e.csize : e.data + e.csize + 4]) == b"PK\x07\x08"
-                    pwrite_all(fd, value, e.data + e.csize + 4 * sig)
-                else:
-                    pwrite_all(fd, value, e.header + 14)
+                pwrite_all(fd, value, where)
         finally:
             os.close(fd)
     return len(changed)
+
+
+def _descriptor_crc(ar: Archive, e: Entry) -> int:
+    """The file offset of the CRC in the data descriptor after ``e``'s payload.
+
+    The flag alone proves nothing: the descriptor must be there, with ``e``'s sizes, before the
+    next local header or the central directory, or nothing is written (the bytes after the
+    payload could be another record).
+    """
+    start = e.data + e.csize
+    limit = min([x.header for x in ar.entries.values() if x.header >= start] + [x.central for x in ar.entries.values()])
+    for sig in (4, 0):  # with or without its signature
+        if sig and bytes(ar.buf[start : start + 4]) != b"PK\x07\x08":
+            continue
+        for fmt in ("<II", "<QQ"):  # 32-bit or zip64 sizes
+            end = start + sig + 4 + struct.calcsize(fmt)
+            if end <= limit and struct.unpack_from(fmt, ar.buf, start + sig + 4) == (e.csize, e.size):
+                return start + sig
+    raise CorruptDataError(
+        f"{ar.path}: the entry {e.name!r} announces a data descriptor after its payload, but none with its sizes "
+        "is there; refusing to rewrite its CRC."
+    )
+
+
+def _make_parents(root: str, real_root: str, parts: list[str], name: str) -> None:
+    """Create the folders ``root/parts...`` one by one, never through a link that leaves ``root``."""
+    here = root
+    for part in parts:
+        here = os.path.join(here, part)
+        try:
+            os.mkdir(here)
+        except FileExistsError:
+            pass
+        if os.path.islink(here) or not os.path.isdir(here):
+            real = os.path.realpath(here)
+            if not os.path.isdir(here) or (real != real_root and not real.startswith(real_root + os.sep)):
+                raise CorruptDataError(
+                    f"Refusing to extract {name!r}: {here!r} is not a folder inside {root!r} (a file, or a link "
+                    "that leads outside)."
+                )
 
 
 def _extract(path: str, root: str) -> None:
@@ -201,8 +238,9 @@ def _extract(path: str, root: str) -> None:
     os.makedirs(root, exist_ok=True)
     real_root = os.path.realpath(root)
     for e in ar.entries.values():
-        target = os.path.join(root, *e.name.split("/"))
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        parts = e.name.split("/")
+        target = os.path.join(root, *parts)
+        _make_parents(root, real_root, parts[:-1], e.name)
         parent = os.path.realpath(os.path.dirname(target))
         if parent != real_root and not parent.startswith(real_root + os.sep):
             raise CorruptDataError(f"Refusing to extract {e.name!r}: {parent!r} leads outside {root!r}.")
