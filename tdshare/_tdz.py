@@ -21,9 +21,11 @@ Writing streams each tensor's bytes (8 MiB pieces written with ``pwrite`` and CR
 threads with :mod:`tdshare._crc`'s CRC-32, the CRCs then combined) into a temporary file next to
 the target, renamed over it at the end.  Reading trusts nothing: names must be relative POSIX
 paths without ``..``; every entry must lie inside the file, before the central directory, agree
-with its local header and not overlap another; compressed entries and small entries are
-CRC-checked; encrypted entries are refused.  Checking the central directory of ten thousand
-entries is one tight loop plus passes over all the names at once.
+with its local header and not overlap another; compressed entries and the small entries read
+whole are CRC-checked, while stored tensor leaves, zero-copy views of the mapping, are not read
+at all when loading (``python -m tdshare verify`` checks them); encrypted entries are refused.
+Checking the central directory of ten thousand entries is one tight loop plus passes over all
+the names at once.
 """
 
 from __future__ import annotations
@@ -366,7 +368,7 @@ def _zip64(extra: bytes, values: list[int], where: str) -> list[int]:
             if -1 not in out:
                 return out
         i += 4 + n
-    raise CorruptDataError(f"{where}: an entry's zip64 sizes are missing or malformed.")
+    raise CorruptDataError(f"{where}: its zip64 sizes are missing or malformed.")
 
 
 def _end_record(buf: memoryview, where: str) -> tuple[int, int, int]:
@@ -428,7 +430,8 @@ def _parse(buf: memoryview, where: str) -> dict[str, Entry]:
             raise CorruptDataError(f"{where}: the central directory record at byte {cd_off + p} is malformed.")
         raw = cd[p + 46 : q]
         if _M32 in (usize, csize, off):
-            usize, csize, off = _zip64(cd[q : q + elen], [usize, csize, off], where)
+            entry = f"{where}: the entry {_decode(raw, flags)!r}"
+            usize, csize, off = _zip64(cd[q : q + elen], [usize, csize, off], entry)
         if flags & 0x41:
             name = _decode(raw, flags)
             raise CorruptDataError(f"{where}: the entry {name!r} is encrypted, which tdshare does not read.")
@@ -592,7 +595,13 @@ class Archive:
         """A new uint8 tensor holding the entry (compressed: decompressed and CRC-checked)."""
         if e.method == 0:
             return self.flat[e.data : e.data + e.size].clone()
-        out = torch.empty(e.size, dtype=torch.uint8)
+        try:
+            out = torch.empty(e.size, dtype=torch.uint8)
+        except (RuntimeError, MemoryError):  # a size no machine has: a hostile or broken archive
+            raise CorruptDataError(
+                f"{self.path}: the entry {e.name!r} claims {e.size} bytes once decompressed, more than can be "
+                "allocated; the archive is corrupt or hostile."
+            ) from None
         mv, pos = tensor_memory(out), [0]
 
         def sink(piece: bytes) -> None:
