@@ -28,6 +28,9 @@ def best_crc32() -> Crc32:
     """ISA-L's CRC-32 if the ``isal`` package imports, else zlib's."""
     try:
         from isal.isal_zlib import crc32 as fast
+
+        if fast(b"123456789") != 0xCBF43926 or fast(b"6789", fast(b"12345")) != 0xCBF43926:
+            return zlib.crc32  # a broken build: the standard check value says so
     except ImportError:  # no wheel for this platform
         return zlib.crc32
     return fast
@@ -76,8 +79,16 @@ def pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
         return _POOLS[threads]
 
 
+def _after_fork_in_child() -> None:
+    # threads do not survive a fork, and a lock another thread held then would stay held
+    global _POOLS_LOCK, _ZERO_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+    _ZERO_LOCK = threading.Lock()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_POOLS.clear)  # threads do not survive a fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def results(futures: list[concurrent.futures.Future[Any]]) -> list[Any]:

@@ -398,8 +398,15 @@ def _executor(num_threads: int) -> concurrent.futures.ThreadPoolExecutor:
         return ex
 
 
+def _after_fork_in_child() -> None:
+    # threads do not survive a fork, and a lock another thread held then would stay held
+    global _EXECUTORS_LOCK
+    _EXECUTORS.clear()
+    _EXECUTORS_LOCK = threading.Lock()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_EXECUTORS.clear)  # threads do not survive a fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @bulk

@@ -73,6 +73,12 @@ def test_fallback_without_isal(monkeypatch: pytest.MonkeyPatch) -> None:
     assert best_crc32() is zlib.crc32
 
 
+def test_a_broken_isal_is_not_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
+    isal_zlib = pytest.importorskip("isal.isal_zlib")
+    monkeypatch.setattr(isal_zlib, "crc32", lambda data, value=0: 0)  # imports, answers wrong
+    assert best_crc32() is zlib.crc32
+
+
 @pytest.fixture(params=["best", "zlib"])
 def crc_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run a test with the CRC-32 tdshare picked, and again with the zlib fallback everywhere."""
