@@ -115,8 +115,7 @@ def _load_level(cls: type[T], store: Store, level: str, meta: dict, out: Any, pa
     if device_obj is not None and device_obj.type != "cpu":
         leaves = {k: v.to(device_obj) if isinstance(v, torch.Tensor) else v for k, v in leaves.items()}
     # a new tensordict even with ``out``: load_tree moves the result into ``out`` only once all loaded
-    size = torch.Size(batch)
-    result = cls._from_leaves({}, size, None, parsed.names)
+    result = cls._from_leaves({}, torch.Size(batch), None, parsed.names)
     result._tensordict = {k: leaves[k] for k in meta if k in leaves}
     if store.defers:
         for k, v in result._tensordict.items():
