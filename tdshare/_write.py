@@ -94,9 +94,14 @@ class _Level:
 
 
 # -- phase 1: plan ----------------------------------------------------------------------------
+def _plain_key(key: str) -> bool:
+    """The common case: a key that is its own robust file name, no field of meta.json and short."""
+    return key.isidentifier() and len(key) <= 60 and key not in RESERVED_KEYS
+
+
 def _file_name(key: str, robust: bool, suffix: str, where: str, directory: bool) -> str:
-    if robust and key.isidentifier() and len(key) <= 60 and key not in RESERVED_KEYS:
-        return key  # the common case: encodes to itself, no name of the folder's own, fits NAME_MAX
+    if robust and _plain_key(key):
+        return key
     if key in RESERVED_KEYS:
         raise InvalidArgumentError(
             f"The key {key!r} (in {where}) is a field name of meta.json and would be lost on reload; "
@@ -148,17 +153,16 @@ def _plan(
     for key, value in td._tensordict.items():
         if (  # the common leaf, in few steps: a plain dense tensor under a name that needs no encoding
             head is not None
+            and existsok
             and type(value) is torch.Tensor
             and value.layout is _STRIDED
             and not value.is_nested
-            and key.isidentifier()
-            and len(key) <= 60
-            and key not in RESERVED_KEYS
+            and _plain_key(key)
             and (key + LEAF_SUFFIX) not in used
-            and existsok
         ):
-            used[key + LEAF_SUFFIX] = key
-            level.leaves.append(_Leaf(key, value, head + key + LEAF_SUFFIX))
+            name = key + LEAF_SUFFIX
+            used[name] = key
+            level.leaves.append(_Leaf(key, value, head + name))
             level.entries[key] = leaf_entry(value.shape, value.dtype)
             level.texts[key] = leaf_entry_json(value.shape, value.dtype)
             continue
