@@ -18,6 +18,7 @@ import sys
 import warnings
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import torch
 import tdshare
 import tdshare._crc
 import tdshare._tdz
+import tdshare._write
 from tdshare import (
     CorruptDataError,
     MemoryMappedTensor,
@@ -870,7 +872,12 @@ def _in_child(fn: Any, timeout: int = 20) -> int:
     return status
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+needs_fork = pytest.mark.skipif(
+    not hasattr(os, "fork"), reason="os.fork is not available on this platform; these tests fork the process"
+)
+
+
+@needs_fork
 def test_pools_work_after_fork(tmp_path: Path) -> None:
     big = torch.randn((tdshare._crc.CHUNK * 2 + 100) // 4)  # written and checked on the pool's threads
     TensorDict(a=big, batch_size=[]).save(tmp_path / "parent.tdz")  # the parent's pool exists now
@@ -886,16 +893,29 @@ def test_pools_work_after_fork(tmp_path: Path) -> None:
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
-@pytest.mark.parametrize("lock", ["_POOLS_LOCK", "_ZERO_LOCK"])
-def test_crc_locks_held_at_fork_do_not_deadlock_the_child(lock: str) -> None:
-    """Another thread inside pool() or crc32_combine() when the process forks (simulated by holding
-    the lock across the fork): the child must still be able to use them."""
-    held = getattr(tdshare._crc, lock)
+def _use_crc_pools() -> bool:
+    tdshare._crc.pool(7).submit(int).result()
+    return tdshare._crc.crc32_combine(1, 2, 3) == tdshare._crc.crc32_combine(1, 2, 3)
 
-    def child() -> bool:
-        tdshare._crc.pool(7).submit(int).result()
-        return tdshare._crc.crc32_combine(1, 2, 3) == tdshare._crc.crc32_combine(1, 2, 3)
+
+def _use_write_pool() -> bool:
+    return tdshare._write._executor(3).submit(int).result() == 0
+
+
+@needs_fork
+@pytest.mark.parametrize(
+    ("module", "lock", "child"),
+    [
+        (tdshare._crc, "_POOLS_LOCK", _use_crc_pools),
+        (tdshare._crc, "_ZERO_LOCK", _use_crc_pools),
+        (tdshare._write, "_EXECUTORS_LOCK", _use_write_pool),
+    ],
+    ids=["crc pools", "crc combine", "write pool"],
+)
+def test_locks_held_at_fork_do_not_deadlock_the_child(module: Any, lock: str, child: Callable[[], bool]) -> None:
+    """Another thread inside a pool or crc32_combine() when the process forks (simulated by holding
+    the lock across the fork): the child must still be able to use them."""
+    held = getattr(module, lock)
 
     with held, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
