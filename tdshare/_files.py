@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import os
 import secrets
 import stat
@@ -39,15 +40,29 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 def tmp_name(path: str) -> str:
     head, tail = os.path.split(path)
-    return os.path.join(head, f".{tail}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    return os.path.join(head, f".{tail}{TMP_MARK}{os.getpid()}-{_TOKEN}{next(_COUNTER):x}.tmp")
 
 
-def tensor_buffer(tensor: torch.Tensor) -> memoryview:
+# unique per call: a random token per process (a new one in a fork child) and a counter
+_TOKEN = secrets.token_hex(4)
+_COUNTER = itertools.count()
+
+
+def _after_fork_in_child() -> None:
+    global _TOKEN
+    _TOKEN = secrets.token_hex(4)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def tensor_buffer(tensor: torch.Tensor) -> memoryview | bytes:
     """The C-order bytes of a CPU tensor (copies only if not contiguous; small ones as bytes)."""
     if tensor.is_cpu and tensor.is_contiguous() and not tensor.is_complex() and not tensor.is_neg():
         nbytes = tensor.numel() * tensor.element_size()
-        if 0 < nbytes <= _SMALL:
-            return memoryview(ctypes.string_at(tensor.data_ptr(), nbytes))
+        if 0 < nbytes <= _SMALL:  # one C copy beats building a view for a few bytes
+            return ctypes.string_at(tensor.data_ptr(), nbytes)
     t = tensor.detach() if tensor.requires_grad else tensor
     if t.is_conj():
         t = t.resolve_conj()
@@ -55,8 +70,8 @@ def tensor_buffer(tensor: torch.Tensor) -> memoryview:
         t = t.resolve_neg()
     t = t.contiguous()
     nbytes = t.numel() * t.element_size()
-    if 0 < nbytes <= _SMALL:  # one C copy beats building a view for a few bytes
-        return memoryview(ctypes.string_at(t.data_ptr(), nbytes))
+    if 0 < nbytes <= _SMALL:
+        return ctypes.string_at(t.data_ptr(), nbytes)
     return tensor_memory(t)
 
 
@@ -82,15 +97,19 @@ def _write_all(fd: int, data: memoryview | bytes, path: str) -> None:
     total = len(data)
     done = 0
     try:
-        if total <= _SMALL:  # one call, mostly, for a small leaf
-            done = os.write(fd, data)
-        data = memoryview(data)
-        while done < total:
-            done += os.write(fd, data[done : done + (1 << 30)])
+        # one call for all but huge buffers (the kernel writes at most ~2 GiB at once)
+        done = os.write(fd, data if total <= _CHUNK else memoryview(data)[:_CHUNK])
+        if done < total:
+            view = memoryview(data)
+            while done < total:
+                done += os.write(fd, view[done : done + _CHUNK])
     except OSError as err:
         raise OSError(
             err.errno, f"{os.strerror(err.errno or 0)}: writing {total} bytes to {path!r} failed after {done}"
         ) from err
+
+
+_CHUNK = 1 << 30
 
 
 def check_not_symlink(path: str) -> None:

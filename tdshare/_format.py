@@ -63,7 +63,7 @@ __all__ = [
     "nontensor_meta",
     "dumps_json",
     "dumps_meta",
-    "leaf_entry_json",
+    "shared_leaf_entry",
     "loads_json",
     "LevelMeta",
     "LeafInfo",
@@ -107,26 +107,38 @@ def leaf_entry(shape: Sequence[int], dtype: torch.dtype, *, is_nested: bool = Fa
 
 
 @functools.lru_cache(maxsize=1024)
-def leaf_entry_json(shape: tuple[int, ...], dtype: torch.dtype) -> str:
-    """``json.dumps(leaf_entry(shape, dtype))``, spelled once per (shape, dtype): levels repeat them."""
-    return json.dumps(leaf_entry(shape, dtype))
+def shared_leaf_entry(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[dict, str]:
+    """``leaf_entry(shape, dtype)`` and its JSON, made once per (shape, dtype): levels repeat them.
+
+    The dict is shared by every leaf of that shape and dtype, so it must never be changed.
+    """
+    entry = leaf_entry(shape, dtype)
+    return entry, json.dumps(entry)
 
 
 def dumps_meta(meta: dict, known: dict[str, str]) -> bytes:
     """``json.dumps(meta).encode()``, byte for byte, taking the JSON of ``known`` values as given.
 
     ``known`` maps keys to the JSON text of their values (leaf entries, from
-    :func:`leaf_entry_json`): a level of thousands of leaves is then mostly joined, not encoded.
+    :func:`shared_leaf_entry`): a level of thousands of leaves is then mostly joined, not encoded.
+    Each run of other items (a level's own fields, sub-level entries) is encoded by one call.
     """
     parts = []
+    run: dict[str, Any] = {}
     for key, value in meta.items():
         text = known.get(key)
         if text is None:
-            parts.append(json.dumps({key: value})[1:-1])
-        elif key.isascii() and key.isidentifier():  # json.dumps writes such a key as is
+            run[key] = value
+            continue
+        if run:
+            parts.append(json.dumps(run)[1:-1])
+            run = {}
+        if key.isascii() and key.isidentifier():  # json.dumps writes such a key as is
             parts.append(f'"{key}": {text}')
         else:
             parts.append(f"{json.dumps(key)}: {text}")
+    if run:
+        parts.append(json.dumps(run)[1:-1])
     return ("{" + ", ".join(parts) + "}").encode("utf-8")
 
 

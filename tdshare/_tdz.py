@@ -103,7 +103,7 @@ def pwrite_all(fd: int, data: memoryview | bytes | bytearray, offset: int) -> No
 def _blocks(t: torch.Tensor, size: int) -> list[tuple[int, Callable[[], memoryview]]]:
     """``(length, get)`` pieces of ``t``'s C-order bytes; only pieces of a non-contiguous ``t`` are copies."""
     if t.is_contiguous():
-        mv = tensor_buffer(t)
+        mv = memoryview(tensor_buffer(t))
         return [(min(size, len(mv) - a), functools.partial(_piece, mv, a, size)) for a in range(0, len(mv), size)]
     row = t[0].numel() * t.element_size()
     step = max(1, size // max(row, 1))
@@ -116,7 +116,7 @@ def _piece(mv: memoryview, start: int, size: int) -> memoryview:
 
 
 def _rows(t: torch.Tensor, start: int, step: int) -> memoryview:
-    return tensor_buffer(t[start : start + step])
+    return memoryview(tensor_buffer(t[start : start + step]))
 
 
 def _write_and_crc(fd: int, get: Callable[[], memoryview], offset: int) -> int:

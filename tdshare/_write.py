@@ -17,24 +17,25 @@ import concurrent.futures
 import os
 import threading
 from contextlib import nullcontext
+from ctypes import string_at
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
+from torch import from_file
 
 from ._bulk import bulk
 from ._commit import atomic_directory
 from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
-from ._files import check_not_symlink, tensor_buffer, write_file
+from ._files import check_not_symlink, replace_file, tensor_buffer, write_file
 from ._format import (
     LEAF_SUFFIX,
     META_FILE,
     PICKLE_FILE,
     RESERVED_KEYS,
     dumps_meta,
-    leaf_entry,
-    leaf_entry_json,
     level_meta,
+    shared_leaf_entry,
 )
 from ._future import TensorDictFuture
 from ._keys import encode_key, is_safe_legacy_name
@@ -52,6 +53,9 @@ __all__ = ["memmap_tree"]
 T = TypeVar("T", bound=TensorDictBase)
 _NAME_MAX = 255
 _STRIDED = torch.strided
+_SMALL = 1 << 16  # bytes: a leaf this small is copied out whole before it is written
+_Tensor = torch.Tensor
+_PLAIN_MAX = 60  # characters: a plain key's file name stays far below _NAME_MAX bytes
 
 
 @dataclass(slots=True)
@@ -96,7 +100,7 @@ class _Level:
 # -- phase 1: plan ----------------------------------------------------------------------------
 def _plain_key(key: str) -> bool:
     """The common case: a key that is its own robust file name, no field of meta.json and short."""
-    return key.isidentifier() and len(key) <= 60 and key not in RESERVED_KEYS
+    return key.isidentifier() and len(key) <= _PLAIN_MAX and key not in RESERVED_KEYS
 
 
 def _file_name(key: str, robust: bool, suffix: str, where: str, directory: bool) -> str:
@@ -149,23 +153,24 @@ def _plan(
 ) -> _Level:
     level = _Level(td, path, names=_inherit_names(td, parent_names))
     used: dict[str, str] = {}  # file name -> key: a leaf "a" and a folder "a.memmap" would collide
-    head = path + os.sep if path and robust else None
+    head = path + os.sep if path and robust and existsok else None
+    leaves, entries, texts = level.leaves, level.entries, level.texts
     for key, value in td._tensordict.items():
         if (  # the common leaf, in few steps: a plain dense tensor under a name that needs no encoding
             head is not None
-            and existsok
-            and type(value) is torch.Tensor
+            and type(value) is _Tensor
             and value.layout is _STRIDED
             and not value.is_nested
-            and _plain_key(key)
-            and (key + LEAF_SUFFIX) not in used
+            and key.isidentifier()
+            and len(key) <= _PLAIN_MAX
+            and key not in RESERVED_KEYS
         ):
             name = key + LEAF_SUFFIX
-            used[name] = key
-            level.leaves.append(_Leaf(key, value, head + name))
-            level.entries[key] = leaf_entry(value.shape, value.dtype)
-            level.texts[key] = leaf_entry_json(value.shape, value.dtype)
-            continue
+            if name not in used:
+                used[name] = key
+                leaves.append(_Leaf(key, value, head + name))
+                entries[key], texts[key] = shared_leaf_entry(value.shape, value.dtype)
+                continue
         is_leaf = not isinstance(value, (TensorDictBase, NonTensorData))
         if is_leaf and path is None:  # anonymous memory: no file name, no metadata entry
             level.leaves.append(_plan_leaf(key, value, None, copy_existing, existsok, where))
@@ -181,8 +186,7 @@ def _plan(
         if is_leaf:
             file = None if path is None else (path + os.sep + name if path else name)  # "" plans an archive
             level.leaves.append(_plan_leaf(key, value, file, copy_existing, existsok, where))
-            level.entries[key] = leaf_entry(value.shape, value.dtype)
-            level.texts[key] = leaf_entry_json(value.shape, value.dtype)
+            entries[key], texts[key] = shared_leaf_entry(value.shape, value.dtype)
             continue
         here = _here(where, key)
         if isinstance(value, TensorDictBase):
@@ -214,7 +218,6 @@ def _inherit_names(td: TensorDictBase, parent_names: list | None) -> list | None
     if parent_names is None:
         return td._names
     return list(parent_names) + td.names[len(parent_names) :]
-
 
 
 def _here(where: str, key: str) -> str:
@@ -257,26 +260,34 @@ def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
         leaf.result = MemoryMappedTensor._wrap(torch.empty(src.shape, dtype=src.dtype), None, None, None)
         return
     assert path is not None
-    ino = write_file(path, tensor_buffer(src if src.is_cpu else src.cpu()), existsok=existsok)
-    flat = torch.from_file(path, True, numel, dtype=src.dtype)
+    dtype = src.dtype
+    nbytes = numel * dtype.itemsize
+    if nbytes <= _SMALL and src.is_cpu and src.is_contiguous() and not src.is_complex() and not src.is_neg():
+        data: memoryview | bytes = string_at(src.data_ptr(), nbytes)  # the common small leaf: one C copy
+    else:
+        data = tensor_buffer(src if src.is_cpu else src.cpu())
+    ino = write_file(path, data, existsok=existsok)
+    flat = from_file(path, True, numel, dtype=dtype)
     leaf.result = MemoryMappedTensor._adopt(flat if src.dim() == 1 else flat.view(src.shape), path, ino)
-
-
 
 
 def _make_dirs(root: _Level) -> None:
     for level in reversed(root.walk()):  # parents first
         assert level.path is not None
-        os.makedirs(level.path, exist_ok=True)
-        check_not_symlink(level.path)
+        try:
+            os.mkdir(level.path)  # the common case: a new folder in a folder just made, nothing to check
+        except OSError:
+            os.makedirs(level.path, exist_ok=True)
+            check_not_symlink(level.path)
 
 
-def _write_metadata(root: _Level) -> tuple[bool, bool]:
+def _write_metadata(root: _Level, fresh: bool = False) -> tuple[bool, bool]:
     """Write every level's metadata, children first; return (anything changed, any level kept).
 
     A level whose metadata is exactly what this tensordict last read from disk (``_meta_seen``:
     it was loaded or refreshed and not restructured since) is not rewritten, so entries other
-    processes added in the meantime survive a ``load(...).memmap_()``.
+    processes added in the meantime survive a ``load(...).memmap_()``.  ``fresh``: the tree held
+    no saved tensordict, so no file is compared with what was there before it is replaced.
     """
     changed = kept = False
     for level in root.walk():  # children first: a level's meta.json only names complete children
@@ -289,7 +300,12 @@ def _write_metadata(root: _Level) -> tuple[bool, bool]:
         if src._meta_seen is not None and meta == src._meta_seen and src._memmap_prefix == level.path:
             kept = True
             continue
-        changed = replace_if_changed(os.path.join(level.path, META_FILE), dumps_meta(meta, level.texts)) or changed
+        data = dumps_meta(meta, level.texts)
+        if fresh:
+            replace_file(os.path.join(level.path, META_FILE), data)
+            changed = True
+        else:
+            changed = replace_if_changed(os.path.join(level.path, META_FILE), data) or changed
         src._meta_seen = meta
     return changed, kept
 
@@ -302,7 +318,7 @@ def _commit(root: _Level, registry: SharedRegistry | None, seen: tuple[int, int]
     tensordict is current with (``seen``, its state before, when levels kept newer disk content).
     """
     if registry is None:
-        _write_metadata(root)
+        _write_metadata(root, fresh=True)
         return None
     wrote_data = any(leaf.reuse is None and leaf.src.numel() for lvl in root.walk() for leaf in lvl.leaves)
     with registry.lock():
@@ -467,7 +483,7 @@ def memmap_tree(
                 root.share = share_non_tensor
                 _make_dirs(root)
                 _run_writes(root, num_threads, existsok=True)
-                _write_metadata(root)
+                _write_metadata(root, fresh=True)
             gen = registry.bump(files_replaced=True) if registry is not None else None
         _rebase(root, staging, path)
         dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)

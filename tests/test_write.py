@@ -20,6 +20,7 @@ from _helpers import COMMON_DTYPES, FLOAT8_DTYPES
 
 import tdshare
 import tdshare._commit
+import tdshare._files
 import tdshare._write
 from tdshare import MemoryMappedTensor, TensorDict, TensorDictFuture
 
@@ -261,8 +262,12 @@ def test_meta_json_is_exactly_what_json_dumps_writes(tmp_path: Path, robust_key:
     keys = ["x", "x_1", "é", "with space", 'q"uote', "back\\slash", "tab\t", "名前", "a-b.c", "x" * 80, "_private"]
     if not robust_key:
         keys = [k for k in keys if "\\" not in k]
+    leaves = {k: torch.full((2, i + 1), float(i)) for i, k in enumerate(keys)}
+    half = len(keys) // 2  # a run of other entries between leaves, and another before the level's fields
     td = TensorDict(
-        {k: torch.full((2, i + 1), float(i)) for i, k in enumerate(keys)}
+        dict(list(leaves.items())[:half])
+        | {"sub": TensorDict(y=torch.ones(2), batch_size=[2]), "note": "in between"}
+        | dict(list(leaves.items())[half:])
         | {"zero_d": torch.zeros(2), "big": torch.zeros(2, 3, 4, 5, dtype=torch.int16), "s": "text"},
         batch_size=[2],
         names=["t"],
@@ -271,11 +276,42 @@ def test_meta_json_is_exactly_what_json_dumps_writes(tmp_path: Path, robust_key:
     raw = (tmp_path / "td" / "meta.json").read_bytes()
     meta = json.loads(raw)
     assert raw == json.dumps(meta).encode("utf-8")
-    assert list(meta)[: len(keys)] == keys
+    assert [k for k in meta if k in leaves] == keys
+    assert list(meta)[half : half + 2] == ["sub", "note"]
+    assert (tmp_path / "td" / "sub" / "meta.json").read_bytes() == json.dumps(
+        json.loads((tmp_path / "td" / "sub" / "meta.json").read_bytes())
+    ).encode("utf-8")
     assert meta["big"] == {"device": "cpu", "shape": [2, 3, 4, 5], "dtype": "torch.int16", "is_nested": False}
     assert meta["_names"] == ["t"]
     loaded = TensorDict.load(tmp_path / "td", robust_key=robust_key)
     assert [loaded[k][0, -1].item() for k in keys] == [float(i) for i in range(len(keys))]
+    assert loaded["note"] == "in between" and loaded["sub", "y"].tolist() == [1.0, 1.0]
+
+
+def _child_tmp_name(path: str, out: Any) -> None:
+    out.put(tdshare._files.tmp_name(path))
+
+
+def test_temporary_names_are_unique_per_call_and_in_forked_children(tmp_path: Path) -> None:
+    # a fork child inherits the counter, so it must draw a token of its own
+    import multiprocessing
+
+    path = str(tmp_path / "meta.json")
+    names = [tdshare._files.tmp_name(path) for _ in range(1000)]
+    assert len(set(names)) == 1000
+    assert {os.path.dirname(n) for n in names} == {str(tmp_path)}
+    assert all(os.path.basename(n).startswith(f".meta.json.tdshare-{os.getpid()}-") for n in names)
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_child_tmp_name, args=(path, out))
+    proc.start()
+    child = out.get(timeout=60)
+    proc.join(60)
+    token = lambda name: name.rsplit("-", 1)[1][:8]  # noqa: E731
+    assert proc.exitcode == 0 and child not in names
+    assert token(child) != token(names[-1]) and token(names[0]) == token(names[-1])
 
 
 def test_names_are_saved(tmp_path: Path) -> None:
