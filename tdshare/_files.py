@@ -97,19 +97,15 @@ def _write_all(fd: int, data: memoryview | bytes, path: str) -> None:
     total = len(data)
     done = 0
     try:
-        # one call for all but huge buffers (the kernel writes at most ~2 GiB at once)
-        done = os.write(fd, data if total <= _CHUNK else memoryview(data)[:_CHUNK])
+        done = os.write(fd, data)  # whole, mostly: the kernel stops at ~2 GiB a call
         if done < total:
             view = memoryview(data)
             while done < total:
-                done += os.write(fd, view[done : done + _CHUNK])
+                done += os.write(fd, view[done:])
     except OSError as err:
         raise OSError(
             err.errno, f"{os.strerror(err.errno or 0)}: writing {total} bytes to {path!r} failed after {done}"
         ) from err
-
-
-_CHUNK = 1 << 30
 
 
 def check_not_symlink(path: str) -> None:
@@ -120,8 +116,8 @@ def check_not_symlink(path: str) -> None:
         pass
 
 
-def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True) -> int:
-    """Write ``data`` as the whole content of ``path``; return the file's inode.
+def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True, stat: bool = True) -> int | None:
+    """Write ``data`` as the whole content of ``path``; return the file's inode (None: ``stat=False``).
 
     A new path is created exclusively and written.  An existing path is replaced by a new inode
     (write to a temporary name, then rename), so processes that mapped the old file keep reading
@@ -138,7 +134,7 @@ def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True) ->
         return replace_file(path, data)
     try:
         _write_all(fd, data, path)
-        ino = os.fstat(fd).st_ino
+        ino = os.fstat(fd).st_ino if stat else None
     except BaseException:
         os.close(fd)
         _unlink_quietly(path)

@@ -17,17 +17,15 @@ import concurrent.futures
 import os
 import threading
 from contextlib import nullcontext
-from ctypes import string_at
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
-from torch import from_file
 
 from ._bulk import bulk
 from ._commit import atomic_directory
 from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
-from ._files import check_not_symlink, replace_file, tensor_buffer, write_file
+from ._files import check_not_symlink, replace_file
 from ._format import (
     LEAF_SUFFIX,
     META_FILE,
@@ -39,6 +37,7 @@ from ._format import (
 )
 from ._future import TensorDictFuture
 from ._keys import encode_key, is_safe_legacy_name
+from ._leaf_files import Listing, write_batch, write_leaf
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor, replace_if_changed, write_nontensor
@@ -53,7 +52,6 @@ __all__ = ["memmap_tree"]
 T = TypeVar("T", bound=TensorDictBase)
 _NAME_MAX = 255
 _STRIDED = torch.strided
-_SMALL = 1 << 16  # bytes: a leaf this small is copied out whole before it is written
 _Tensor = torch.Tensor
 _PLAIN_MAX = 60  # characters: a plain key's file name stays far below _NAME_MAX bytes
 
@@ -87,6 +85,7 @@ class _Level:
     children: list[tuple[str, _Level]] = field(default_factory=list)
     share: bool = False  # install non-tensor leaves as SharedNonTensorData (share_non_tensor=True)
     names: list | None = None  # the dim names written to meta.json (see _inherit_names)
+    created: bool = False  # its folder was made by this write (nothing else is in it)
 
     def walk(self) -> list[_Level]:
         """Every level, children before their parent."""
@@ -253,22 +252,33 @@ def _plan_leaf(
 def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
     if leaf.reuse is not None:
         leaf.result = leaf.reuse
-        return
-    src, path = leaf.src, leaf.path
-    numel = src.numel()
-    if numel == 0:
-        leaf.result = MemoryMappedTensor._wrap(torch.empty(src.shape, dtype=src.dtype), None, None, None)
-        return
-    assert path is not None
-    dtype = src.dtype
-    nbytes = numel * dtype.itemsize
-    if nbytes <= _SMALL and src.is_cpu and src.is_contiguous() and not src.is_complex() and not src.is_neg():
-        data: memoryview | bytes = string_at(src.data_ptr(), nbytes)  # the common small leaf: one C copy
+    elif leaf.src.numel() == 0:
+        leaf.result = MemoryMappedTensor._wrap(torch.empty(leaf.src.shape, dtype=leaf.src.dtype), None, None, None)
     else:
-        data = tensor_buffer(src if src.is_cpu else src.cpu())
-    ino = write_file(path, data, existsok=existsok)
-    flat = from_file(path, True, numel, dtype=dtype)
-    leaf.result = MemoryMappedTensor._adopt(flat if src.dim() == 1 else flat.view(src.shape), path, ino)
+        assert leaf.path is not None
+        leaf.result = write_leaf(leaf.src, leaf.path, existsok)
+
+
+def _write_level(level: _Level, existsok: bool, listing: Listing) -> None:
+    """Write a level's leaves in the calling thread; new files in a folder just made, as one batch."""
+    if not level.created:
+        for leaf in level.leaves:
+            _write_leaf(leaf, existsok)
+        return
+    batch: list[_Leaf] = []
+    files: list[tuple[torch.Tensor, str]] = []
+    for leaf in level.leaves:
+        if leaf.reuse is None and leaf.path is not None and leaf.src.numel():
+            batch.append(leaf)
+            files.append((leaf.src, leaf.path))
+        else:
+            _write_leaf(leaf, existsok)
+    if len(batch) > 1:
+        assert level.path is not None
+        for leaf, result in zip(batch, write_batch(level.path, files, existsok, listing), strict=True):
+            leaf.result = result
+    elif batch:
+        _write_leaf(batch[0], existsok)
 
 
 def _make_dirs(root: _Level) -> None:
@@ -276,6 +286,7 @@ def _make_dirs(root: _Level) -> None:
         assert level.path is not None
         try:
             os.mkdir(level.path)  # the common case: a new folder in a folder just made, nothing to check
+            level.created = True
         except OSError:
             os.makedirs(level.path, exist_ok=True)
             check_not_symlink(level.path)
@@ -506,14 +517,15 @@ def memmap_tree(
 
 def _run_writes(root: _Level, num_threads: int, existsok: bool) -> None:
     leaves = [leaf for lvl in root.walk() for leaf in lvl.leaves]
-    if num_threads > 1 and len(leaves) > 1:
+    if num_threads > 1 and len(leaves) > 1:  # the spec: threads only when asked for
         futures = [_executor(num_threads).submit(_write_leaf, leaf, existsok) for leaf in leaves]
         concurrent.futures.wait(futures)  # no thread may still write once the error is raised
         for f in futures:
             f.result()
     else:
-        for leaf in leaves:
-            _write_leaf(leaf, existsok)
+        listing = Listing()
+        for level in root.walk():
+            _write_level(level, existsok, listing)
 
 
 def _write_in_background(

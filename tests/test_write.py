@@ -1,11 +1,13 @@
 """The write path: memmap_, memmap, save/dumps into folders and anonymous memory (issue 3).
 
 Every test writes real files under ``tmp_path`` and checks values, not only that no error was
-raised.  Failures are injected by monkeypatching ``tdshare._write._write_leaf``.
+raised.  Failures are injected by monkeypatching ``tdshare._leaf_files.write_file``, which every leaf
+file goes through (one at a time, in batches and in threads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -21,6 +23,7 @@ from _helpers import COMMON_DTYPES, FLOAT8_DTYPES
 import tdshare
 import tdshare._commit
 import tdshare._files
+import tdshare._leaf_files
 import tdshare._write
 from tdshare import MemoryMappedTensor, TensorDict, TensorDictFuture
 
@@ -89,17 +92,17 @@ class _Failer:
 
 @pytest.fixture
 def fail_third_leaf(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Failer]:
-    real = tdshare._write._write_leaf
+    real = tdshare._leaf_files.write_file
     failer = _Failer()
 
-    def failing(leaf: Any, existsok: bool) -> None:
+    def failing(path: str, data: Any, **kwargs: Any) -> int | None:
         if failer.armed:
             failer.calls += 1
             if failer.calls == 3:
                 raise OSError("injected failure on the third leaf")
-        real(leaf, existsok)
+        return real(path, data, **kwargs)
 
-    monkeypatch.setattr(tdshare._write, "_write_leaf", failing)
+    monkeypatch.setattr(tdshare._leaf_files, "write_file", failing)
     yield failer
 
 
@@ -324,18 +327,18 @@ def test_names_are_saved(tmp_path: Path) -> None:
 
 def test_leaf_data_is_written_before_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[str] = []
-    real_leaf, real_replace = tdshare._write._write_leaf, os.replace
+    real_leaf, real_replace = tdshare._leaf_files.write_file, os.replace
 
-    def leaf(leaf: Any, existsok: bool) -> None:
+    def leaf(path: str, data: Any, **kwargs: Any) -> int | None:
         events.append("leaf")
-        real_leaf(leaf, existsok)
+        return real_leaf(path, data, **kwargs)
 
     def replace(src: Any, dst: Any) -> None:
         if os.path.basename(os.fspath(dst)) == "meta.json":
             events.append("meta")
         real_replace(src, dst)
 
-    monkeypatch.setattr(tdshare._write, "_write_leaf", leaf)
+    monkeypatch.setattr(tdshare._leaf_files, "write_file", leaf)
     monkeypatch.setattr(os, "replace", replace)
     _make().save(tmp_path / "td")
     monkeypatch.undo()
@@ -356,21 +359,106 @@ def test_failed_write_leaves_no_metadata_and_td_unchanged(tmp_path: Path, fail_t
 def test_failed_resave_keeps_the_old_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _make(1.0).save(tmp_path / "td")
     meta_before = {k: v for k, v in _snapshot(tmp_path / "td").items() if k.endswith("meta.json")}
-    real = tdshare._write._write_leaf
+    real = tdshare._leaf_files.write_file
     calls = [0]
 
-    def failing(leaf: Any, existsok: bool) -> None:
+    def failing(path: str, data: Any, **kwargs: Any) -> int | None:
         calls[0] += 1
         if calls[0] == 3:
             raise OSError("injected")
-        real(leaf, existsok)
+        return real(path, data, **kwargs)
 
-    monkeypatch.setattr(tdshare._write, "_write_leaf", failing)
+    monkeypatch.setattr(tdshare._leaf_files, "write_file", failing)
     bigger = TensorDict({"a": torch.zeros(3, 9), "b": torch.zeros(3), "z": torch.zeros(3), "y": torch.ones(3)}, [3])
     with pytest.raises(OSError):
         bigger.save(tmp_path / "td")
     after = _snapshot(tmp_path / "td")
     assert {k: v for k, v in after.items() if k.endswith("meta.json")} == meta_before
+
+
+# -- leaf files written as one batch per new folder -------------------------------------------------
+def _batchable() -> TensorDict:
+    # many small leaves per level, a large one, a complex one, an empty one and a reused one among them
+    return TensorDict(
+        {
+            **{f"x{i}": torch.arange(4, dtype=torch.float32) + i for i in range(5)},
+            "big": torch.arange(70_000, dtype=torch.float64),
+            "cplx": torch.tensor([1 + 2j, 3 - 4j]).conj(),
+            "empty": torch.zeros(0),
+            "n": TensorDict({f"y{i}": torch.full((2, 3), i, dtype=torch.int16) for i in range(3)}, []),
+        },
+        batch_size=[],
+    )
+
+
+def _check_batchable(out: TensorDict) -> None:
+    expected = _batchable()
+    for key in [*(f"x{i}" for i in range(5)), "big", "cplx", "empty", ("n", "y0"), ("n", "y2")]:
+        assert torch.equal(out[key], expected[key]), key
+    for leaf in out.values(include_nested=True, leaves_only=True):
+        if leaf.numel():  # the inode a handle or a refresh checks is the file's
+            assert leaf._ino == os.stat(leaf.filename).st_ino, leaf.filename
+
+
+def test_batched_leaves_get_their_files_inodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    listings: list[str] = []
+    real = os.scandir
+
+    def scandir(path: Any) -> Any:
+        listings.append(os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(tdshare._leaf_files.os, "scandir", scandir)
+    out = _batchable().memmap(tmp_path / "td")
+    monkeypatch.undo()
+    assert sorted(listings) == [str(tmp_path / "td"), str(tmp_path / "td" / "n")]  # one listing per new folder
+    _check_batchable(out)
+    _check_batchable(TensorDict.load(tmp_path / "td"))
+
+
+def test_batched_leaves_when_listings_disagree_with_fstat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # overlayfs and some FUSE file systems list other inode numbers than fstat reports
+    listings = [0]
+    real = os.scandir
+
+    class Wrong:
+        def __init__(self, entry: os.DirEntry) -> None:
+            self.name = entry.name
+            self._ino = entry.inode() + 1_000_000
+
+        def inode(self) -> int:
+            return self._ino
+
+    @contextlib.contextmanager
+    def scandir(path: Any) -> Iterator[list[Wrong]]:
+        listings[0] += 1
+        with real(path) as entries:
+            yield [Wrong(e) for e in entries]
+
+    monkeypatch.setattr(tdshare._leaf_files.os, "scandir", scandir)
+    out = _batchable().memmap(tmp_path / "td")
+    monkeypatch.undo()
+    assert listings[0] == 1  # the first disagreement settles it for the rest of the write
+    _check_batchable(out)
+
+
+def test_batch_into_a_folder_that_existed_uses_no_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "td").mkdir()
+    (tmp_path / "td" / "x0.memmap").write_bytes(b"old")  # replaced by a new inode, never rewritten in place
+    old_ino = os.stat(tmp_path / "td" / "x0.memmap").st_ino
+    listings = [0]
+    real = os.scandir
+
+    def scandir(path: Any) -> Any:
+        listings[0] += 1
+        return real(path)
+
+    monkeypatch.setattr(tdshare._leaf_files.os, "scandir", scandir)
+    out = _batchable().memmap(tmp_path / "td")
+    monkeypatch.undo()
+    assert listings[0] == 1  # only the new sub-folder "n" is listed
+    _check_batchable(out)
+    assert out["x0"]._ino != old_ino
 
 
 # -- robust_key -----------------------------------------------------------------------------------
@@ -515,20 +603,20 @@ def test_worker_errors_are_raised_without_return_early(tmp_path: Path, fail_thir
 
 
 def test_worker_error_is_raised_once_every_thread_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = tdshare._write._write_leaf
+    real = tdshare._leaf_files.write_file
     running = [0]
 
-    def slow(leaf: Any, existsok: bool) -> None:
+    def slow(path: str, data: Any, **kwargs: Any) -> int | None:
         running[0] += 1
         try:
-            if leaf.key == "k0":
+            if os.path.basename(path) == "k0.memmap":
                 raise OSError("injected")
             time.sleep(0.05)
-            real(leaf, existsok)
+            return real(path, data, **kwargs)
         finally:
             running[0] -= 1
 
-    monkeypatch.setattr(tdshare._write, "_write_leaf", slow)
+    monkeypatch.setattr(tdshare._leaf_files, "write_file", slow)
     with pytest.raises(OSError, match="injected"):
         _wide().memmap(tmp_path / "td", num_threads=2)
     assert running[0] == 0  # no thread still writes into the folder after the error
@@ -537,14 +625,14 @@ def test_worker_error_is_raised_once_every_thread_stopped(tmp_path: Path, monkey
 # -- atomic=True ----------------------------------------------------------------------------------
 def test_atomic_into_a_new_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     written: list[str] = []
-    real = tdshare._write._write_leaf
+    real = tdshare._leaf_files.write_file
 
-    def record(leaf: Any, existsok: bool) -> None:
-        written.append(leaf.path)
+    def record(path: str, data: Any, **kwargs: Any) -> int | None:
+        written.append(path)
         assert not (tmp_path / "td").exists()  # nothing at the prefix until the rename
-        real(leaf, existsok)
+        return real(path, data, **kwargs)
 
-    monkeypatch.setattr(tdshare._write, "_write_leaf", record)
+    monkeypatch.setattr(tdshare._leaf_files, "write_file", record)
     out = _make(1.0).memmap(tmp_path / "td", atomic=True)
     assert len(written) == 4
     for path in written:  # staged next to the prefix (same file system), then renamed into place

@@ -1,0 +1,89 @@
+"""Leaf files: write a tensor's bytes to its own file and map the file back as a MemoryMappedTensor.
+
+A saved folder holds one file per leaf, so saving ten thousand small leaves is mostly system
+calls: per leaf, a create, a write, an ``fstat`` for the inode (handles and refreshes use it to
+tell a file from its replacement), a close, and the mapping.  :func:`write_batch` writes the
+leaves of a folder that this write has just made with one system call fewer each: it creates,
+writes and closes every file, then lists the folder once and takes the inode numbers from the
+listing, then maps the files.
+
+A listing's inode numbers are not always ``st_ino`` (overlayfs and some FUSE file systems report
+others), so they are used only after they agreed with ``fstat`` on the batch's first file; when
+they do not, every file is stat-ed instead, and the rest of the write uses :func:`write_leaf`.
+"""
+
+from __future__ import annotations
+
+import os
+from ctypes import string_at
+
+import torch
+from torch import from_file
+
+from ._files import tensor_buffer, write_file
+from ._memmap import MemoryMappedTensor
+
+__all__ = ["write_leaf", "write_batch", "Listing"]
+
+_SMALL = 1 << 16  # bytes: a leaf this small is copied out whole and written by one call
+_adopt = MemoryMappedTensor._adopt
+
+
+def _bytes(src: torch.Tensor) -> memoryview | bytes:
+    nbytes = src.nbytes
+    if nbytes <= _SMALL and src.is_cpu and src.is_contiguous() and not src.is_conj() and not src.is_neg():
+        return string_at(src.data_ptr(), nbytes)  # the common small leaf: one C copy
+    return tensor_buffer(src if src.is_cpu else src.cpu())
+
+
+def _map(src: torch.Tensor, path: str, ino: int) -> MemoryMappedTensor:
+    flat = from_file(path, True, src.numel(), dtype=src.dtype)
+    return _adopt(flat if src.dim() == 1 else flat.view(src.shape), path, ino)
+
+
+def write_leaf(src: torch.Tensor, path: str, existsok: bool) -> MemoryMappedTensor:
+    """Write the non-empty ``src`` as the file ``path`` (a new file, or a replacement) and map it."""
+    ino = write_file(path, _bytes(src), existsok=existsok)
+    assert ino is not None
+    return _map(src, path, ino)
+
+
+class Listing:
+    """Whether folder listings give true inode numbers on the file system of one write.
+
+    Every folder a write makes is on the same file system as the first, so the first batch's
+    check settles it for the whole write.
+    """
+
+    __slots__ = ("trusted",)
+
+    def __init__(self) -> None:
+        self.trusted: bool | None = None  # unknown until the first batch
+
+
+def write_batch(
+    folder: str, leaves: list[tuple[torch.Tensor, str]], existsok: bool, listing: Listing
+) -> list[MemoryMappedTensor]:
+    """Write the non-empty leaves ``(src, path)`` into ``folder``, which this write made, and map them.
+
+    Every file is written and closed before the first is mapped; their inode numbers come from
+    one listing of ``folder`` (see the module docstring).
+    """
+    if listing.trusted is False:
+        return [write_leaf(src, path, existsok) for src, path in leaves]
+    first = write_file(leaves[0][1], _bytes(leaves[0][0]), existsok=existsok)
+    for src, path in leaves[1:]:
+        write_file(path, _bytes(src), existsok=existsok, stat=False)
+    cut = len(folder) + len(os.sep)
+    with os.scandir(folder) as entries:
+        listed = {entry.name: entry.inode() for entry in entries}
+    if listing.trusted is None:
+        listing.trusted = listed.get(leaves[0][1][cut:]) == first
+    if not listing.trusted:
+        return [_map(src, path, os.stat(path).st_ino) for src, path in leaves]
+    get = listed.get
+    out = []
+    for src, path in leaves:
+        ino = get(path[cut:])
+        out.append(_map(src, path, os.stat(path).st_ino if ino is None else ino))
+    return out
