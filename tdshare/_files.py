@@ -17,6 +17,7 @@ import itertools
 import os
 import secrets
 import stat
+from collections.abc import Iterable
 
 import torch
 
@@ -28,6 +29,7 @@ __all__ = [
     "tensor_buffer",
     "tensor_memory",
     "write_file",
+    "write_files",
     "replace_file",
     "reserve_file",
     "map_file",
@@ -36,6 +38,7 @@ __all__ = [
 
 TMP_MARK = ".tdshare-"
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
 
 
 def tmp_name(path: str) -> str:
@@ -58,18 +61,22 @@ if hasattr(os, "register_at_fork"):
 
 
 def tensor_buffer(tensor: torch.Tensor) -> memoryview | bytes:
-    """The C-order bytes of a CPU tensor (copies only if not contiguous; small ones as bytes)."""
-    if tensor.is_cpu and tensor.is_contiguous() and not tensor.is_complex() and not tensor.is_neg():
-        nbytes = tensor.numel() * tensor.element_size()
-        if 0 < nbytes <= _SMALL:  # one C copy beats building a view for a few bytes
+    """The C-order bytes of a tensor: a view of a contiguous CPU tensor's memory, else a CPU copy.
+
+    Small ones (up to 64 KiB) come as ``bytes``: one C copy costs less than building a view.
+    """
+    nbytes = tensor.nbytes
+    if 0 < nbytes <= _SMALL and tensor.is_cpu and tensor.is_contiguous() and not tensor.is_conj():
+        if not tensor.is_neg():  # the common small leaf, in few steps (a save of thousands)
             return ctypes.string_at(tensor.data_ptr(), nbytes)
     t = tensor.detach() if tensor.requires_grad else tensor
+    if not t.is_cpu:
+        t = t.cpu()
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
     t = t.contiguous()
-    nbytes = t.numel() * t.element_size()
     if 0 < nbytes <= _SMALL:
         return ctypes.string_at(t.data_ptr(), nbytes)
     return tensor_memory(t)
@@ -124,7 +131,7 @@ def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True, st
     its old bytes instead of seeing it truncated.
     """
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o666)
+        fd = os.open(path, _NEW_FILE, 0o666)
     except FileExistsError:
         if not existsok:
             raise FileExistsRuntimeError(
@@ -143,10 +150,28 @@ def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True, st
     return ino
 
 
+def write_files(files: Iterable[tuple[str, memoryview | bytes]], *, existsok: bool = True) -> None:
+    """:func:`write_file` for many files (none is stat-ed), in one loop: thousands of small leaves."""
+    os_open, os_close = os.open, os.close
+    for path, data in files:
+        try:
+            fd = os_open(path, _NEW_FILE, 0o666)
+        except FileExistsError:
+            write_file(path, data, existsok=existsok, stat=False)
+            continue
+        try:
+            _write_all(fd, data, path)
+        except BaseException:
+            os_close(fd)
+            _unlink_quietly(path)
+            raise
+        os_close(fd)
+
+
 def replace_file(path: str, data: memoryview | bytes) -> int:
     """Atomically replace (or create) ``path`` with ``data`` (temporary file + rename); return its inode."""
     tmp = tmp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o666)
+    fd = os.open(tmp, _NEW_FILE, 0o666)
     try:
         _write_all(fd, data, path)
         ino = os.fstat(fd).st_ino

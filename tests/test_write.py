@@ -1,8 +1,8 @@
 """The write path: memmap_, memmap, save/dumps into folders and anonymous memory (issue 3).
 
 Every test writes real files under ``tmp_path`` and checks values, not only that no error was
-raised.  Failures are injected by monkeypatching ``tdshare._leaf_files.write_file``, which every leaf
-file goes through (one at a time, in batches and in threads).
+raised.  Failures are injected by monkeypatching ``tdshare._files._write_all``, which writes the bytes of
+every file (leaf files one at a time, in batches and in threads; metadata too).
 """
 
 from __future__ import annotations
@@ -92,17 +92,17 @@ class _Failer:
 
 @pytest.fixture
 def fail_third_leaf(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Failer]:
-    real = tdshare._leaf_files.write_file
+    real = tdshare._files._write_all
     failer = _Failer()
 
-    def failing(path: str, data: Any, **kwargs: Any) -> int | None:
-        if failer.armed:
+    def failing(fd: int, data: Any, path: str) -> None:
+        if failer.armed and path.endswith(".memmap"):
             failer.calls += 1
             if failer.calls == 3:
                 raise OSError("injected failure on the third leaf")
-        return real(path, data, **kwargs)
+        real(fd, data, path)
 
-    monkeypatch.setattr(tdshare._leaf_files, "write_file", failing)
+    monkeypatch.setattr(tdshare._files, "_write_all", failing)
     yield failer
 
 
@@ -327,18 +327,19 @@ def test_names_are_saved(tmp_path: Path) -> None:
 
 def test_leaf_data_is_written_before_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[str] = []
-    real_leaf, real_replace = tdshare._leaf_files.write_file, os.replace
+    real_leaf, real_replace = tdshare._files._write_all, os.replace
 
-    def leaf(path: str, data: Any, **kwargs: Any) -> int | None:
-        events.append("leaf")
-        return real_leaf(path, data, **kwargs)
+    def leaf(fd: int, data: Any, path: str) -> None:
+        if path.endswith(".memmap"):
+            events.append("leaf")
+        real_leaf(fd, data, path)
 
     def replace(src: Any, dst: Any) -> None:
         if os.path.basename(os.fspath(dst)) == "meta.json":
             events.append("meta")
         real_replace(src, dst)
 
-    monkeypatch.setattr(tdshare._leaf_files, "write_file", leaf)
+    monkeypatch.setattr(tdshare._files, "_write_all", leaf)
     monkeypatch.setattr(os, "replace", replace)
     _make().save(tmp_path / "td")
     monkeypatch.undo()
@@ -359,16 +360,16 @@ def test_failed_write_leaves_no_metadata_and_td_unchanged(tmp_path: Path, fail_t
 def test_failed_resave_keeps_the_old_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _make(1.0).save(tmp_path / "td")
     meta_before = {k: v for k, v in _snapshot(tmp_path / "td").items() if k.endswith("meta.json")}
-    real = tdshare._leaf_files.write_file
+    real = tdshare._files._write_all
     calls = [0]
 
-    def failing(path: str, data: Any, **kwargs: Any) -> int | None:
-        calls[0] += 1
+    def failing(fd: int, data: Any, path: str) -> None:
+        calls[0] += path.endswith(".memmap")
         if calls[0] == 3:
             raise OSError("injected")
-        return real(path, data, **kwargs)
+        real(fd, data, path)
 
-    monkeypatch.setattr(tdshare._leaf_files, "write_file", failing)
+    monkeypatch.setattr(tdshare._files, "_write_all", failing)
     bigger = TensorDict({"a": torch.zeros(3, 9), "b": torch.zeros(3), "z": torch.zeros(3), "y": torch.ones(3)}, [3])
     with pytest.raises(OSError):
         bigger.save(tmp_path / "td")
@@ -440,6 +441,17 @@ def test_batched_leaves_when_listings_disagree_with_fstat(tmp_path: Path, monkey
     monkeypatch.undo()
     assert listings[0] == 1  # the first disagreement settles it for the rest of the write
     _check_batchable(out)
+
+
+def test_failure_inside_a_batch_removes_the_half_written_file(tmp_path: Path, fail_third_leaf: _Failer) -> None:
+    td = _batchable()  # the level "n" is written first: y0, y1, then y2 fails
+    with pytest.raises(OSError, match="third leaf"):
+        td.memmap_(tmp_path / "td")
+    level = tmp_path / "td" / "n"
+    assert sorted(os.listdir(level)) == ["y0.memmap", "y1.memmap"]
+    assert (level / "y1.memmap").read_bytes() == torch.full((2, 3), 1, dtype=torch.int16).numpy().tobytes()
+    assert not any(name.endswith("meta.json") for name in _files(tmp_path / "td"))
+    assert not td.is_memmap() and not td.is_locked and type(td["n", "y0"]) is torch.Tensor
 
 
 def test_batch_into_a_folder_that_existed_uses_no_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -603,20 +615,20 @@ def test_worker_errors_are_raised_without_return_early(tmp_path: Path, fail_thir
 
 
 def test_worker_error_is_raised_once_every_thread_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = tdshare._leaf_files.write_file
+    real = tdshare._files._write_all
     running = [0]
 
-    def slow(path: str, data: Any, **kwargs: Any) -> int | None:
+    def slow(fd: int, data: Any, path: str) -> None:
         running[0] += 1
         try:
             if os.path.basename(path) == "k0.memmap":
                 raise OSError("injected")
             time.sleep(0.05)
-            return real(path, data, **kwargs)
+            real(fd, data, path)
         finally:
             running[0] -= 1
 
-    monkeypatch.setattr(tdshare._leaf_files, "write_file", slow)
+    monkeypatch.setattr(tdshare._files, "_write_all", slow)
     with pytest.raises(OSError, match="injected"):
         _wide().memmap(tmp_path / "td", num_threads=2)
     assert running[0] == 0  # no thread still writes into the folder after the error
@@ -625,14 +637,15 @@ def test_worker_error_is_raised_once_every_thread_stopped(tmp_path: Path, monkey
 # -- atomic=True ----------------------------------------------------------------------------------
 def test_atomic_into_a_new_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     written: list[str] = []
-    real = tdshare._leaf_files.write_file
+    real = tdshare._files._write_all
 
-    def record(path: str, data: Any, **kwargs: Any) -> int | None:
-        written.append(path)
+    def record(fd: int, data: Any, path: str) -> None:
+        if path.endswith(".memmap"):
+            written.append(path)
         assert not (tmp_path / "td").exists()  # nothing at the prefix until the rename
-        return real(path, data, **kwargs)
+        real(fd, data, path)
 
-    monkeypatch.setattr(tdshare._leaf_files, "write_file", record)
+    monkeypatch.setattr(tdshare._files, "_write_all", record)
     out = _make(1.0).memmap(tmp_path / "td", atomic=True)
     assert len(written) == 4
     for path in written:  # staged next to the prefix (same file system), then renamed into place
