@@ -15,7 +15,8 @@ they do not, every file is stat-ed instead, and the rest of the write uses :func
 from __future__ import annotations
 
 import os
-from typing import cast
+from collections.abc import Sequence
+from typing import Protocol, cast
 
 import torch
 from torch import from_file
@@ -23,7 +24,7 @@ from torch import from_file
 from ._files import tensor_buffer, write_file, write_files
 from ._memmap import MemoryMappedTensor
 
-__all__ = ["write_leaf", "write_batch", "Listing"]
+__all__ = ["write_leaf", "write_batch", "Listing", "LeafFile"]
 
 _adopt = MemoryMappedTensor._adopt
 
@@ -53,37 +54,46 @@ class Listing:
         self.trusted: bool | None = None  # unknown until the first batch
 
 
-def write_batch(
-    folder: str, leaves: list[tuple[torch.Tensor, str]], existsok: bool, listing: Listing
-) -> list[MemoryMappedTensor]:
-    """Write the non-empty leaves ``(src, path)`` into ``folder``, which this write made, and map them.
+class LeafFile(Protocol):
+    """A leaf to write: its tensor, its file, and where its mapped tensor is put."""
+
+    src: torch.Tensor
+    path: str | None
+    result: MemoryMappedTensor | None
+
+
+def write_batch(folder: str, leaves: Sequence[LeafFile], existsok: bool, listing: Listing) -> None:
+    """Write the non-empty leaves into ``folder``, which this write made, and map them (``result``).
 
     Every file is written and closed before the first is mapped; their inode numbers come from
     one listing of ``folder`` (see the module docstring).  The loops are written out: they run
     once per leaf, and a function call costs about as much as a system call here.
     """
     if listing.trusted is False or len(leaves) < 2:
-        return [write_leaf(src, path, existsok) for src, path in leaves]
-    src, path = leaves[0]
-    first = write_file(path, tensor_buffer(src), existsok=existsok)
-    write_files(((path, tensor_buffer(src)) for src, path in leaves[1:]), existsok=existsok)
+        for leaf in leaves:
+            leaf.result = write_leaf(leaf.src, cast(str, leaf.path), existsok)
+        return
+    paths = cast(list[str], [leaf.path for leaf in leaves])
+    first = write_file(paths[0], tensor_buffer(leaves[0].src), existsok=existsok)
+    write_files(zip(paths[1:], map(tensor_buffer, [leaf.src for leaf in leaves[1:]]), strict=True), existsok=existsok)
     cut = len(folder) + len(os.sep)
     with os.scandir(folder) as entries:
         listed = {entry.name: entry.inode() for entry in entries}
     if listing.trusted is None:
-        listing.trusted = listed.get(leaves[0][1][cut:]) == first
+        listing.trusted = listed.get(paths[0][cut:]) == first
     if not listing.trusted:
-        return [_map(src, path, os.stat(path).st_ino) for src, path in leaves]
+        for leaf, path in zip(leaves, paths, strict=True):
+            leaf.result = _map(leaf.src, path, os.stat(path).st_ino)
+        return
     get, mapped, cls = listed.get, from_file, MemoryMappedTensor
-    out = []
-    for src, path in leaves:
+    for leaf, path in zip(leaves, paths, strict=True):
+        src = leaf.src
         flat = mapped(path, True, src.numel(), dtype=src.dtype)
         if src.dim() != 1:
             flat = flat.view(src.shape)
         flat.__class__ = cls  # what _adopt does, written out
-        leaf = cast(MemoryMappedTensor, flat)
-        leaf._filename = path
+        out = cast(MemoryMappedTensor, flat)
+        out._filename = path
         ino = get(path[cut:])
-        leaf._ino = os.stat(path).st_ino if ino is None else ino
-        out.append(leaf)
-    return out
+        out._ino = os.stat(path).st_ino if ino is None else ino
+        leaf.result = out

@@ -265,20 +265,13 @@ def _write_level(level: _Level, existsok: bool, listing: Listing) -> None:
         for leaf in level.leaves:
             _write_leaf(leaf, existsok)
         return
-    batch: list[_Leaf] = []
-    files: list[tuple[torch.Tensor, str]] = []
-    for leaf in level.leaves:
-        if leaf.reuse is None and leaf.path is not None and leaf.src.numel():
-            batch.append(leaf)
-            files.append((leaf.src, leaf.path))
-        else:
-            _write_leaf(leaf, existsok)
-    if len(batch) > 1:
-        assert level.path is not None
-        for leaf, result in zip(batch, write_batch(level.path, files, existsok, listing), strict=True):
-            leaf.result = result
-    elif batch:
-        _write_leaf(batch[0], existsok)
+    batch = [leaf for leaf in level.leaves if leaf.reuse is None and leaf.src.numel()]
+    if len(batch) < len(level.leaves):
+        for leaf in level.leaves:
+            if leaf.reuse is not None or not leaf.src.numel():
+                _write_leaf(leaf, existsok)
+    assert level.path is not None
+    write_batch(level.path, batch, existsok, listing)
 
 
 def _make_dirs(root: _Level) -> None:
