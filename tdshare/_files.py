@@ -42,17 +42,19 @@ _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
 
 
 def tmp_name(path: str) -> str:
-    head, tail = os.path.split(path)
-    return os.path.join(head, f".{tail}{TMP_MARK}{os.getpid()}-{_TOKEN}{next(_COUNTER):x}.tmp")
+    head, sep, tail = path.rpartition(os.sep)
+    return f"{head}{sep}.{tail}{TMP_MARK}{_PID}-{_TOKEN}{next(_COUNTER):x}.tmp"
 
 
-# unique per call: a random token per process (a new one in a fork child) and a counter
+# unique per call: the pid, a random token per process (a new one in a fork child) and a counter
+_PID = os.getpid()
 _TOKEN = secrets.token_hex(4)
 _COUNTER = itertools.count()
 
 
 def _after_fork_in_child() -> None:
-    global _TOKEN
+    global _PID, _TOKEN
+    _PID = os.getpid()
     _TOKEN = secrets.token_hex(4)
 
 

@@ -191,7 +191,7 @@ def _plan(
         if isinstance(value, TensorDictBase):
             child = _plan(
                 value,
-                None if path is None else os.path.join(path, name),
+                None if path is None else (path + os.sep + name if path else name),
                 robust,
                 copy_existing,
                 existsok,
@@ -306,7 +306,7 @@ def _write_metadata(root: _Level, fresh: bool = False) -> tuple[bool, bool]:
             continue
         data = dumps_meta(meta, level.texts)
         if fresh:
-            replace_file(os.path.join(level.path, META_FILE), data)
+            replace_file(level.path + os.sep + META_FILE, data)
             changed = True
         else:
             changed = replace_if_changed(os.path.join(level.path, META_FILE), data) or changed
