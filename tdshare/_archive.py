@@ -65,9 +65,10 @@ def _tree_entries(level: _Level) -> Any:
     """The files of a planned tree (``_write._plan`` with the root ``""``) in archive order."""
     rel = "" if not level.path else level.path.replace(os.sep, "/") + "/"
     yield rel + META_FILE, dumps_meta(level_meta(level.entries, level.src.batch_size, level.names), level.texts)
-    for leaf in sorted(level.leaves, key=lambda leaf: leaf.path or ""):
-        if leaf.src.numel():  # a zero-element leaf has no file
-            yield (leaf.path or "").replace(os.sep, "/"), leaf.src
+    files = [(leaf.path or "", leaf.src) for leaf in level.leaves if leaf.src.numel()]  # zero elements: no file
+    files += [(path, src) for src, path in level.plain]
+    for path, src in sorted(files, key=lambda file: file[0]):
+        yield path.replace(os.sep, "/"), src
     folders: list[tuple[str, Any]] = [(nt.path or "", nt) for nt in level.nontensors]
     folders += [(child.path or "", child) for _, child in level.children]
     for path, item in sorted(folders, key=lambda x: x[0]):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import cast
 
 import torch
 from torch import from_file
@@ -24,7 +24,7 @@ from torch import from_file
 from ._files import tensor_buffer, write_file, write_files
 from ._memmap import MemoryMappedTensor
 
-__all__ = ["write_leaf", "write_batch", "Listing", "LeafFile"]
+__all__ = ["write_leaf", "write_batch", "Listing"]
 
 _adopt = MemoryMappedTensor._adopt
 
@@ -54,46 +54,36 @@ class Listing:
         self.trusted: bool | None = None  # unknown until the first batch
 
 
-class LeafFile(Protocol):
-    """A leaf to write: its tensor, its file, and where its mapped tensor is put."""
-
-    src: torch.Tensor
-    path: str | None
-    result: MemoryMappedTensor | None
-
-
-def write_batch(folder: str, leaves: Sequence[LeafFile], existsok: bool, listing: Listing) -> None:
-    """Write the non-empty leaves into ``folder``, which this write made, and map them (``result``).
+def write_batch(
+    folder: str, files: Sequence[tuple[torch.Tensor, str]], existsok: bool, listing: Listing
+) -> list[MemoryMappedTensor]:
+    """Write the non-empty leaves ``(tensor, path)`` into ``folder``, which this write made; map them.
 
     Every file is written and closed before the first is mapped; their inode numbers come from
     one listing of ``folder`` (see the module docstring).  The loops are written out: they run
     once per leaf, and a function call costs about as much as a system call here.
     """
-    if listing.trusted is False or len(leaves) < 2:
-        for leaf in leaves:
-            leaf.result = write_leaf(leaf.src, cast(str, leaf.path), existsok)
-        return
-    paths = cast(list[str], [leaf.path for leaf in leaves])
-    first = write_file(paths[0], tensor_buffer(leaves[0].src), existsok=existsok)
-    write_files(zip(paths[1:], map(tensor_buffer, [leaf.src for leaf in leaves[1:]]), strict=True), existsok=existsok)
+    if listing.trusted is False or len(files) < 2:
+        return [write_leaf(src, path, existsok) for src, path in files]
+    first = write_file(files[0][1], tensor_buffer(files[0][0]), existsok=existsok)
+    write_files(((path, tensor_buffer(src)) for src, path in files[1:]), existsok=existsok)
     cut = len(folder) + len(os.sep)
     with os.scandir(folder) as entries:
         listed = {entry.name: entry.inode() for entry in entries}
     if listing.trusted is None:
-        listing.trusted = listed.get(paths[0][cut:]) == first
+        listing.trusted = listed.get(files[0][1][cut:]) == first
     if not listing.trusted:
-        for leaf, path in zip(leaves, paths, strict=True):
-            leaf.result = _map(leaf.src, path, os.stat(path).st_ino)
-        return
+        return [_map(src, path, os.stat(path).st_ino) for src, path in files]
     get, mapped, cls = listed.get, from_file, MemoryMappedTensor
-    for leaf, path in zip(leaves, paths, strict=True):
-        src = leaf.src
+    out = []
+    for src, path in files:
         flat = mapped(path, True, src.numel(), dtype=src.dtype)
         if src.dim() != 1:
             flat = flat.view(src.shape)
         flat.__class__ = cls  # what _adopt does, written out
-        out = cast(MemoryMappedTensor, flat)
-        out._filename = path
+        leaf = cast(MemoryMappedTensor, flat)
+        leaf._filename = path
         ino = get(path[cut:])
-        out._ino = os.stat(path).st_ino if ino is None else ino
-        leaf.result = out
+        leaf._ino = os.stat(path).st_ino if ino is None else ino
+        out.append(leaf)
+    return out

@@ -18,7 +18,7 @@ import os
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -81,6 +81,10 @@ class _Level:
     entries: dict[str, dict] = field(default_factory=dict)
     texts: dict[str, str] = field(default_factory=dict)  # the JSON of the leaf entries (dumps_meta)
     leaves: list[_Leaf] = field(default_factory=list)
+    # plain leaves, the common case, kept lean: dense non-empty tensors under keys that are their file names
+    plain_keys: list[str] = field(default_factory=list)
+    plain: list[tuple[torch.Tensor, str]] = field(default_factory=list)  # (tensor, file)
+    plain_out: list[MemoryMappedTensor] = field(default_factory=list)  # their mapped tensors, once written
     nontensors: list[_NonTensor] = field(default_factory=list)
     children: list[tuple[str, _Level]] = field(default_factory=list)
     share: bool = False  # install non-tensor leaves as SharedNonTensorData (share_non_tensor=True)
@@ -153,7 +157,7 @@ def _plan(
     level = _Level(td, path, names=_inherit_names(td, parent_names))
     used: dict[str, str] = {}  # file name -> key: a leaf "a" and a folder "a.memmap" would collide
     head = path + os.sep if path and robust and existsok else None
-    leaves, entries, texts = level.leaves, level.entries, level.texts
+    plain_keys, plain, entries, texts = level.plain_keys, level.plain, level.entries, level.texts
     for key, value in td._tensordict.items():
         if (  # the common leaf, in few steps: a plain dense tensor under a name that needs no encoding
             head is not None
@@ -163,11 +167,13 @@ def _plan(
             and key.isidentifier()
             and len(key) <= _PLAIN_MAX
             and key not in RESERVED_KEYS
+            and value.numel()
         ):
             name = key + LEAF_SUFFIX
             if name not in used:
                 used[name] = key
-                leaves.append(_Leaf(key, value, head + name))
+                plain_keys.append(key)
+                plain.append((value, head + name))
                 entries[key], texts[key] = shared_leaf_entry(value.shape, value.dtype)
                 continue
         is_leaf = not isinstance(value, (TensorDictBase, NonTensorData))
@@ -260,18 +266,22 @@ def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
 
 
 def _write_level(level: _Level, existsok: bool, listing: Listing) -> None:
-    """Write a level's leaves in the calling thread; new files in a folder just made, as one batch."""
-    if not level.created:
-        for leaf in level.leaves:
-            _write_leaf(leaf, existsok)
-        return
-    batch = [leaf for leaf in level.leaves if leaf.reuse is None and leaf.src.numel()]
-    if len(batch) < len(level.leaves):
-        for leaf in level.leaves:
-            if leaf.reuse is not None or not leaf.src.numel():
-                _write_leaf(leaf, existsok)
-    assert level.path is not None
-    write_batch(level.path, batch, existsok, listing)
+    """Write a level's leaves in the calling thread; the plain ones of a folder just made as one batch."""
+    if level.plain:
+        assert level.path is not None
+        if level.created:
+            level.plain_out = write_batch(level.path, level.plain, existsok, listing)
+        else:
+            level.plain_out = [write_leaf(src, path, existsok) for src, path in level.plain]
+    for leaf in level.leaves:
+        _write_leaf(leaf, existsok)
+
+
+def _as_records(root: _Level) -> None:
+    """Turn the plain leaves into :class:`_Leaf` records, which the thread pool writes."""
+    for level in root.walk():
+        level.leaves.extend(_Leaf(k, src, path) for k, (src, path) in zip(level.plain_keys, level.plain, strict=True))
+        level.plain_keys, level.plain = [], []
 
 
 def _make_dirs(root: _Level) -> None:
@@ -324,7 +334,9 @@ def _commit(root: _Level, registry: SharedRegistry | None, seen: tuple[int, int]
     if registry is None:
         _write_metadata(root, fresh=True)
         return None
-    wrote_data = any(leaf.reuse is None and leaf.src.numel() for lvl in root.walk() for leaf in lvl.leaves)
+    wrote_data = any(
+        lvl.plain or any(leaf.reuse is None and leaf.src.numel() for leaf in lvl.leaves) for lvl in root.walk()
+    )
     with registry.lock():
         before = registry.state(create=True)
         changed, kept = _write_metadata(root)
@@ -361,6 +373,7 @@ def _write_anonymous(root: _Level) -> None:
 def _install(level: _Level, dest: TensorDictBase, final_path: str | None, share: bool | None = None) -> None:
     share = level.share if share is None else share
     values = dict(dest._tensordict) if dest is level.src else {}
+    values.update(zip(level.plain_keys, level.plain_out, strict=True))
     for leaf in level.leaves:
         assert leaf.result is not None
         values[leaf.key] = leaf.result
@@ -402,6 +415,8 @@ def _assign_store(td: TensorDictBase, store: str, key: tuple[str, ...]) -> None:
 
 def _rebase(level: _Level, staging: str, final: str) -> None:
     for lvl in level.walk():
+        for out in lvl.plain_out:
+            out._filename = final + cast(str, out._filename)[len(staging) :]
         for leaf in lvl.leaves:
             r = leaf.result
             if r is not None and r is not leaf.reuse and r._filename is not None:
@@ -509,8 +524,9 @@ def memmap_tree(
 
 
 def _run_writes(root: _Level, num_threads: int, existsok: bool) -> None:
-    leaves = [leaf for lvl in root.walk() for leaf in lvl.leaves]
-    if num_threads > 1 and len(leaves) > 1:  # the spec: threads only when asked for
+    if num_threads > 1 and sum(len(lvl.leaves) + len(lvl.plain) for lvl in root.walk()) > 1:  # only when asked
+        _as_records(root)
+        leaves = [leaf for lvl in root.walk() for leaf in lvl.leaves]
         futures = [_executor(num_threads).submit(_write_leaf, leaf, existsok) for leaf in leaves]
         concurrent.futures.wait(futures)  # no thread may still write once the error is raised
         for f in futures:
@@ -535,6 +551,7 @@ def _write_in_background(
     The commit runs in a completion callback rather than as a pool job waiting on the others, so
     concurrent early-returning writes can never fill the pool with waiting jobs and deadlock.
     """
+    _as_records(root)
     leaves = [leaf for lvl in root.walk() for leaf in lvl.leaves]
     committed: concurrent.futures.Future[None] = concurrent.futures.Future()
     remaining = [len(leaves)]
