@@ -36,6 +36,7 @@ __all__ = [
     "load_backends",
     "log",
     "require",
+    "settle",
     "run_interleaved",
     "timed",
 ]
@@ -367,6 +368,29 @@ class Scratch:
 
 
 _DEFER_FILES = 100  # folders with more files than this are deleted at the end of the run
+
+
+def settle(scratch: Scratch, *, normal_us: float = 60.0, limit_s: float = 120.0) -> tuple[float, float]:
+    """Wait until creating a file in ``scratch`` costs what it normally does; return (µs per file, s waited).
+
+    Right after many files were deleted anywhere on the file system (a previous run's clean-up, a
+    test suite), ext4 without a journal makes each new file cost 100-500 µs instead of ~15 for a
+    minute or more (see :meth:`Scratch.remove`): the "fresh folder" rows would show that state, not
+    the libraries.  Probes of 500 empty files are kept until the run ends, since deleting them
+    would prolong the state being waited out.
+    """
+    t0 = time.perf_counter()
+    while True:
+        folder = scratch.fresh("settle")
+        os.mkdir(folder)
+        start = time.perf_counter()
+        for i in range(500):
+            os.close(os.open(os.path.join(folder, f"f{i}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        per_file = (time.perf_counter() - start) / 500 * 1e6
+        waited = time.perf_counter() - t0
+        if per_file <= normal_us or waited >= limit_s:
+            return per_file, waited
+        time.sleep(5)
 
 
 def filesystem_of(path: str) -> str:

@@ -15,7 +15,7 @@ import psutil
 import torch
 
 from . import limits, report
-from ._common import LIBRARIES, Config, Row, Scratch, config_for, filesystem_of, load_backends, log
+from ._common import LIBRARIES, Config, Row, Scratch, config_for, filesystem_of, load_backends, log, settle
 from .workloads import GROUPS
 
 __all__ = ["main", "machine", "select_groups"]
@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{cfg.mode} run, {cfg.reps} reps after {cfg.warmup} warm-up, in {header['dir_filesystem']}; "
         + ", ".join(f"{b.name} {b.version}" for b in backends)
     )
+    per_file, waited = settle(scratch)
+    header["file_create_us_at_start"] = round(per_file, 1)
+    wait_note = f" (after waiting {waited:.0f} s for the file system to settle)" if waited >= 1 else ""
+    log(f"creating a file in {scratch.root} costs {per_file:.0f} µs{wait_note}")
     rows: list[Row] = []
     gc.freeze()  # the imports' objects: keep them out of every later collection (see run_interleaved)
     t0 = time.perf_counter()
@@ -129,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         f"folders in {header['dir_filesystem']}; torch {header['torch']}; "
         + ", ".join(f"{k} {v}" for k, v in header["libraries"].items())
         + f"; {cfg.mode}: median of {cfg.reps} after {cfg.warmup} warm-up; {header['elapsed_s']} s; "
-        f"load average {header['load_average_start'][0]} at the start, {header['load_average_end'][0]} at the end"
+        f"load average {header['load_average_start'][0]} at the start, {header['load_average_end'][0]} at the end; "
+        f"creating a file cost {header['file_create_us_at_start']} µs at the start"
     )
     print()
     print(report.render(rows))

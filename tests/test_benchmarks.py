@@ -56,6 +56,18 @@ def test_tiny_workloads_give_sensible_rows(tmp_path: Path) -> None:
     assert all(r.to_json()["cells"]["tdshare"]["median"] > 0 for r in rows)
 
 
+@pytest.mark.timeout(60)
+def test_settle_measures_file_creation_and_keeps_its_probes(tmp_path: Path) -> None:
+    common = _import("benchmarks._common")
+    scratch = common.Scratch(str(tmp_path))
+    per_file, waited = common.settle(scratch, normal_us=1e9)  # any cost is normal: one probe
+    probes = [p for p in Path(scratch.root).iterdir() if p.name.startswith("settle")]
+    assert 0 < per_file < 1e6 and 0 <= waited < 30
+    assert len(probes) == 1 and len(list(probes[0].iterdir())) == 500
+    scratch.close()
+    assert not list(tmp_path.iterdir())
+
+
 def test_missing_features_print_unsupported() -> None:
     common = _import("benchmarks._common")
     assert common.describe_error(common.UnsupportedError("no tdz")) == "unsupported"
