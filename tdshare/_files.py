@@ -140,7 +140,7 @@ def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True, st
                 f"The file {path!r} already exists and existsok=False. Pass existsok=True to overwrite it."
             ) from None
         check_not_symlink(path)
-        return replace_file(path, data)
+        return replace_file(path, data, stat=stat)
     try:
         _write_all(fd, data, path)
         ino = os.fstat(fd).st_ino if stat else None
@@ -170,13 +170,16 @@ def write_files(files: Iterable[tuple[str, memoryview | bytes]], *, existsok: bo
         os_close(fd)
 
 
-def replace_file(path: str, data: memoryview | bytes) -> int:
-    """Atomically replace (or create) ``path`` with ``data`` (temporary file + rename); return its inode."""
+def replace_file(path: str, data: memoryview | bytes, *, stat: bool = False) -> int | None:
+    """Atomically replace (or create) ``path`` with ``data`` (temporary file + rename).
+
+    Returns the new file's inode with ``stat=True``, else None.
+    """
     tmp = tmp_name(path)
     fd = os.open(tmp, _NEW_FILE, 0o666)
     try:
         _write_all(fd, data, path)
-        ino = os.fstat(fd).st_ino
+        ino = os.fstat(fd).st_ino if stat else None
         os.close(fd)
         fd = -1
         os.replace(tmp, path)

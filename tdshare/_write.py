@@ -53,6 +53,7 @@ T = TypeVar("T", bound=TensorDictBase)
 _NAME_MAX = 255
 _STRIDED = torch.strided
 _Tensor = torch.Tensor
+_CPU = torch.device("cpu")
 _PLAIN_MAX = 60  # characters: a plain key's file name stays far below _NAME_MAX bytes
 
 
@@ -397,7 +398,7 @@ def _install(level: _Level, dest: TensorDictBase, final_path: str | None, share:
         values[key] = child_dest
     # keep the source's key order
     dest._tensordict = {k: values[k] for k in level.src._tensordict}
-    dest._device = torch.device("cpu")
+    dest._device = _CPU
     dest._names = level.src._names
     dest._is_memmap = True
     dest._is_shared = False
