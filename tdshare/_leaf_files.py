@@ -8,8 +8,8 @@ writes and closes every file, then lists the folder once and takes the inode num
 listing, then maps the files.
 
 A listing's inode numbers are not always ``st_ino`` (overlayfs and some FUSE file systems report
-others), so they are used only after they agreed with ``fstat`` on the batch's first file; when
-they do not, every file is stat-ed instead, and the rest of the write uses :func:`write_leaf`.
+others), so a batch uses them only when they agree with ``fstat`` on its first file; when they do
+not, every file of the batch is stat-ed instead, and the rest of the write uses :func:`write_leaf`.
 """
 
 from __future__ import annotations
@@ -42,16 +42,12 @@ def write_leaf(src: torch.Tensor, path: str, existsok: bool) -> MemoryMappedTens
 
 
 class Listing:
-    """Whether folder listings give true inode numbers on the file system of one write.
-
-    Every folder a write makes is on the same file system as the first, so the first batch's
-    check settles it for the whole write.
-    """
+    """Whether folder listings still look trustworthy in one write: False once one disagreed with ``fstat``."""
 
     __slots__ = ("trusted",)
 
     def __init__(self) -> None:
-        self.trusted: bool | None = None  # unknown until the first batch
+        self.trusted = True
 
 
 def write_batch(
@@ -63,16 +59,15 @@ def write_batch(
     one listing of ``folder`` (see the module docstring).  The loops are written out: they run
     once per leaf, and a function call costs about as much as a system call here.
     """
-    if listing.trusted is False or len(files) < 2:
+    if not listing.trusted or len(files) < 2:
         return [write_leaf(src, path, existsok) for src, path in files]
     first = write_file(files[0][1], tensor_buffer(files[0][0]), existsok=existsok)
     write_files(((path, tensor_buffer(src)) for src, path in files[1:]), existsok=existsok)
     cut = len(folder) + len(os.sep)
     with os.scandir(folder) as entries:
         listed = {entry.name: entry.inode() for entry in entries}
-    if listing.trusted is None:
-        listing.trusted = listed.get(files[0][1][cut:]) == first
-    if not listing.trusted:
+    if listed.get(files[0][1][cut:]) != first:
+        listing.trusted = False
         return [_map(src, path, os.stat(path).st_ino) for src, path in files]
     get, mapped, cls = listed.get, from_file, MemoryMappedTensor
     out = []
