@@ -49,6 +49,18 @@ def _cpu_model() -> str:
     return platform.processor() or "?"
 
 
+def _quiet(scratch: Scratch) -> None:
+    """Flush what earlier groups wrote and let file creation settle before the next group.
+
+    The big-leaf groups leave gigabytes of dirty pages; while the kernel writes them back, creating
+    small files on ext4 here cost 5-10x its normal time, whichever library was being measured.
+    """
+    os.sync()
+    per_file, waited = settle(scratch, limit_s=60.0)
+    if waited >= 1:
+        log(f"  (waited {waited:.0f} s for file creation to settle: {per_file:.0f} µs a file)")
+
+
 def machine(cfg: Config) -> dict[str, Any]:
     """What the run ran on: enough to judge whether two runs compare."""
     return {
@@ -117,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows += limits.raw_limits(cfg, scratch, shm, spawn="handoff" not in groups)
                 continue
             func, wants_shm = GROUPS[name]
+            _quiet(scratch)
             rows += func(cfg, backends, scratch, shm) if wants_shm else func(cfg, backends, scratch)
     except KeyboardInterrupt:
         log("interrupted: the table holds what was measured")
