@@ -3,7 +3,7 @@
 A saved folder holds one file per leaf, so saving ten thousand small leaves is mostly system
 calls: per leaf, a create, a write, an ``fstat`` for the inode (handles and refreshes use it to
 tell a file from its replacement), a close, and the mapping.  :func:`write_batch` writes the
-leaves of a folder that this write has just made with one system call fewer each: it creates,
+leaves of a folder that was empty when the write began with one system call fewer each: it creates,
 writes and closes every file, then lists the folder once and takes the inode numbers from the
 listing, then maps the files.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from os import scandir
 from typing import cast
 
 import torch
@@ -53,7 +54,7 @@ class Listing:
 def write_batch(
     folder: str, files: Sequence[tuple[torch.Tensor, str]], existsok: bool, listing: Listing
 ) -> list[MemoryMappedTensor]:
-    """Write the non-empty leaves ``(tensor, path)`` into ``folder``, which this write made; map them.
+    """Write the non-empty leaves ``(tensor, path)`` into ``folder`` (empty when the write began); map them.
 
     Every file is written and closed before the first is mapped; their inode numbers come from
     one listing of ``folder`` (see the module docstring).  The loops are written out: they run
@@ -64,7 +65,7 @@ def write_batch(
     first = write_file(files[0][1], tensor_buffer(files[0][0]), existsok=existsok)
     write_files(((path, tensor_buffer(src)) for src, path in files[1:]), existsok=existsok)
     cut = len(folder) + len(os.sep)
-    with os.scandir(folder) as entries:
+    with scandir(folder) as entries:
         listed = {entry.name: entry.inode() for entry in entries}
     if listed.get(files[0][1][cut:]) != first:
         listing.trusted = False

@@ -90,7 +90,7 @@ class _Level:
     children: list[tuple[str, _Level]] = field(default_factory=list)
     share: bool = False  # install non-tensor leaves as SharedNonTensorData (share_non_tensor=True)
     names: list | None = None  # the dim names written to meta.json (see _inherit_names)
-    created: bool = False  # its folder was made by this write (nothing else is in it)
+    empty: bool = False  # its folder held nothing when this write began (made by it, or found empty)
 
     def walk(self) -> list[_Level]:
         """Every level, children before their parent."""
@@ -267,10 +267,10 @@ def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
 
 
 def _write_level(level: _Level, existsok: bool, listing: Listing) -> None:
-    """Write a level's leaves in the calling thread; the plain ones of a folder just made as one batch."""
+    """Write a level's leaves in the calling thread; the plain ones of a folder found empty as one batch."""
     if level.plain:
         assert level.path is not None
-        if level.created:
+        if level.empty:
             level.plain_out = write_batch(level.path, level.plain, existsok, listing)
         else:
             level.plain_out = [write_leaf(src, path, existsok) for src, path in level.plain]
@@ -290,10 +290,12 @@ def _make_dirs(root: _Level) -> None:
         assert level.path is not None
         try:
             os.mkdir(level.path)  # the common case: a new folder in a folder just made, nothing to check
-            level.created = True
+            level.empty = True
         except OSError:
             os.makedirs(level.path, exist_ok=True)
             check_not_symlink(level.path)
+            with os.scandir(level.path) as entries:  # e.g. a fresh tempfile.mkdtemp()
+                level.empty = next(entries, None) is None
 
 
 def _write_metadata(root: _Level, fresh: bool = False) -> tuple[bool, bool]:

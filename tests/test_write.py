@@ -409,7 +409,7 @@ def test_batched_leaves_get_their_files_inodes(tmp_path: Path, monkeypatch: pyte
         listings.append(os.fspath(path))
         return real(path)
 
-    monkeypatch.setattr(tdshare._leaf_files.os, "scandir", scandir)
+    monkeypatch.setattr(tdshare._leaf_files, "scandir", scandir)
     out = _batchable().memmap(tmp_path / "td")
     monkeypatch.undo()
     assert sorted(listings) == [str(tmp_path / "td"), str(tmp_path / "td" / "n")]  # one listing per new folder
@@ -436,7 +436,7 @@ def test_batched_leaves_when_listings_disagree_with_fstat(tmp_path: Path, monkey
         with real(path) as entries:
             yield [Wrong(e) for e in entries]
 
-    monkeypatch.setattr(tdshare._leaf_files.os, "scandir", scandir)
+    monkeypatch.setattr(tdshare._leaf_files, "scandir", scandir)
     out = _batchable().memmap(tmp_path / "td")
     monkeypatch.undo()
     assert listings[0] == 1  # the first disagreement settles it for the rest of the write
@@ -454,6 +454,22 @@ def test_failure_inside_a_batch_removes_the_half_written_file(tmp_path: Path, fa
     assert not td.is_memmap() and not td.is_locked and type(td["n", "y0"]) is torch.Tensor
 
 
+def test_batch_into_an_existing_empty_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "td").mkdir()  # as tempfile.mkdtemp() gives
+    listings: list[str] = []
+    real = os.scandir
+
+    def scandir(path: Any) -> Any:
+        listings.append(os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(tdshare._leaf_files, "scandir", scandir)
+    out = _batchable().memmap(tmp_path / "td")
+    monkeypatch.undo()
+    assert sorted(listings) == [str(tmp_path / "td"), str(tmp_path / "td" / "n")]
+    _check_batchable(out)
+
+
 def test_batch_into_a_folder_that_existed_uses_no_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "td").mkdir()
     (tmp_path / "td" / "x0.memmap").write_bytes(b"old")  # replaced by a new inode, never rewritten in place
@@ -465,10 +481,10 @@ def test_batch_into_a_folder_that_existed_uses_no_listing(tmp_path: Path, monkey
         listings[0] += 1
         return real(path)
 
-    monkeypatch.setattr(tdshare._leaf_files.os, "scandir", scandir)
+    monkeypatch.setattr(tdshare._leaf_files, "scandir", scandir)
     out = _batchable().memmap(tmp_path / "td")
     monkeypatch.undo()
-    assert listings[0] == 1  # only the new sub-folder "n" is listed
+    assert listings[0] == 1  # only the new sub-folder "n" is listed for inodes
     _check_batchable(out)
     assert out["x0"]._ino != old_ino
 
