@@ -401,18 +401,24 @@ def _check_batchable(out: TensorDict) -> None:
             assert leaf._ino == os.stat(leaf.filename).st_ino, leaf.filename
 
 
-def test_batched_leaves_get_their_files_inodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _memmap_listing(td: TensorDict, path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[TensorDict, list[str]]:
+    """``td.memmap(path)`` and the folders listed for inode numbers meanwhile."""
     listings: list[str] = []
     real = os.scandir
 
-    def scandir(path: Any) -> Any:
-        listings.append(os.fspath(path))
-        return real(path)
+    def scandir(folder: Any) -> Any:
+        listings.append(os.fspath(folder))
+        return real(folder)
 
-    monkeypatch.setattr(tdshare._leaf_files, "scandir", scandir)
-    out = _batchable().memmap(tmp_path / "td")
-    monkeypatch.undo()
-    assert sorted(listings) == [str(tmp_path / "td"), str(tmp_path / "td" / "n")]  # one listing per new folder
+    with monkeypatch.context() as patch:
+        patch.setattr(tdshare._leaf_files, "scandir", scandir)
+        out = td.memmap(path)
+    return out, sorted(listings)
+
+
+def test_batched_leaves_get_their_files_inodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out, listings = _memmap_listing(_batchable(), tmp_path / "td", monkeypatch)
+    assert listings == [str(tmp_path / "td"), str(tmp_path / "td" / "n")]  # one listing per new folder
     _check_batchable(out)
     _check_batchable(TensorDict.load(tmp_path / "td"))
 
@@ -456,17 +462,8 @@ def test_failure_inside_a_batch_removes_the_half_written_file(tmp_path: Path, fa
 
 def test_batch_into_an_existing_empty_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "td").mkdir()  # as tempfile.mkdtemp() gives
-    listings: list[str] = []
-    real = os.scandir
-
-    def scandir(path: Any) -> Any:
-        listings.append(os.fspath(path))
-        return real(path)
-
-    monkeypatch.setattr(tdshare._leaf_files, "scandir", scandir)
-    out = _batchable().memmap(tmp_path / "td")
-    monkeypatch.undo()
-    assert sorted(listings) == [str(tmp_path / "td"), str(tmp_path / "td" / "n")]
+    out, listings = _memmap_listing(_batchable(), tmp_path / "td", monkeypatch)
+    assert listings == [str(tmp_path / "td"), str(tmp_path / "td" / "n")]
     _check_batchable(out)
 
 
@@ -474,17 +471,8 @@ def test_batch_into_a_folder_that_existed_uses_no_listing(tmp_path: Path, monkey
     (tmp_path / "td").mkdir()
     (tmp_path / "td" / "x0.memmap").write_bytes(b"old")  # replaced by a new inode, never rewritten in place
     old_ino = os.stat(tmp_path / "td" / "x0.memmap").st_ino
-    listings = [0]
-    real = os.scandir
-
-    def scandir(path: Any) -> Any:
-        listings[0] += 1
-        return real(path)
-
-    monkeypatch.setattr(tdshare._leaf_files, "scandir", scandir)
-    out = _batchable().memmap(tmp_path / "td")
-    monkeypatch.undo()
-    assert listings[0] == 1  # only the new sub-folder "n" is listed for inodes
+    out, listings = _memmap_listing(_batchable(), tmp_path / "td", monkeypatch)
+    assert listings == [str(tmp_path / "td" / "n")]  # only the new sub-folder is listed for inodes
     _check_batchable(out)
     assert out["x0"]._ino != old_ino
 
