@@ -65,8 +65,11 @@ def write_batch(
     first = write_file(files[0][1], tensor_buffer(files[0][0]), existsok=existsok)
     write_files(((path, tensor_buffer(src)) for src, path in files[1:]), existsok=existsok)
     cut = len(folder) + len(os.sep)
-    with scandir(folder) as entries:
-        listed = {entry.name: entry.inode() for entry in entries}
+    try:
+        with scandir(folder) as entries:
+            listed = {entry.name: entry.inode() for entry in entries}
+    except OSError:  # a folder we may write but not list: stat each file
+        listed = {}
     if listed.get(files[0][1][cut:]) != first:
         listing.trusted = False
         return [_map(src, path, os.stat(path).st_ino) for src, path in files]

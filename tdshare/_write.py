@@ -160,7 +160,7 @@ def _plan(
     head = path + os.sep if path and robust and existsok else None
     plain_keys, plain, entries, texts = level.plain_keys, level.plain, level.entries, level.texts
     for key, value in td._tensordict.items():
-        if (  # the common leaf, in few steps: a plain dense tensor under a name that needs no encoding
+        if (  # the common leaf, in few steps: a plain dense tensor under a _plain_key (written out)
             head is not None
             and type(value) is _Tensor
             and value.layout is _STRIDED
@@ -294,8 +294,11 @@ def _make_dirs(root: _Level) -> None:
         except OSError:
             os.makedirs(level.path, exist_ok=True)
             check_not_symlink(level.path)
-            with os.scandir(level.path) as entries:  # e.g. a fresh tempfile.mkdtemp()
-                level.empty = next(entries, None) is None
+            try:
+                with os.scandir(level.path) as entries:  # e.g. a fresh tempfile.mkdtemp()
+                    level.empty = next(entries, None) is None
+            except OSError:  # a folder we may write but not list
+                level.empty = False
 
 
 def _write_metadata(root: _Level, fresh: bool = False) -> tuple[bool, bool]:

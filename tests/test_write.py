@@ -449,6 +449,16 @@ def test_batched_leaves_when_listings_disagree_with_fstat(tmp_path: Path, monkey
     _check_batchable(out)
 
 
+def test_batched_leaves_in_a_folder_that_cannot_be_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def scandir(folder: Any) -> Any:  # a folder with write but no read permission (root ignores modes)
+        raise PermissionError(13, "Permission denied", os.fspath(folder))
+
+    monkeypatch.setattr(tdshare._leaf_files, "scandir", scandir)
+    out = _batchable().memmap(tmp_path / "td")
+    monkeypatch.undo()
+    _check_batchable(out)
+
+
 def test_failure_inside_a_batch_removes_the_half_written_file(tmp_path: Path, fail_third_leaf: _Failer) -> None:
     td = _batchable()  # the level "n" is written first: y0, y1, then y2 fails
     with pytest.raises(OSError, match="third leaf"):
