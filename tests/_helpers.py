@@ -89,13 +89,24 @@ def plain(t: torch.Tensor) -> torch.Tensor:
     return torch.Tensor.as_subclass(t, torch.Tensor)
 
 
-def assert_same_tensordict(a: Any, b: Any) -> None:
-    """Equal batch sizes, key order, dtypes and values (non-tensor values by ==)."""
+def assert_same_tensordict(a: Any, b: Any, *, ordered: bool = True, bitwise: bool = False) -> None:
+    """Equal batch sizes, keys (in order unless ``ordered=False``), dtypes and values (non-tensor values by ==).
+
+    ``bitwise``: tensors hold the same bytes (NaN equals NaN; the dtypes torch.equal cannot compare work).
+    """
     assert a.batch_size == b.batch_size
-    assert list(a.keys(True, True)) == list(b.keys(True, True))
+    if ordered:
+        assert list(a.keys(True, True)) == list(b.keys(True, True))
+    else:
+        assert set(a.keys(True, True)) == set(b.keys(True, True))
     for key, value in a.items(True, True):
         other = b.get(key)
         if isinstance(value, torch.Tensor):
-            assert value.dtype == other.dtype and torch.equal(plain(value), plain(other)), key
+            assert value.dtype == other.dtype and value.shape == other.shape, key
+            if bitwise:
+                mine, theirs = plain(value).contiguous(), plain(other).contiguous()
+                assert torch.equal(mine.view(torch.uint8), theirs.view(torch.uint8)), key
+            else:
+                assert torch.equal(plain(value), plain(other)), key
         else:
             assert value == other, key

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import COMMON_DTYPES, FLOAT8_DTYPES
+from _helpers import COMMON_DTYPES, FLOAT8_DTYPES, assert_same_tensordict, plain
 
 import tdshare
 import tdshare._commit
@@ -44,24 +44,12 @@ def _make(value: float = 0.0) -> TensorDict:
     )
 
 
-def _plain(t: torch.Tensor) -> torch.Tensor:
-    return torch.Tensor.as_subclass(t, torch.Tensor)
-
-
 def _tensor_leaves(td: TensorDict) -> dict[Any, torch.Tensor]:
     return {k: v for k, v in td.items(True, True) if isinstance(v, torch.Tensor)}
 
 
 def _assert_equal(a: TensorDict, b: TensorDict) -> None:
-    assert a.batch_size == b.batch_size
-    assert set(a.keys(True, True)) == set(b.keys(True, True))
-    for key, value in a.items(True, True):
-        other = b.get(key)
-        if isinstance(value, torch.Tensor):
-            assert value.dtype == other.dtype and value.shape == other.shape, key
-            assert torch.equal(_plain(value).view(torch.uint8), _plain(other).contiguous().view(torch.uint8)), key
-        else:
-            assert value == other, key
+    assert_same_tensordict(a, b, ordered=False, bitwise=True)
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
@@ -849,11 +837,11 @@ def test_every_dtype_round_trips(tmp_path: Path, dtype: torch.dtype) -> None:
     assert json.loads((tmp_path / "td" / "meta.json").read_text())["x"]["dtype"] == str(dtype)
     loaded = TensorDict.load(tmp_path / "td")
     assert loaded["x"].dtype == dtype and loaded["n", "y"].dtype == dtype
-    assert torch.equal(_plain(loaded["x"]).view(torch.uint8), value.view(torch.uint8))
-    assert torch.equal(_plain(loaded["n", "y"]).view(torch.uint8), value[:, :2].contiguous().view(torch.uint8))
+    assert torch.equal(plain(loaded["x"]).view(torch.uint8), value.view(torch.uint8))
+    assert torch.equal(plain(loaded["n", "y"]).view(torch.uint8), value[:, :2].contiguous().view(torch.uint8))
     assert (tmp_path / "td" / "x.memmap").stat().st_size == value.numel() * dtype.itemsize
     in_place = TensorDict({"x": value.clone()}, batch_size=[3]).memmap_(tmp_path / "inplace")
-    assert torch.equal(_plain(in_place["x"]).view(torch.uint8), value.view(torch.uint8))
+    assert torch.equal(plain(in_place["x"]).view(torch.uint8), value.view(torch.uint8))
 
 
 def test_odd_layouts_round_trip(tmp_path: Path) -> None:
@@ -880,10 +868,10 @@ def test_odd_layouts_round_trip(tmp_path: Path) -> None:
     for key, value in expected.items():
         got = loaded[key]
         assert got.shape == value.shape and got.is_contiguous() and not got.is_conj() and not got.requires_grad, key
-        assert torch.equal(_plain(got), value), key
+        assert torch.equal(plain(got), value), key
     td.memmap_(tmp_path / "inplace")
     for key, value in expected.items():
-        assert torch.equal(_plain(td[key]), value), key
+        assert torch.equal(plain(td[key]), value), key
 
 
 def test_zero_size_batch_round_trips(tmp_path: Path) -> None:
