@@ -29,7 +29,7 @@ from ._errors import (
     NotSupportedError,
 )
 from ._files import TMP_MARK, tmp_name
-from ._format import LEAF_SUFFIX, META_FILE, PICKLE_FILE, dumps_meta, level_meta
+from ._format import LEAF_SUFFIX, META_FILE, PICKLE_FILE, dumps_level
 from ._read import load_tree
 from ._tdz import Archive, Entry, Source, inflate, parse_compression, pwrite_all, write_archive
 from ._tensordict import TensorDictBase
@@ -64,9 +64,9 @@ def archive_target(prefix: object, archive: bool | None, compression: object) ->
 def _tree_entries(level: _Level) -> Any:
     """The files of a planned tree (``_write._plan`` with the root ``""``) in archive order."""
     rel = "" if not level.path else level.path.replace(os.sep, "/") + "/"
-    yield rel + META_FILE, dumps_meta(level_meta(level.entries, level.src.batch_size, level.names), level.texts)
+    yield rel + META_FILE, dumps_level(level.entries, level.texts, level.src.batch_size, level.names)
     files = [(leaf.path or "", leaf.src) for leaf in level.leaves if leaf.src.numel()]  # zero elements: no file
-    files += [(path, src) for src, path in level.plain]
+    files += [(path, src) for src, path, _ in level.plain]
     for path, src in sorted(files, key=lambda file: file[0]):
         yield path.replace(os.sep, "/"), src
     folders: list[tuple[str, Any]] = [(nt.path or "", nt) for nt in level.nontensors]

@@ -62,7 +62,7 @@ __all__ = [
     "level_meta",
     "nontensor_meta",
     "dumps_json",
-    "dumps_meta",
+    "dumps_level",
     "shared_leaf_entry",
     "loads_json",
     "LevelMeta",
@@ -116,33 +116,45 @@ def shared_leaf_entry(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[dict,
     return entry, json.dumps(entry)
 
 
-def dumps_meta(meta: dict, known: dict[str, str]) -> bytes:
-    """``json.dumps(meta).encode()``, byte for byte, taking the JSON of ``known`` values as given.
+def dumps_level(
+    entries: dict[str, dict], known: dict[str, str], batch_size: Sequence[int], names: list | None
+) -> bytes:
+    """``json.dumps(level_meta(entries, batch_size, names)).encode()``, byte for byte, made faster.
 
-    ``known`` maps keys to the JSON text of their values (leaf entries, from
+    ``known`` maps keys to the JSON text of their entries (leaf entries, from
     :func:`shared_leaf_entry`): a level of thousands of leaves is then mostly joined, not encoded.
-    Each run of other items (a level's own fields, sub-level entries) is encoded by one call.
+    Each run of other entries (sub-levels, non-tensor values) is encoded by one call, and the
+    level's own fields, which follow the entries, come from a cache.  No entry may be named like a
+    field (the write path refuses such keys), so the fields never replace an entry in place.
     """
-    parts = []
+    parts: list[str] = []
     run: dict[str, Any] = {}
-    for key, value in meta.items():
-        text = known.get(key)
+    get, add = known.get, parts.append
+    for key, value in entries.items():
+        text = get(key)
         if text is None:
             run[key] = value
             continue
         if run:
-            parts.append(json.dumps(run)[1:-1])
+            add(json.dumps(run)[1:-1])
             run = {}
         if key.isascii() and key.isidentifier():  # json.dumps writes such a key as is
-            parts.append(f'"{key}": {text}')
+            add(f'"{key}": {text}')
         else:
-            parts.append(f"{json.dumps(key)}: {text}")
+            add(f"{json.dumps(key)}: {text}")
     if run:
-        parts.append(json.dumps(run)[1:-1])
+        add(json.dumps(run)[1:-1])
+    add(_fields_json(tuple(batch_size), None if names is None else tuple(names)))
     return ("{" + ", ".join(parts) + "}").encode("utf-8")
 
 
-def level_meta(entries: dict[str, dict], batch_size: torch.Size, names: list | None) -> dict:
+@functools.lru_cache(maxsize=256)
+def _fields_json(batch_size: tuple[int, ...], names: tuple | None) -> str:
+    """The JSON of a level's own fields, as :func:`dumps_level` appends it (without braces)."""
+    return json.dumps(level_meta({}, batch_size, None if names is None else list(names)))[1:-1]
+
+
+def level_meta(entries: dict[str, dict], batch_size: Sequence[int], names: list | None) -> dict:
     """A TensorDict level's meta.json object (entries first, level fields last)."""
     meta: dict[str, Any] = dict(entries)
     meta["shape"] = list(batch_size)

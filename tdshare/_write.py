@@ -31,13 +31,13 @@ from ._format import (
     META_FILE,
     PICKLE_FILE,
     RESERVED_KEYS,
-    dumps_meta,
+    dumps_level,
     level_meta,
     shared_leaf_entry,
 )
 from ._future import TensorDictFuture
 from ._keys import encode_key, is_safe_legacy_name
-from ._leaf_files import Listing, write_batch, write_leaf
+from ._leaf_files import LeafInfo, Listing, plain_leaf, write_batch, write_leaf
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor, replace_if_changed, write_nontensor
@@ -80,11 +80,11 @@ class _Level:
     src: TensorDictBase
     path: str | None
     entries: dict[str, dict] = field(default_factory=dict)
-    texts: dict[str, str] = field(default_factory=dict)  # the JSON of the leaf entries (dumps_meta)
+    texts: dict[str, str] = field(default_factory=dict)  # the JSON of the leaf entries (dumps_level)
     leaves: list[_Leaf] = field(default_factory=list)
     # plain leaves, the common case, kept lean: dense non-empty tensors under keys that are their file names
     plain_keys: list[str] = field(default_factory=list)
-    plain: list[tuple[torch.Tensor, str]] = field(default_factory=list)  # (tensor, file)
+    plain: list[tuple[torch.Tensor, str, LeafInfo]] = field(default_factory=list)  # (tensor, file, info)
     plain_out: list[MemoryMappedTensor] = field(default_factory=list)  # their mapped tensors, once written
     nontensors: list[_NonTensor] = field(default_factory=list)
     children: list[tuple[str, _Level]] = field(default_factory=list)
@@ -168,14 +168,14 @@ def _plan(
             and key.isidentifier()
             and len(key) <= _PLAIN_MAX
             and key not in RESERVED_KEYS
-            and value.numel()
         ):
             name = key + LEAF_SUFFIX
-            if name not in used:
+            entry, text, info = plain_leaf(value.shape, value.dtype)
+            if info.numel and name not in used:
                 used[name] = key
                 plain_keys.append(key)
-                plain.append((value, head + name))
-                entries[key], texts[key] = shared_leaf_entry(value.shape, value.dtype)
+                plain.append((value, head + name, info))
+                entries[key], texts[key] = entry, text
                 continue
         is_leaf = not isinstance(value, (TensorDictBase, NonTensorData))
         if is_leaf and path is None:  # anonymous memory: no file name, no metadata entry
@@ -273,7 +273,7 @@ def _write_level(level: _Level, existsok: bool, listing: Listing) -> None:
         if level.empty:
             level.plain_out = write_batch(level.path, level.plain, existsok, listing)
         else:
-            level.plain_out = [write_leaf(src, path, existsok) for src, path in level.plain]
+            level.plain_out = [write_leaf(src, path, existsok) for src, path, _ in level.plain]
     for leaf in level.leaves:
         _write_leaf(leaf, existsok)
 
@@ -281,7 +281,9 @@ def _write_level(level: _Level, existsok: bool, listing: Listing) -> None:
 def _as_records(root: _Level) -> None:
     """Turn the plain leaves into :class:`_Leaf` records, which the thread pool writes."""
     for level in root.walk():
-        level.leaves.extend(_Leaf(k, src, path) for k, (src, path) in zip(level.plain_keys, level.plain, strict=True))
+        level.leaves.extend(
+            _Leaf(k, src, path) for k, (src, path, _) in zip(level.plain_keys, level.plain, strict=True)
+        )
         level.plain_keys, level.plain = [], []
 
 
@@ -320,7 +322,7 @@ def _write_metadata(root: _Level, fresh: bool = False) -> tuple[bool, bool]:
         if src._meta_seen is not None and meta == src._meta_seen and src._memmap_prefix == level.path:
             kept = True
             continue
-        data = dumps_meta(meta, level.texts)
+        data = dumps_level(level.entries, level.texts, src.batch_size, level.names)
         if fresh:
             replace_file(level.path + os.sep + META_FILE, data)
             changed = True

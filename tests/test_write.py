@@ -475,6 +475,72 @@ def test_batch_into_a_folder_that_existed_uses_no_listing(tmp_path: Path, monkey
     assert out["x0"]._ino != old_ino
 
 
+def _joinable_mix() -> dict[str, torch.Tensor]:
+    # small leaves of one folder: runs that torch.cat can join, broken by every kind of leaf that cannot be
+    base = torch.arange(12, dtype=torch.float32)
+    return {
+        "a0": base[:4] + 1,
+        "a1": base[4:8].clone(),
+        "a2": torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),  # joins on shape[1:] only: a new run
+        "m0": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        "m1": torch.arange(9, dtype=torch.float32).reshape(3, 3) * -1,
+        "m2": torch.ones(1, 3).expand(4, 3),  # expanded: no memory of its own
+        "g0": torch.linspace(0, 1, 5, requires_grad=True),  # requires grad
+        "g1": torch.full((5,), 7.0),
+        "c0": torch.tensor([1 + 2j, 3 - 4j]).conj(),  # conjugate bit: the file holds the conjugate
+        "c1": torch.tensor([5 + 6j]),
+        "n0": torch.tensor([1.0, -2.0]).conj_physical()._neg_view(),  # negative bit
+        "n1": torch.tensor([3.0, 4.0]),
+        "b0": torch.tensor([True, False, True]),
+        "b1": torch.tensor([False]),
+        "s0": torch.tensor(3.5),  # 0-dim: never joined
+        "s1": torch.tensor(4.5),
+        "h0": torch.arange(3, dtype=torch.float16),
+        "f8": torch.arange(4, dtype=torch.float32).to(torch.float8_e4m3fn),  # not in the joinable dtypes
+        "f9": torch.arange(4, dtype=torch.float32).to(torch.float8_e4m3fn),
+        "big0": torch.arange(2_000, dtype=torch.float32),  # over the join limit: one at a time
+        "i0": torch.arange(3, dtype=torch.int64),
+        "i1": torch.arange(5, dtype=torch.int64) * 3,
+        "u0": torch.arange(4, dtype=torch.uint8),
+    }
+
+
+def test_joined_leaf_bytes_are_each_leafs_own(tmp_path: Path) -> None:
+    leaves = _joinable_mix()
+    expected = {k: v.detach().resolve_conj().resolve_neg().clone() for k, v in leaves.items()}
+
+    def raw(t: torch.Tensor) -> bytes:
+        return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+    td = TensorDict({**leaves, "n": TensorDict(dict(leaves), [])}, batch_size=[])
+    td.memmap_(tmp_path / "td")
+    back = TensorDict.load(tmp_path / "td")
+    for prefix in ((), ("n",)):
+        for key, want in expected.items():
+            for got in (td[(*prefix, key)], back[(*prefix, key)]):
+                assert got.shape == want.shape and got.dtype == want.dtype, key
+                assert raw(got) == raw(want), key
+            assert (tmp_path / "td" / Path(*prefix) / f"{key}.memmap").read_bytes() == raw(want), key
+
+
+def test_leaves_joined_in_runs_of_at_most_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tdshare._leaf_files, "_JOIN_MAX_LEAVES", 3)
+    joined: list[int] = []
+    real = torch.cat
+
+    def cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+        joined.append(len(tensors))
+        return real(tensors)
+
+    monkeypatch.setattr(tdshare._leaf_files.torch, "cat", cat)
+    td = TensorDict({f"x{i}": torch.full((2,), float(i)) for i in range(8)}, batch_size=[])
+    td.memmap_(tmp_path / "td")
+    monkeypatch.undo()
+    assert joined == [3, 3, 2]
+    for i in range(8):
+        assert (tmp_path / "td" / f"x{i}.memmap").read_bytes() == torch.full((2,), float(i)).numpy().tobytes()
+
+
 # -- robust_key -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("robust_key", [True, None])
 def test_robust_key_encodes_names(tmp_path: Path, robust_key: bool | None) -> None:
