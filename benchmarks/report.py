@@ -72,6 +72,9 @@ def render(rows: Sequence[Row], libraries: Sequence[str] = ("tdshare", "tensordi
             _ratio(row.ratio(a, LIMIT)),
         ]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    notes = [f"- {row.name}: {row.note}" for row in rows if row.note]
+    if notes:
+        lines += ["", "Notes:", *notes]
     return "\n".join(lines)
 
 

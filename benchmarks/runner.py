@@ -56,7 +56,7 @@ def _quiet(scratch: Scratch) -> None:
     small files on ext4 here cost 5-10x its normal time, whichever library was being measured.
     """
     os.sync()
-    per_file, waited = settle(scratch, limit_s=60.0)
+    per_file, waited = settle(scratch, limit_s=120.0)
     if waited >= 1:
         log(f"  (waited {waited:.0f} s for file creation to settle: {per_file:.0f} µs a file)")
 

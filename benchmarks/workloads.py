@@ -213,7 +213,8 @@ def small_leaves(cfg: Config, backends: list[Backend], scratch: Scratch, shm: Sc
             else:
                 cases[LIMIT] = limits.segment_case(leaves)
                 limit = "copy into views of one memfd"
-            res = run_interleaved(cases, cfg.reps, cfg.warmup)
+            # each case starts with nothing left to write back: the cases before it wrote thousands of files
+            res = run_interleaved(cases, cfg.reps, cfg.warmup, before=os.sync if store is not None else None)
             rows.append(
                 Row(
                     group,
@@ -221,6 +222,7 @@ def small_leaves(cfg: Config, backends: list[Backend], scratch: Scratch, shm: Sc
                     "time",
                     res[""],
                     limit_name=limit,
+                    note=_slow_creation_note(res[""].get(LIMIT), n) if store is not None else None,
                 )
             )
 
@@ -238,6 +240,20 @@ def small_leaves(cfg: Config, backends: list[Backend], scratch: Scratch, shm: Sc
         del leaves
         gc.collect()
     return rows
+
+
+def _slow_creation_note(limit: Cell | None, files: int) -> str | None:
+    """A note when creating files cost far more than on a quiet file system during a row."""
+    per_file = None if limit is None or limit.value is None else limit.value / files * 1e6
+    if per_file is None or per_file <= _SLOW_CREATE_US:
+        return None
+    return (
+        f"creating a file cost {per_file:.0f} µs during this row (5-15 µs on a quiet ext4 here): "
+        "the file system's state, which every library pays alike, pulls this ratio toward 1"
+    )
+
+
+_SLOW_CREATE_US = 40.0
 
 
 # -- refresh ------------------------------------------------------------------------------------

@@ -60,10 +60,13 @@ def test_tiny_workloads_give_sensible_rows(tmp_path: Path) -> None:
 def test_settle_measures_file_creation_and_keeps_its_probes(tmp_path: Path) -> None:
     common = _import("benchmarks._common")
     scratch = common.Scratch(str(tmp_path))
-    per_file, waited = common.settle(scratch, normal_us=1e9)  # any cost is normal: one probe
+    per_file, waited = common.settle(scratch, normal_us=1e9, calm=1)  # any cost is normal: one probe
     probes = [p for p in Path(scratch.root).iterdir() if p.name.startswith("settle")]
     assert 0 < per_file < 1e6 and 0 <= waited < 30
-    assert len(probes) == 1 and len(list(probes[0].iterdir())) == 500
+    assert len(probes) == 1  # 50 folders of 20 files, the shape of the "fresh folder" rows
+    assert sorted(len(list(d.iterdir())) for d in probes[0].iterdir()) == [20] * 50
+    per_file, waited = common.settle(scratch, normal_us=0.0, limit_s=0.0)  # never calm: gives up at once
+    assert per_file > 0 and len([p for p in Path(scratch.root).iterdir() if p.name.startswith("settle")]) == 2
     scratch.close()
     assert not list(tmp_path.iterdir())
 
@@ -81,6 +84,32 @@ def test_missing_features_print_unsupported() -> None:
     res = common.run_interleaved({"a": lambda: 1.0, "b": broken}, reps=2, warmup=1)
     assert res[""]["a"].values == [1.0, 1.0] and res[""]["a"].value == 1.0
     assert res[""]["b"].error == "unsupported" and res[""]["b"].value is None
+
+
+def test_rows_note_slow_file_creation() -> None:
+    common = _import("benchmarks._common")
+    workloads = _import("benchmarks.workloads")
+    report = _import("benchmarks.report")
+    assert workloads._slow_creation_note(common.Cell(values=[0.010]), 1000) is None  # 10 µs a file: quiet
+    note = workloads._slow_creation_note(common.Cell(values=[0.130]), 1000)
+    assert note is not None and "130 µs" in note
+    assert workloads._slow_creation_note(common.Cell(error="unsupported"), 1000) is None
+    row = common.Row("g", "memmap_ x", "time", {"tdshare": common.Cell(values=[1.0])}, note=note)
+    assert report.render([row]).endswith(f"Notes:\n- memmap_ x: {note}")
+
+
+def test_run_interleaved_runs_before_ahead_of_every_case() -> None:
+    common = _import("benchmarks._common")
+    calls: list[str] = []
+    res = common.run_interleaved(
+        {"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 2.0},
+        reps=2,
+        warmup=1,
+        before=lambda: calls.append("sync"),
+    )
+    # three rounds, each starting one case later, every case preceded by the hook
+    assert calls == ["sync", "a", "sync", "b", "sync", "b", "sync", "a", "sync", "a", "sync", "b"]
+    assert res[""]["b"].values == [2.0, 2.0]
 
 
 def test_only_selects_groups() -> None:
