@@ -28,6 +28,7 @@ __all__ = [
     "tmp_name",
     "tensor_buffer",
     "tensor_memory",
+    "shaped",
     "write_file",
     "write_files",
     "replace_file",
@@ -85,6 +86,14 @@ def tensor_buffer(tensor: torch.Tensor) -> memoryview | bytes:
 
 
 _SMALL = 1 << 16
+
+
+def shaped(flat: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``flat.view(shape)``, faster: ``view(*ints)`` parses in half the time of a tuple or ``torch.Size``.
+
+    Saving or loading thousands of multi-dimensional leaves calls it once per leaf.
+    """
+    return flat.view(*shape) if shape else flat.view(())
 
 
 def tensor_memory(t: torch.Tensor) -> memoryview:

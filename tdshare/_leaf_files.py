@@ -30,11 +30,11 @@ from typing import cast
 import torch
 from torch import from_file
 
-from ._files import tensor_buffer, write_file, write_files
+from ._files import shaped, tensor_buffer, write_file, write_files
 from ._format import shared_leaf_entry
 from ._memmap import MemoryMappedTensor
 
-__all__ = ["LeafInfo", "Listing", "plain_leaf", "write_batch", "write_leaf"]
+__all__ = ["LeafPlan", "Listing", "plain_leaf", "write_batch", "write_leaf"]
 
 _adopt = MemoryMappedTensor._adopt
 # dtypes whose CPU concatenation is a plain byte copy in every torch we support
@@ -46,7 +46,7 @@ _JOIN_MAX_BYTES = 4096  # larger leaves are copied once, by themselves: joining 
 _JOIN_MAX_LEAVES = 1024  # at most 4 MiB joined at a time
 
 
-class LeafInfo:
+class LeafPlan:
     """What the write path needs of a leaf's (shape, dtype), computed once for all leaves that share it."""
 
     __slots__ = ("dims", "dtype", "join", "nbytes", "numel")
@@ -65,20 +65,15 @@ class LeafInfo:
 
 
 @functools.lru_cache(maxsize=1024)
-def plain_leaf(shape: torch.Size, dtype: torch.dtype) -> tuple[dict, str, LeafInfo]:
-    """The metadata entry of a leaf, its JSON text and its :class:`LeafInfo`: one lookup per leaf."""
+def plain_leaf(shape: torch.Size, dtype: torch.dtype) -> tuple[dict, str, LeafPlan]:
+    """The metadata entry of a leaf, its JSON text and its :class:`LeafPlan`: one lookup per leaf."""
     entry, text = shared_leaf_entry(shape, dtype)
-    return entry, text, LeafInfo(shape, dtype)
-
-
-def _shaped(flat: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    # view(*ints) parses in half the time of view(torch.Size); a scalar needs view(())
-    return flat.view(*dims) if dims else flat.view(())
+    return entry, text, LeafPlan(shape, dtype)
 
 
 def _map(src: torch.Tensor, path: str, ino: int) -> MemoryMappedTensor:
     flat = from_file(path, True, src.numel(), dtype=src.dtype)
-    return _adopt(flat if src.dim() == 1 else _shaped(flat, tuple(src.shape)), path, ino)
+    return _adopt(flat if src.dim() == 1 else shaped(flat, tuple(src.shape)), path, ino)
 
 
 def write_leaf(src: torch.Tensor, path: str, existsok: bool) -> MemoryMappedTensor:
@@ -88,7 +83,7 @@ def write_leaf(src: torch.Tensor, path: str, existsok: bool) -> MemoryMappedTens
     return _map(src, path, ino)
 
 
-def _leaf_bytes(files: Sequence[tuple[torch.Tensor, str, LeafInfo]]) -> list[tuple[str, memoryview | bytes]]:
+def _leaf_bytes(files: Sequence[tuple[torch.Tensor, str, LeafPlan]]) -> list[tuple[str, memoryview | bytes]]:
     """``(path, bytes)`` for every leaf; runs of joinable leaves are concatenated once (see the module docstring)."""
     out: list[tuple[str, memoryview | bytes]] = []
     i, n = 0, len(files)
@@ -132,7 +127,7 @@ class Listing:
 
 
 def write_batch(
-    folder: str, files: Sequence[tuple[torch.Tensor, str, LeafInfo]], existsok: bool, listing: Listing
+    folder: str, files: Sequence[tuple[torch.Tensor, str, LeafPlan]], existsok: bool, listing: Listing
 ) -> list[MemoryMappedTensor]:
     """Write the non-empty leaves ``(tensor, path, info)`` into ``folder`` (empty when the write began); map them.
 
@@ -159,7 +154,7 @@ def write_batch(
     for _, path, info in files:
         flat = mapped(path, True, info.numel, dtype=info.dtype)
         if info.dims is not None:
-            flat = _shaped(flat, info.dims)
+            flat = shaped(flat, info.dims)
         flat.__class__ = cls  # what _adopt does, written out
         leaf = cast(MemoryMappedTensor, flat)
         leaf._filename = path

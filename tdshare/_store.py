@@ -33,6 +33,7 @@ from ._errors import (
     MissingMetadataError,
     PickleRefusedError,
 )
+from ._files import shaped
 from ._format import LEAF_SUFFIX, META_FILE, LeafInfo, loads_json
 from ._keys import encode_key, is_safe_legacy_name
 from ._memmap import MemoryMappedTensor
@@ -402,7 +403,7 @@ class DirectoryStore(Store):
                 flat = from_file(path, shared=False, size=numel, dtype=dtype)
             else:  # group/other permissions, ACLs: the careful path
                 flat = _map(path, mode, numel, dtype, st)
-            leaf = adopt(flat if len(shape) == 1 else flat.view(shape), path, st.st_ino)
+            leaf = adopt(flat if len(shape) == 1 else shaped(flat, shape), path, st.st_ino)
             if mode is not None:
                 leaf._mode = mode
             out[key] = leaf

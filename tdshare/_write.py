@@ -37,7 +37,7 @@ from ._format import (
 )
 from ._future import TensorDictFuture
 from ._keys import encode_key, is_safe_legacy_name
-from ._leaf_files import LeafInfo, Listing, plain_leaf, write_batch, write_leaf
+from ._leaf_files import LeafPlan, Listing, plain_leaf, write_batch, write_leaf
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor, replace_if_changed, write_nontensor
@@ -84,7 +84,7 @@ class _Level:
     leaves: list[_Leaf] = field(default_factory=list)
     # plain leaves, the common case, kept lean: dense non-empty tensors under keys that are their file names
     plain_keys: list[str] = field(default_factory=list)
-    plain: list[tuple[torch.Tensor, str, LeafInfo]] = field(default_factory=list)  # (tensor, file, info)
+    plain: list[tuple[torch.Tensor, str, LeafPlan]] = field(default_factory=list)  # (tensor, file, info)
     plain_out: list[MemoryMappedTensor] = field(default_factory=list)  # their mapped tensors, once written
     nontensors: list[_NonTensor] = field(default_factory=list)
     children: list[tuple[str, _Level]] = field(default_factory=list)
