@@ -243,10 +243,20 @@ class Row:
         return self.kind == "rate"
 
     def ratio(self, a: str, b: str) -> float | None:
-        """How much better ``a`` is than ``b`` (``b``'s time / ``a``'s time for times)."""
-        va, vb = self.cells.get(a, Cell()).value, self.cells.get(b, Cell()).value
+        """How much better ``a`` is than ``b`` (``b``'s time / ``a``'s time for times).
+
+        Times and rates measured round by round (:func:`run_interleaved`, both cases back to back
+        in each round) give the median of the rounds' ratios: this machine has slow phases of
+        seconds, and a phase that covers some rounds then cancels out instead of moving one
+        library's median.  Other rows give the ratio of the medians.
+        """
+        ca, cb = self.cells.get(a, Cell()), self.cells.get(b, Cell())
+        va, vb = ca.value, cb.value
         if va is None or vb is None or va <= 0 or vb <= 0:
             return None
+        if self.kind in ("time", "rate") and len(ca.values) == len(cb.values) >= 3 and min(ca.values + cb.values) > 0:
+            rounds = [x / y if self.higher_is_better else y / x for x, y in zip(ca.values, cb.values, strict=True)]
+            return float(statistics.median(rounds))
         return va / vb if self.higher_is_better else vb / va
 
     def to_json(self) -> dict[str, Any]:

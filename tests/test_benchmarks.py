@@ -86,6 +86,19 @@ def test_missing_features_print_unsupported() -> None:
     assert res[""]["b"].error == "unsupported" and res[""]["b"].value is None
 
 
+def test_ratio_is_the_median_of_the_rounds_ratios() -> None:
+    common = _import("benchmarks._common")
+    cells = {"tdshare": common.Cell(values=[1.0, 3.0, 3.0]), "tensordict": common.Cell(values=[4.0, 9.0, 12.0])}
+    # rounds: 4, 3 and 4 times faster; the medians alone (3 and 9) would say 3
+    assert common.Row("g", "t", "time", cells).ratio("tdshare", "tensordict") == 4.0
+    rates = {"tdshare": common.Cell(values=[8.0, 6.0, 10.0]), "tensordict": common.Cell(values=[2.0, 3.0, 2.0])}
+    assert common.Row("g", "r", "rate", rates).ratio("tdshare", "tensordict") == 4.0  # rounds: 4, 2, 5
+    sizes = {"tdshare": common.Cell(values=[1.0, 3.0, 3.0]), "tensordict": common.Cell(values=[4.0, 9.0, 12.0])}
+    assert common.Row("g", "s", "bytes", sizes).ratio("tdshare", "tensordict") == 3.0  # not rounds: the medians
+    uneven = {"tdshare": common.Cell(values=[1.0, 3.0]), "tensordict": common.Cell(values=[4.0, 9.0, 12.0])}
+    assert common.Row("g", "t", "time", uneven).ratio("tdshare", "tensordict") == 9.0 / 2.0
+
+
 def test_rows_note_slow_file_creation() -> None:
     common = _import("benchmarks._common")
     workloads = _import("benchmarks.workloads")
