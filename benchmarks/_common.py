@@ -63,6 +63,7 @@ class Config:
 
     mode: str
     reps: int
+    small_reps: int  # the small-leaf rows: milliseconds each, and the noisiest ratios
     warmup: int
     big_leaves: int
     big_leaf_bytes: int
@@ -94,6 +95,7 @@ def config_for(mode: str, base_dir: str, shm_dir: str | None, reps: int | None =
     if mode == "full":
         cfg = dict(
             reps=5,
+            small_reps=9,
             warmup=1,
             big_leaves=4,
             big_leaf_bytes=256 * MiB,
@@ -112,6 +114,7 @@ def config_for(mode: str, base_dir: str, shm_dir: str | None, reps: int | None =
     elif mode == "quick":
         cfg = dict(
             reps=3,
+            small_reps=5,
             warmup=1,
             big_leaves=4,
             big_leaf_bytes=32 * MiB,
@@ -130,6 +133,7 @@ def config_for(mode: str, base_dir: str, shm_dir: str | None, reps: int | None =
     elif mode == "tiny":
         cfg = dict(
             reps=1,
+            small_reps=1,
             warmup=0,
             big_leaves=2,
             big_leaf_bytes=MiB,
@@ -148,7 +152,7 @@ def config_for(mode: str, base_dir: str, shm_dir: str | None, reps: int | None =
     else:
         raise ValueError(f"unknown mode {mode!r}")
     if reps is not None:
-        cfg["reps"] = reps
+        cfg["reps"] = cfg["small_reps"] = reps
     return Config(
         mode=mode,
         small_subtds=100 if mode != "tiny" else 2,

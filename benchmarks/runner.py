@@ -78,6 +78,7 @@ def machine(cfg: Config) -> dict[str, Any]:
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "mode": cfg.mode,
         "reps": cfg.reps,
+        "small_reps": cfg.small_reps,
         "warmup": cfg.warmup,
     }
 
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     header = machine(cfg)
     header["libraries"] = {b.name: b.version for b in backends} | {n: None for n in missing}
     log(
-        f"{cfg.mode} run, {cfg.reps} reps after {cfg.warmup} warm-up, in {header['dir_filesystem']}; "
+        f"{cfg.mode} run, {cfg.reps} reps ({cfg.small_reps} for small leaves) after {cfg.warmup} warm-up, "
+        f"in {header['dir_filesystem']}; "
         + ", ".join(f"{b.name} {b.version}" for b in backends)
     )
     per_file, waited = settle(scratch)
@@ -145,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{header['date']}; {header['cpus']} CPUs ({header['cpu']}), {header['memory_gib']} GiB, "
         f"folders in {header['dir_filesystem']}; torch {header['torch']}; "
         + ", ".join(f"{k} {v}" for k, v in header["libraries"].items())
-        + f"; {cfg.mode}: median of {cfg.reps} after {cfg.warmup} warm-up; {header['elapsed_s']} s; "
+        + f"; {cfg.mode}: median of {cfg.reps} ({cfg.small_reps} for small leaves) after {cfg.warmup} warm-up; "
+        f"{header['elapsed_s']} s; "
         f"load average {header['load_average_start'][0]} at the start, {header['load_average_end'][0]} at the end; "
         f"creating a file cost {header['file_create_us_at_start']} µs at the start"
     )

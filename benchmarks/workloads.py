@@ -214,7 +214,7 @@ def small_leaves(cfg: Config, backends: list[Backend], scratch: Scratch, shm: Sc
                 cases[LIMIT] = limits.segment_case(leaves)
                 limit = "copy into views of one memfd"
             # each case starts with nothing left to write back: the cases before it wrote thousands of files
-            res = run_interleaved(cases, cfg.reps, cfg.warmup, before=os.sync if store is not None else None)
+            res = run_interleaved(cases, cfg.small_reps, cfg.warmup, before=os.sync if store is not None else None)
             rows.append(
                 Row(
                     group,
@@ -233,7 +233,7 @@ def small_leaves(cfg: Config, backends: list[Backend], scratch: Scratch, shm: Sc
 
         cases = {b.name: _load_case(b, folders) for b in backends}
         cases[LIMIT] = limits.map_files_case(paths, cfg.small_leaf_floats)
-        res = run_interleaved(cases, cfg.reps, cfg.warmup)
+        res = run_interleaved(cases, cfg.small_reps, cfg.warmup)
         rows.append(Row(group, f"load_memmap {n:,} leaves", "time", res[""], limit_name=f"map {n:,} files"))
         for folder in [*folders.values(), raw]:
             scratch.remove(folder)
