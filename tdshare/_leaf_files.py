@@ -14,8 +14,9 @@ not, every file of the batch is stat-ed instead, and the rest of the write uses 
 A batch also takes the bytes of its small leaves in one step: runs of leaves that
 ``torch.cat`` can join (same dtype and trailing shape) are concatenated once and each file
 gets a slice of the result.  The concatenation holds each leaf's C-order bytes in turn, with
-conjugate and negative bits resolved, like :func:`~tdshare._files.tensor_buffer`, for a
-fifth of its cost per leaf.
+conjugate and negative bits resolved, like :func:`~tdshare._files.tensor_buffer`, at about a
+quarter of its cost per leaf (0.3 against 1.2 µs, 100 leaves a folder).  A run that
+``torch.cat`` refuses (leaves on different devices) falls back to one leaf at a time.
 """
 
 from __future__ import annotations

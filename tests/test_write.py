@@ -541,6 +541,20 @@ def test_leaves_joined_in_runs_of_at_most_the_limit(tmp_path: Path, monkeypatch:
         assert (tmp_path / "td" / f"x{i}.memmap").read_bytes() == torch.full((2,), float(i)).numpy().tobytes()
 
 
+def test_a_run_that_cannot_be_joined_is_written_leaf_by_leaf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def cat(tensors: list[torch.Tensor]) -> torch.Tensor:  # as for leaves on different devices
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    monkeypatch.setattr(tdshare._leaf_files.torch, "cat", cat)
+    leaves = _joinable_mix()
+    td = TensorDict(dict(leaves), batch_size=[])
+    td.memmap_(tmp_path / "td")
+    monkeypatch.undo()
+    for key, value in leaves.items():
+        want = value.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+        assert (tmp_path / "td" / f"{key}.memmap").read_bytes() == want.numpy().tobytes(), key
+
+
 # -- robust_key -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("robust_key", [True, None])
 def test_robust_key_encodes_names(tmp_path: Path, robust_key: bool | None) -> None:
