@@ -324,7 +324,7 @@ def build_from_tensor(tensor: torch.Tensor, copy_data: bool) -> Builder:
             return out
         if src.numel() == 0:
             return MemoryMappedTensor._wrap(torch.empty(shape, dtype=dtype), None, None, None)
-        write_file(path, tensor_buffer(src), existsok=True)
+        write_file(path, tensor_buffer(src, path), existsok=True)
         flat = torch.from_file(path, shared=True, size=src.numel(), dtype=dtype)
         return MemoryMappedTensor._wrap(flat.view(shape), path, None, None)
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ._errors import CorruptDataError, FileExistsRuntimeError, MemmapError
+from ._errors import CorruptDataError, FileExistsRuntimeError, MemmapError, NotSupportedError
 
 __all__ = [
     "TMP_MARK",
@@ -63,10 +63,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def tensor_buffer(tensor: torch.Tensor) -> memoryview | bytes:
+def tensor_buffer(tensor: torch.Tensor, dest: str | None = None) -> memoryview | bytes:
     """The C-order bytes of a tensor: a view of a contiguous CPU tensor's memory, else a CPU copy.
 
     Small ones (up to 64 KiB) come as ``bytes``: one C copy costs less than building a view.
+    ``dest``, the file the bytes are for, names the tensor if it has no data (the meta device).
     """
     nbytes = tensor.nbytes
     if 0 < nbytes <= _SMALL and tensor.is_cpu and tensor.is_contiguous() and not tensor.is_conj():
@@ -74,6 +75,12 @@ def tensor_buffer(tensor: torch.Tensor) -> memoryview | bytes:
             return ctypes.string_at(tensor.data_ptr(), nbytes)
     t = tensor.detach() if tensor.requires_grad else tensor
     if not t.is_cpu:
+        if t.is_meta:
+            where = f"the file {dest!r}" if dest is not None else "a file"
+            raise NotSupportedError(
+                f"Cannot write {where}: its tensor is on the meta device, which holds a shape and a dtype but "
+                "no data. Materialize it first (e.g. torch.zeros_like(t, device='cpu')) or leave it out."
+            )
         t = t.cpu()
     if t.is_conj():
         t = t.resolve_conj()

@@ -79,7 +79,7 @@ def _map(src: torch.Tensor, path: str, ino: int) -> MemoryMappedTensor:
 
 def write_leaf(src: torch.Tensor, path: str, existsok: bool) -> MemoryMappedTensor:
     """Write the non-empty ``src`` as the file ``path`` (a new file, or a replacement) and map it."""
-    ino = write_file(path, tensor_buffer(src), existsok=existsok)
+    ino = write_file(path, tensor_buffer(src, path), existsok=existsok)
     assert ino is not None
     return _map(src, path, ino)
 
@@ -104,6 +104,8 @@ def _leaf_bytes(files: Sequence[tuple[torch.Tensor, str, LeafPlan]]) -> list[tup
                 j = i + 1
             else:
                 if not flat.is_cpu:
+                    if flat.is_meta:  # no data to write: raises the error that names the leaf
+                        tensor_buffer(src, path)  # raises
                     flat = flat.cpu()
                 blob = memoryview(string_at(flat.data_ptr(), flat.nbytes))
                 start = 0
@@ -113,7 +115,7 @@ def _leaf_bytes(files: Sequence[tuple[torch.Tensor, str, LeafPlan]]) -> list[tup
                     start = end
                 i = j
                 continue
-        out.append((path, tensor_buffer(src)))
+        out.append((path, tensor_buffer(src, path)))
         i = j
     return out
 

@@ -150,7 +150,7 @@ class MemoryMappedTensor(torch.Tensor):
         if numel == 0:
             return cls._wrap(torch.empty(out_shape, dtype=src.dtype), None, None, None)
         if copy_data:
-            write_file(path, tensor_buffer(src), existsok=existsok)
+            write_file(path, tensor_buffer(src, path), existsok=existsok)
         else:
             reserve_file(path, numel * src.dtype.itemsize, existsok=existsok)
         flat = map_file(path, src.dtype, numel, None)

@@ -555,6 +555,15 @@ def test_a_run_that_cannot_be_joined_is_written_leaf_by_leaf(tmp_path: Path, mon
         assert (tmp_path / "td" / f"{key}.memmap").read_bytes() == want.numpy().tobytes(), key
 
 
+@pytest.mark.parametrize("count", [1, 3])  # one leaf; a batch joined by torch.cat
+def test_a_leaf_on_the_meta_device_is_refused_by_file_name(tmp_path: Path, count: int) -> None:
+    td = TensorDict({f"x{i}": torch.zeros(4, device="meta") for i in range(count)}, batch_size=[])
+    with pytest.raises(NotImplementedError, match=r"x0\.memmap.*meta device.*no data"):
+        td.memmap_(tmp_path / "td")
+    assert not any(name.endswith(".memmap") or name == "meta.json" for name in _files(tmp_path / "td"))
+    assert not td.is_memmap() and td["x0"].is_meta
+
+
 # -- robust_key -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("robust_key", [True, None])
 def test_robust_key_encodes_names(tmp_path: Path, robust_key: bool | None) -> None:
