@@ -313,10 +313,10 @@ def build_empty(path: str | None, shape: torch.Size, dtype: torch.dtype) -> Memo
 
 
 def build_from_tensor(tensor: torch.Tensor, copy_data: bool) -> Builder:
-    src = tensor.detach().cpu()
+    src = tensor.detach().cpu() if copy_data else None  # without data to copy, any device will do
 
     def build(path: str | None, shape: torch.Size, dtype: torch.dtype) -> MemoryMappedTensor:
-        if not copy_data:
+        if src is None:
             return build_empty(path, shape, dtype)
         if path is None:
             out = MemoryMappedTensor._anonymous(shape, dtype)

@@ -400,6 +400,7 @@ def _failing_calls(folder: Path) -> list[tuple[str, Callable[[TensorDict], Any],
         ("existing key", lambda td: td.make_memmap("a", (4,)), RuntimeError),
         ("existing nested key", lambda td: td.make_memmap_from_tensor(("n", "b"), torch.ones(4, 2)), RuntimeError),
         ("existing non-tensor", lambda td: td.make_memmap("s", (4,)), RuntimeError),
+        ("meta tensor", lambda td: td.make_memmap_from_tensor("x", torch.ones(4, device="meta")), NotImplementedError),
     ]
 
 
@@ -428,6 +429,9 @@ def test_a_new_entry_never_reuses_stale_bytes(tmp_path: Path) -> None:
     assert td.make_memmap("b", (4,)).tolist() == [0.0] * 4
     assert td.make_memmap(("n", "c"), (4, 2)).tolist() == [[0.0, 0.0]] * 4
     assert td.make_memmap_from_tensor("t", torch.ones(4, 3), copy_data=False).tolist() == [[0.0] * 3] * 4
+    # no data to copy: a tensor on the meta device gives its shape and dtype
+    made = td.make_memmap_from_tensor("m", torch.ones(4, 2, dtype=torch.int16, device="meta"), copy_data=False)
+    assert made.tolist() == [[0, 0]] * 4 and made.dtype == torch.int16
     fresh = TensorDict.load(folder)
     assert fresh["b"].tolist() == [0.0] * 4 and fresh["n", "c"].sum() == 0 and fresh["t"].sum() == 0
     assert (folder / "b.memmap").stat().st_size == 16  # a new file, not the old one extended or cut
