@@ -29,6 +29,7 @@ __all__ = [
     "tensor_buffer",
     "tensor_memory",
     "shaped",
+    "no_data_error",
     "write_file",
     "write_files",
     "replace_file",
@@ -76,11 +77,7 @@ def tensor_buffer(tensor: torch.Tensor, dest: str | None = None) -> memoryview |
     t = tensor.detach() if tensor.requires_grad else tensor
     if not t.is_cpu:
         if t.is_meta:
-            where = f"the file {dest!r}" if dest is not None else "a file"
-            raise NotSupportedError(
-                f"Cannot write {where}: its tensor is on the meta device, which holds a shape and a dtype but "
-                "no data. Materialize it first (e.g. torch.zeros_like(t, device='cpu')) or leave it out."
-            )
+            raise no_data_error(f"Cannot write {'the file ' + repr(dest) if dest is not None else 'a file'}")
         t = t.cpu()
     if t.is_conj():
         t = t.resolve_conj()
@@ -93,6 +90,14 @@ def tensor_buffer(tensor: torch.Tensor, dest: str | None = None) -> memoryview |
 
 
 _SMALL = 1 << 16
+
+
+def no_data_error(what: str, fix: str = "") -> NotSupportedError:
+    """The error for a tensor on the meta device, which has a shape and a dtype but no data to write."""
+    return NotSupportedError(
+        f"{what}: its tensor is on the meta device, which holds a shape and a dtype but no data. "
+        + (fix or "Materialize it first (e.g. torch.zeros_like(t, device='cpu')) or leave it out.")
+    )
 
 
 def shaped(flat: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:

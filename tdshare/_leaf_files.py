@@ -99,13 +99,13 @@ def _leaf_bytes(files: Sequence[tuple[torch.Tensor, str, LeafPlan]]) -> list[tup
         if j - i > 1:
             run = files[i:j]
             try:
-                flat = torch.cat([f[0] for f in run])
-            except RuntimeError:  # e.g. leaves on different devices: one at a time
+                flat: torch.Tensor | None = torch.cat([f[0] for f in run])
+            except RuntimeError:  # e.g. leaves on different devices
+                flat = None
+            if flat is None or flat.is_meta:  # one leaf at a time (a meta leaf is refused by name there)
                 j = i + 1
             else:
                 if not flat.is_cpu:
-                    if flat.is_meta:  # no data to write: raises the error that names the leaf
-                        tensor_buffer(src, path)  # raises
                     flat = flat.cpu()
                 blob = memoryview(string_at(flat.data_ptr(), flat.nbytes))
                 start = 0

@@ -17,8 +17,8 @@ from typing import Any, cast
 
 import torch
 
-from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
-from ._files import map_file, reserve_file, tensor_buffer, write_file
+from ._errors import InvalidArgumentError, MemmapError
+from ._files import map_file, no_data_error, reserve_file, tensor_buffer, write_file
 from ._indexing import contiguous_strides
 from ._segments import Segment
 
@@ -135,7 +135,7 @@ class MemoryMappedTensor(torch.Tensor):
                 )
         src = input.detach()
         if src.device.type == "meta":
-            raise NotSupportedError("A tensor on the meta device has no data to memory-map.")
+            raise no_data_error(f"Cannot memory-map {'to ' + repr(path) if path is not None else 'anonymously'}")
         if src.device.type != "cpu":
             src = src.cpu()
         out_shape = src.shape if shape is None else torch.Size(shape)

@@ -21,7 +21,8 @@ from ._entries import (
     check_storage,
     storage_entry_checks,
 )
-from ._errors import MemmapError, NotMemmapError, NotSupportedError
+from ._errors import MemmapError, NotMemmapError
+from ._files import no_data_error
 from ._future import TensorDictFuture
 from ._keys import NestedKey, encode_key
 from ._memmap import MemoryMappedTensor
@@ -234,9 +235,9 @@ class TensorDict(TensorDictBase):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"make_memmap_from_tensor expects a torch.Tensor, got {type(tensor).__name__}.")
         if copy_data and tensor.is_meta:
-            raise NotSupportedError(
-                f"make_memmap_from_tensor({key!r}): the tensor is on the meta device and has no data to copy; "
-                "pass copy_data=False for an entry of its shape and dtype filled with zeros."
+            raise no_data_error(
+                f"make_memmap_from_tensor({key!r})",
+                "Pass copy_data=False for an entry of its shape and dtype filled with zeros.",
             )
         return add_entry(self, key, tensor.shape, tensor.dtype, robust_key, build_from_tensor(tensor, copy_data))
 
