@@ -25,7 +25,7 @@ from ._files import replace_file, reserve_file, tensor_buffer, write_file
 from ._format import LEAF_SUFFIX, META_FILE, NO_FILE_FIELD, dumps_json, leaf_entry, level_meta, loads_json
 from ._indexing import contiguous_strides
 from ._keys import NestedKey, unravel_key
-from ._memmap import MemoryMappedTensor, _storage_filename
+from ._memmap import MemoryMappedTensor, storage_filename
 from ._read import read_meta
 from ._registry import SharedRegistry, unchanged_since
 from ._runtime import ensure_store, read_manifest, write_manifest
@@ -346,7 +346,7 @@ def check_storage(storage: Any, shape: torch.Size | Sequence[int], dtype: torch.
 
 def build_from_storage(storage: torch.UntypedStorage) -> Builder:
     """Wrap ``storage`` without copying."""
-    stored = _storage_filename(storage)
+    stored = storage_filename(storage)
 
     def build(path: str | None, shape: torch.Size, dtype: torch.dtype) -> MemoryMappedTensor:
         t = torch.empty(0, dtype=dtype).set_(storage, 0, shape, contiguous_strides(shape))
@@ -359,7 +359,7 @@ def storage_entry_checks(
     td: TensorDictBase, key: NestedKey, storage: torch.UntypedStorage, robust_key: bool | None
 ) -> bool:
     """Check the storage's file against the entry's; return whether the entry has a file."""
-    stored = _storage_filename(storage)
+    stored = storage_filename(storage)
     prefix = td._memmap_prefix
     parts = unravel_key(key)
     robust = True if robust_key is None else bool(robust_key)

@@ -22,7 +22,7 @@ from ._files import map_file, no_data_error, reserve_file, tensor_buffer, write_
 from ._indexing import contiguous_strides
 from ._segments import Segment
 
-__all__ = ["MemoryMappedTensor"]
+__all__ = ["MemoryMappedTensor", "storage_filename"]
 
 _MODES = (None, "r", "r+")
 
@@ -197,7 +197,7 @@ class MemoryMappedTensor(torch.Tensor):
         if not isinstance(storage, torch.UntypedStorage):
             raise TypeError(f"from_storage expects a torch storage, got {type(storage).__name__}.")
         dtype = dtype or torch.int64
-        stored = _storage_filename(storage)
+        stored = storage_filename(storage)
         path = None if filename is None else os.path.abspath(os.fspath(filename))
         if path is not None and stored is not None and stored != path:
             raise MemmapError(
@@ -435,7 +435,8 @@ def _map_archive(path: str, nbytes: int, mode: str | None) -> torch.Tensor:
     return flat
 
 
-def _storage_filename(storage: torch.UntypedStorage) -> str | None:
+def storage_filename(storage: torch.UntypedStorage) -> str | None:
+    """The absolute path of the file behind ``storage``, or None (no file, or an anonymous segment)."""
     name = getattr(storage, "filename", None)
     if not name or name.startswith("/proc/self/fd/"):
         return None  # no file, or one of our anonymous segments
