@@ -24,7 +24,7 @@ from ._errors import (
 from ._future import TensorDictFuture
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
-from ._td import TensorDict, load, load_memmap, memmap, save
+from ._tensordict import TensorDict, load, load_memmap, memmap, save
 
 __version__ = "0.1.0"
 

@@ -21,8 +21,8 @@ from ._crc import crc32_threaded
 from ._errors import CorruptDataError, TdshareError
 from ._format import META_FILE, NONTENSOR_STACK_TYPE, NONTENSOR_TYPE, loads_json
 from ._keys import encode_key
-from ._td import TensorDict
 from ._tdz import Archive
+from ._tensordict import TensorDict
 
 Reader = Callable[[str], "bytes | None"]
 

@@ -15,7 +15,6 @@ memory (compressed ones CRC-checked, on ``num_threads`` threads).  The result is
 from __future__ import annotations
 
 import os
-import pathlib
 import struct
 from collections.abc import Iterator
 from typing import Any, TypeVar
@@ -30,13 +29,13 @@ from ._errors import (
 )
 from ._files import TMP_MARK, tmp_name
 from ._format import LEAF_SUFFIX, META_FILE, PICKLE_FILE, dumps_level
+from ._options import SaveOptions
+from ._plan import PlannedLevel, plan_tree
 from ._read import load_tree
 from ._tdz import Archive, Entry, Source, inflate, parse_compression, pwrite_all, write_archive
-from ._tensordict import TensorDictBase
-from ._write import _Level, _plan
+from ._tensordict_base import TensorDictBase
 
 __all__ = [
-    "archive_target",
     "pack_memmap",
     "refresh_archive_checksums",
     "save_archive",
@@ -48,21 +47,8 @@ PathLike = str | os.PathLike
 
 
 # -- writing ----------------------------------------------------------------------------------
-def archive_target(prefix: object, archive: bool | None, compression: object) -> bool:
-    """Whether ``memmap``/``save`` write an archive (``archive=True``, or None and a ``.tdz`` prefix)."""
-    if archive is None:
-        archive = isinstance(prefix, (str, os.PathLike)) and pathlib.PurePath(os.fspath(prefix)).suffix == ".tdz"
-    if archive and prefix is None:
-        raise InvalidArgumentError("archive=True needs a prefix: the path of the archive file to write.")
-    if not archive and compression is not None:
-        raise InvalidArgumentError(
-            f"compression={compression!r} applies to archives only: pass a prefix ending with '.tdz' or archive=True."
-        )
-    return bool(archive)
-
-
-def _tree_entries(level: _Level) -> Any:
-    """The files of a planned tree (``_write._plan`` with the root ``""``) in archive order."""
+def _tree_entries(level: PlannedLevel) -> Any:
+    """The files of a planned tree (:func:`tdshare._plan.plan_tree` with the root ``""``) in archive order."""
     rel = "" if not level.path else level.path.replace(os.sep, "/") + "/"
     yield rel + META_FILE, dumps_level(level.entries, level.texts, level.src.batch_size, level.names)
     files = [(leaf.path or "", leaf.src) for leaf in level.leaves if leaf.src.numel()]  # zero elements: no file
@@ -72,7 +58,7 @@ def _tree_entries(level: _Level) -> Any:
     folders: list[tuple[str, Any]] = [(nt.path or "", nt) for nt in level.nontensors]
     folders += [(child.path or "", child) for _, child in level.children]
     for path, item in sorted(folders, key=lambda x: x[0]):
-        if isinstance(item, _Level):
+        if isinstance(item, PlannedLevel):
             yield from _tree_entries(item)
         else:
             yield f"{path}/{META_FILE}".replace(os.sep, "/"), item.meta
@@ -80,27 +66,23 @@ def _tree_entries(level: _Level) -> Any:
                 yield f"{path}/{PICKLE_FILE}".replace(os.sep, "/"), item.pickled
 
 
-def save_archive(
-    td: T,
-    prefix: PathLike,
-    *,
-    compression: str | int | None = None,
-    num_threads: int = 0,
-    return_early: bool = False,
-    share_non_tensor: bool = False,
-    existsok: bool = True,
-    robust_key: bool | None = True,
-) -> T:
-    """``td.memmap(prefix)`` to an archive: write it atomically, return it loaded (unlocked)."""
-    if return_early:
+def save_archive(td: T, prefix: PathLike, opts: SaveOptions) -> T:
+    """``td.memmap(prefix)`` to an archive: write it atomically, return it loaded (unlocked).
+
+    Raises:
+        NotSupportedError: ``return_early`` or ``share_non_tensor`` (an archive is written in one
+            go and is a read-only snapshot).
+        InvalidArgumentError: ``prefix`` is a folder, or ``compression`` is unknown.
+        FileExistsRuntimeError: ``prefix`` exists and ``existsok`` is False.
+    """
+    if opts.return_early:
         raise NotSupportedError("return_early=True is not supported for a .tdz archive, which is written in one go.")
-    if share_non_tensor:
+    if opts.share_non_tensor:
         raise NotSupportedError("share_non_tensor=True is not supported for a .tdz archive, a read-only snapshot.")
-    method = parse_compression(compression)
-    path = _check_target(prefix, existsok)
-    robust = True if robust_key is None else bool(robust_key)
-    write_archive(path, _tree_entries(_plan(td, "", robust, True, True)), method)
-    return load_tree(type(td), path, robust_key=robust_key, allow_pickle=True, num_threads=num_threads)
+    method = parse_compression(opts.compression)
+    path = _check_target(prefix, opts.existsok)
+    write_archive(path, _tree_entries(plan_tree(td, "", opts.robust_key, True, True)), method)
+    return load_tree(type(td), path, robust_key=opts.robust_key, allow_pickle=True, num_threads=opts.num_threads)
 
 
 def pack_memmap(

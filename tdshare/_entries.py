@@ -20,19 +20,38 @@ from typing import Any
 
 import torch
 
+from ._coordination import SharedRegistry, unchanged_since
 from ._errors import BatchSizeError, MemmapError, NotMemmapError, NotSupportedError
 from ._files import replace_file, reserve_file, tensor_buffer, write_file
-from ._format import LEAF_SUFFIX, META_FILE, NO_FILE_FIELD, dumps_json, leaf_entry, level_meta, loads_json
+from ._format import (
+    LEAF_SUFFIX,
+    META_FILE,
+    NO_FILE_FIELD,
+    dumps_json,
+    entry_file_name,
+    leaf_entry,
+    level_meta,
+    loads_json,
+)
 from ._indexing import contiguous_strides
-from ._keys import NestedKey, unravel_key
+from ._keys import NestedKey, encode_key, unravel_key
 from ._memmap import MemoryMappedTensor, storage_filename
+from ._nontensor import NonTensorData
+from ._nontensor_files import encode_nontensor
+from ._nontensor_files import write_nontensor as write_nontensor_folder
 from ._read import read_meta
-from ._registry import SharedRegistry, unchanged_since
 from ._runtime import ensure_store, read_manifest, write_manifest
-from ._tensordict import TensorDictBase
-from ._write import _file_name
+from ._shared_nontensor import SharedNonTensorData
+from ._tensordict_base import TensorDictBase
 
-__all__ = ["add_entry", "build_empty", "build_from_tensor", "build_from_storage", "storage_entry_checks"]
+__all__ = [
+    "add_entry",
+    "build_empty",
+    "build_from_tensor",
+    "build_from_storage",
+    "storage_entry_checks",
+    "write_non_tensor",
+]
 
 
 Builder = Callable[[str | None, torch.Size, torch.dtype], MemoryMappedTensor]
@@ -54,7 +73,7 @@ def _target_level(td: TensorDictBase, parts: tuple[str, ...], robust: bool) -> t
     names: list[str] = []
     node: TensorDictBase | None = td
     for part in parts[:-1]:
-        names.append(_file_name(part, robust, "", "the tensordict", directory=True))
+        names.append(entry_file_name(part, robust, "", "the tensordict", directory=True))
         child = node._tensordict.get(part) if node is not None else None
         if child is not None and not isinstance(child, TensorDictBase):
             raise MemmapError(f"Cannot add {parts!r}: {part!r} is a leaf, not a nested tensordict.")
@@ -106,7 +125,7 @@ def add_entry(
             _publish(td, td._anon_store, parts, anonymous)
         _insert(td, parts, anonymous, None, robust)
         return anonymous
-    file_name = _file_name(last, robust, LEAF_SUFFIX, "the tensordict", directory=False) + LEAF_SUFFIX
+    file_name = entry_file_name(last, robust, LEAF_SUFFIX, "the tensordict", directory=False) + LEAF_SUFFIX
     level_dir = os.path.join(prefix, *folders)
     path = os.path.join(level_dir, file_name)
     registry = SharedRegistry.for_directory(prefix)
@@ -287,7 +306,7 @@ def _insert(td: TensorDictBase, parts: tuple[str, ...], tensor: torch.Tensor, pr
     path = prefix
     for part in parts[:-1]:
         if path is not None:
-            path = os.path.join(path, _file_name(part, robust, "", "the tensordict", directory=True))
+            path = os.path.join(path, entry_file_name(part, robust, "", "the tensordict", directory=True))
         child = node._tensordict.get(part)
         if child is None:
             child = type(td)._from_leaves({}, node.batch_size, torch.device("cpu"), node._names)
@@ -377,7 +396,7 @@ def storage_entry_checks(
     if prefix is not None:
         folders, _ = _target_level(td, parts, robust)
         expected = os.path.join(
-            prefix, *folders, _file_name(parts[-1], robust, LEAF_SUFFIX, "the tensordict", False) + LEAF_SUFFIX
+            prefix, *folders, entry_file_name(parts[-1], robust, LEAF_SUFFIX, "the tensordict", False) + LEAF_SUFFIX
         )
     if stored != expected:
         raise MemmapError(
@@ -386,3 +405,28 @@ def storage_entry_checks(
         )
     return True
 
+
+
+# -- non-tensor values written in place ---------------------------------------------------------
+def write_non_tensor(td: TensorDictBase, key: str, leaf: NonTensorData, value: Any) -> None:
+    """``td[key] = value`` for an existing non-tensor leaf of ``td``: persisted where ``td`` is saved.
+
+    A shared leaf (``share_non_tensor=True``) writes its own files; a leaf of a memory-mapped
+    folder rewrites its level (under the tree's lock, with a generation bump, so other processes
+    see it after ``memmap_refresh_()``); any other leaf just takes the value.
+    """
+    if isinstance(leaf, SharedNonTensorData):
+        leaf.write(value)  # under the tree's lock, seen by every process at its next read
+        return
+    leaf.data = value
+    prefix = td._memmap_prefix
+    if not td._is_memmap or prefix is None:
+        return
+    folder = os.path.join(prefix, encode_key(key))
+    if not os.path.isdir(folder) and os.path.isdir(os.path.join(prefix, key)):
+        folder = os.path.join(prefix, key)  # legacy (robust_key=False) layout
+    meta, pickled = encode_nontensor(value, f"key {key!r}")
+    registry = SharedRegistry.for_directory(prefix)
+    with registry.lock():
+        if write_nontensor_folder(folder, meta, pickled):
+            registry.bump()  # other processes see the new value after memmap_refresh_()

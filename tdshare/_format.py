@@ -43,7 +43,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._errors import CorruptDataError, UnsupportedFormatError
+from ._errors import CorruptDataError, InvalidArgumentError, UnsupportedFormatError
+from ._keys import encode_key, is_safe_legacy_name
 
 __all__ = [
     "FORMAT_VERSION",
@@ -68,6 +69,16 @@ __all__ = [
     "LevelMeta",
     "LeafInfo",
     "parse_level",
+    "LEVEL",
+    "VALUE",
+    "VALUE_STACK",
+    "STACK",
+    "WRAPPED",
+    "layout_of",
+    "NAME_MAX",
+    "PLAIN_KEY_MAX",
+    "plain_key",
+    "entry_file_name",
 ]
 
 FORMAT_VERSION = 1
@@ -83,6 +94,91 @@ LAZY_STACK_TYPE = "<class 'tensordict._lazy.LazyStackedTensorDict'>"
 NO_FILE_FIELD = "_tdshare_no_file"
 #: Level fields of meta.json: a user key with one of these names would be overwritten by them.
 RESERVED_KEYS = frozenset({"shape", "device", "_type", "_format_version", "_class", "_names"})
+
+# -- layouts: what a level's folder holds, as its meta.json says -------------------------------
+#: entries of a tensor collection (leaf files, sub-level folders) and the batch fields ("shape"...)
+LEVEL = "level"
+#: one non-tensor value: ``data`` in meta.json, or ``other.pickle``
+VALUE = "value"
+#: a stack of non-tensor values: ``data`` (a list, or the name of a pickle), or members ``0/``...
+VALUE_STACK = "value-stack"
+#: a lazy stack: members in ``0/``, ``1/``... and a ``stack_dim``
+STACK = "stack"
+#: a class around a collection saved in the ``_tensordict/`` sub-folder (a tensorclass)
+WRAPPED = "wrapped"
+_LAYOUTS = {NONTENSOR_TYPE: VALUE, NONTENSOR_STACK_TYPE: VALUE_STACK, LAZY_STACK_TYPE: STACK}
+
+
+def layout_of(meta: dict) -> str:
+    """The layout (:data:`LEVEL`, :data:`VALUE`, ...) of the level whose meta.json is ``meta``.
+
+    The ``_type`` marker decides; a level with no known marker is a collection when it has a
+    batch size (``"shape"``: older writers and version 0), otherwise a wrapped class.
+
+    >>> layout_of({"_type": NONTENSOR_TYPE, "data": 1}), layout_of({"shape": [3]})
+    ('value', 'level')
+    """
+    if meta.get("_is_non_tensor"):
+        return VALUE
+    tag = meta.get("_type")
+    layout = _LAYOUTS.get(tag) if type(tag) is str else None
+    if layout is not None:
+        return layout
+    return LEVEL if "shape" in meta else WRAPPED
+
+
+# -- file names of entries --------------------------------------------------------------------
+NAME_MAX = 255  # bytes in one file name, on every Linux file system
+PLAIN_KEY_MAX = 60  # characters: a plain key's file name stays far below NAME_MAX bytes
+
+
+def plain_key(key: str) -> bool:
+    """The common case: a key that is its own robust file name, no field of meta.json and short."""
+    return key.isidentifier() and len(key) <= PLAIN_KEY_MAX and key not in RESERVED_KEYS
+
+
+def entry_file_name(key: str, robust: bool, suffix: str, where: str, directory: bool) -> str:
+    """The file name (without ``suffix``) that the entry ``key`` gets in its level's folder.
+
+    ``robust``: percent-encode what a file name cannot hold (:func:`tdshare._keys.encode_key`);
+    otherwise the key itself, which must then be a safe name.  ``directory``: the entry is a
+    folder (a nested level or a non-tensor value).  ``where`` names the level in messages.
+
+    Raises:
+        InvalidArgumentError: a key named like a field of meta.json, one that cannot be a file
+            name with ``robust=False``, one that would collide with the level's own files, or one
+            whose name is longer than a file name may be.
+
+    >>> entry_file_name("obs", True, ".memmap", "the tensordict", False)
+    'obs'
+    """
+    if robust and plain_key(key):
+        return key
+    if key in RESERVED_KEYS:
+        raise InvalidArgumentError(
+            f"The key {key!r} (in {where}) is a field name of meta.json and would be lost on reload; "
+            "rename the entry before saving."
+        )
+    if robust:
+        name = encode_key(key)
+    else:
+        if not is_safe_legacy_name(key, directory=directory):
+            raise InvalidArgumentError(
+                f"The key {key!r} (in {where}) cannot be a file name with robust_key=False; save with "
+                "robust_key=True, which percent-encodes it."
+            )
+        name = key
+    if directory and name in (META_FILE, PICKLE_FILE):
+        raise InvalidArgumentError(
+            f"The nested key {key!r} (in {where}) would collide with the level's own {name}; rename it."
+        )
+    if len((name + suffix).encode("utf-8")) > NAME_MAX:
+        raise InvalidArgumentError(
+            f"The key {key[:40]!r}... (in {where}) is too long: its file name {name + suffix!r} exceeds "
+            f"{NAME_MAX} bytes. Use a shorter key."
+        )
+    return name
+
 
 _DTYPES: dict[str, torch.dtype] = {str(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
 

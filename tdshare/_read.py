@@ -12,28 +12,33 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 
 from ._archive_store import ArchiveStore
 from ._bulk import bulk
+from ._coordination import SharedRegistry
 from ._errors import ArgumentTypeError, CorruptDataError, InvalidArgumentError, LockedError, UnsupportedFormatError
 from ._format import (
-    LAZY_STACK_TYPE,
+    LEVEL,
     META_FILE,
-    NONTENSOR_STACK_TYPE,
-    NONTENSOR_TYPE,
     PICKLE_FILE,
+    STACK,
+    VALUE,
+    VALUE_STACK,
+    WRAPPED,
     LeafInfo,
+    layout_of,
     parse_level,
 )
 from ._keys import encode_key, unravel_key
+from ._nodes import is_collection
 from ._nontensor import NonTensorData
-from ._registry import SharedRegistry
 from ._store import Deferred, DirectoryStore, Store, check_load_args, read_meta, user_stacklevel
 from ._tdz import Archive
-from ._tensordict import TensorDictBase
+from ._tensordict_base import TensorDictBase
 
 __all__ = ["load_tree", "load_into", "check_load_args", "read_meta"]
 
@@ -55,37 +60,60 @@ def _open_leaf(
 
 
 def _load_level(cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any) -> Any:
-    """Build one level (and everything under it) from its ``meta.json``, as its ``_type`` says."""
-    meta_path = store.where(level, META_FILE)
+    """Build one level (and everything under it) from its ``meta.json``, as its layout says."""
+    return _LOADERS[layout_of(meta)](cls, store, level, meta, out, parent_batch, device)
+
+
+def _load_value(cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any) -> Any:
+    """A non-tensor value: inline JSON ``data``, or ``other.pickle``."""
+    if "data" in meta:
+        return NonTensorData(meta["data"])
+    stored = store.unpickle(level, PICKLE_FILE)
+    if not isinstance(stored, dict) or "data" not in stored:
+        raise CorruptDataError(f"{store.where(level, PICKLE_FILE)} holds no 'data' field.")
+    return NonTensorData(stored["data"])
+
+
+def _load_value_stack(
+    cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any
+) -> Any:
+    """A NonTensorStack: its values inline, in a pickle, or (older writers) as member folders."""
+    data = meta.get("data")
+    if data == _STACK_PICKLE:
+        data = store.unpickle(level, _STACK_PICKLE)
+    elif isinstance(data, str):
+        raise CorruptDataError(f"{store.where(level, META_FILE)}: invalid pickled NonTensorStack file name {data!r}.")
+    elif data is None:  # older writers: no "data", one NonTensorData folder per member
+        return _load_nontensor_members(cls, store, level, meta, device)
+    return NonTensorData(data)
+
+
+def _load_stack(cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any) -> Any:
+    """A lazy stack: its members ``0/``, ``1/``..., stacked along ``stack_dim``."""
+    return cls.stack(_load_members(cls, store, level, device), int(meta.get("stack_dim", 0)))
+
+
+def _load_wrapped(
+    cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any
+) -> Any:
+    """A class around a collection (a tensorclass): the collection in ``_tensordict/``."""
+    nested = store.sub(level, _TENSORCLASS_DIR)
     kind = meta.get("_type")
-    if meta.get("_is_non_tensor") or kind == NONTENSOR_TYPE:
-        if "data" in meta:
-            return NonTensorData(meta["data"])
-        stored = store.unpickle(level, PICKLE_FILE)
-        if not isinstance(stored, dict) or "data" not in stored:
-            raise CorruptDataError(f"{store.where(level, PICKLE_FILE)} holds no 'data' field.")
-        return NonTensorData(stored["data"])
-    if kind == NONTENSOR_STACK_TYPE:
-        data = meta.get("data")
-        if data == _STACK_PICKLE:
-            data = store.unpickle(level, _STACK_PICKLE)
-        elif isinstance(data, str):
-            raise CorruptDataError(f"{meta_path}: invalid pickled NonTensorStack file name {data!r}.")
-        elif data is None:  # older writers: no "data", one NonTensorData folder per member
-            return _load_nontensor_members(cls, store, level, meta, device)
-        return NonTensorData(data)
-    if kind == LAZY_STACK_TYPE:
-        return cls.stack(_load_members(cls, store, level, device), int(meta.get("stack_dim", 0)))
-    if "shape" not in meta:
-        nested = store.sub(level, _TENSORCLASS_DIR)
-        if store.has_level(nested):
-            warnings.warn(
-                f"{store.where(level)!r} holds a tensorclass ({kind}); tdshare loads it as a TensorDict.",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
-            return _load_level(cls, store, nested, store.read_meta(nested), out, parent_batch, device)
-        raise UnsupportedFormatError(f"{meta_path} describes a {kind!r}, which tdshare cannot load.")
+    if store.has_level(nested):
+        warnings.warn(
+            f"{store.where(level)!r} holds a tensorclass ({kind}); tdshare loads it as a TensorDict.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+        return _load_level(cls, store, nested, store.read_meta(nested), out, parent_batch, device)
+    raise UnsupportedFormatError(f"{store.where(level, META_FILE)} describes a {kind!r}, which tdshare cannot load.")
+
+
+def _load_collection(
+    cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any
+) -> Any:
+    """A collection level: its leaves mapped, its child levels loaded, ``out``'s levels reused."""
+    meta_path = store.where(level, META_FILE)
     parsed = parse_level(meta, meta_path)
     batch = parsed.batch_size if parsed.batch_size is not None else ()
     if parent_batch is not None and tuple(batch[: len(parent_batch)]) != tuple(parent_batch):
@@ -93,7 +121,7 @@ def _load_level(cls: type[T], store: Store, level: str, meta: dict, out: Any, pa
             f"{meta_path}: batch size {list(batch)} does not start with the parent's {list(parent_batch)}."
         )
     leaves: dict[str, Any] = {}
-    target = out if isinstance(out, TensorDictBase) else None
+    target = out if is_collection(out) else None
     current = target._tensordict if target is not None else {}
     nbatch = len(batch)
     if nbatch:
@@ -151,6 +179,16 @@ def _load_members(cls: type[T], store: Store, level: str, device: Any) -> list:
     if not members:
         raise CorruptDataError(f"{store.where(level)!r}: a stacked tensordict with no members.")
     return members
+
+
+Loader = Callable[[Any, Store, str, dict, Any, Any, Any], Any]
+_LOADERS: dict[str, Loader] = {
+    LEVEL: _load_collection,
+    VALUE: _load_value,
+    VALUE_STACK: _load_value_stack,
+    STACK: _load_stack,
+    WRAPPED: _load_wrapped,
+}
 
 
 def _resolve_subpath(store: Store, level: str, subpath: Any) -> str:
@@ -218,11 +256,11 @@ def load_tree(
         # the registry state *before* the metadata: a later refresh re-reads anything newer
         state = SharedRegistry.for_directory(level).state() if mode != "r" else None
         result = _load_level(cls, store, level, store.read_meta(level), out, None, device)
-        if isinstance(result, TensorDictBase):
+        if is_collection(result):
             result._generation = state
     if out is None:
         return result
-    if not isinstance(result, TensorDictBase):
+    if not is_collection(result):
         shown = level if folder is not None else path
         raise InvalidArgumentError(f"{shown!r} holds a {type(result).__name__}, which cannot be loaded into out.")
     _transplant(result, out)
@@ -230,13 +268,13 @@ def load_tree(
 
 
 def _check_out(out: Any, device: Any) -> None:
-    if not isinstance(out, TensorDictBase):
+    if not is_collection(out):
         raise ArgumentTypeError(f"out must be a TensorDict, got {type(out).__name__}.")
     if device is not None and out.device is not None and torch.device(device) != out.device:
         raise InvalidArgumentError(
             f"Cannot load a tensordict on device {torch.device(device)} into a tensordict on device {out.device}."
         )
-    for key, level in [("", out), *((k, v) for k, v in out._iter_items(True, False) if isinstance(v, TensorDictBase))]:
+    for key, level in [("", out), *((k, v) for k, v in out._iter_items(True, False) if is_collection(v))]:
         if level._is_locked:
             where = "" if key == "" else f" (at {key!r})"
             raise LockedError(
@@ -250,7 +288,7 @@ def _transplant(loaded: TensorDictBase, out: TensorDictBase) -> None:
     values: dict[str, Any] = {}
     for key, value in loaded._tensordict.items():
         old = out._tensordict.get(key)
-        if isinstance(value, TensorDictBase) and isinstance(old, TensorDictBase) and old is not out:
+        if is_collection(value) and is_collection(old) and old is not out:
             _transplant(value, old)
             value = old
         values[key] = value

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ._coordination import SharedRegistry, unchanged_since
 from ._entries import _insert
 from ._errors import CorruptDataError, MemmapError, NotMemmapError
 from ._format import META_FILE, NONTENSOR_TYPE, RESERVED_KEYS, parse_level, str_to_dtype
@@ -22,12 +23,11 @@ from ._keys import encode_key
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
 from ._read import _load_level, _open_leaf, check_load_args, read_meta
-from ._registry import SharedRegistry, unchanged_since
 from ._runtime import read_manifest, register_user
 from ._segments import Segment, _map_fd
 from ._shared_nontensor import SharedNonTensorData
 from ._store import DirectoryStore
-from ._tensordict import TensorDictBase
+from ._tensordict_base import TensorDictBase
 
 __all__ = ["refresh"]
 

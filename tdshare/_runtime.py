@@ -34,9 +34,9 @@ from typing import Any
 
 import psutil
 
+from ._coordination import control_paths
 from ._errors import CorruptDataError, MemmapError
 from ._files import replace_file
-from ._registry import control_paths
 
 __all__ = [
     "runtime_root",

@@ -15,11 +15,11 @@ import os
 import pickle
 from typing import Any
 
+from ._coordination import SharedRegistry, unchanged_since
 from ._errors import CorruptDataError, PickleRefusedError
 from ._format import META_FILE, PICKLE_FILE, loads_json
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor, write_nontensor
-from ._registry import SharedRegistry, unchanged_since
 
 __all__ = ["SharedNonTensorData"]
 

@@ -3,7 +3,7 @@
 A write runs in three phases, so that a bad input never leaves a half-written directory:
 
 1. **plan**: walk the tree, encode every file name, check every key, dtype, existing file and
-   pickle (``_plan``) without touching the disk;
+   pickle (:func:`tdshare._plan.plan_tree`) without touching the disk;
 2. **write**: leaf files first (in threads when asked), then non-tensor folders, then each
    level's ``meta.json`` replaced whole, children before parents (data first, metadata last);
 3. **install**: swap the new MemoryMappedTensors into the tensordict (``memmap_``) or into a new
@@ -17,246 +17,37 @@ import concurrent.futures
 import os
 import threading
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import torch
 
+from ._atomic import atomic_directory
 from ._bulk import bulk
-from ._commit import atomic_directory
+from ._coordination import SharedRegistry, unchanged_since
 from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
 from ._files import check_not_symlink, replace_file
-from ._format import (
-    LEAF_SUFFIX,
-    META_FILE,
-    PICKLE_FILE,
-    RESERVED_KEYS,
-    dumps_level,
-    level_meta,
-    shared_leaf_entry,
-)
+from ._format import META_FILE, dumps_level, level_meta
 from ._future import TensorDictFuture
-from ._keys import encode_key, is_safe_legacy_name
-from ._leaf_files import LeafPlan, Listing, plain_leaf, write_batch, write_leaf
+from ._leaf_files import Listing, write_batch, write_leaf
 from ._memmap import MemoryMappedTensor
+from ._nodes import is_collection
 from ._nontensor import NonTensorData
-from ._nontensor_files import encode_nontensor, replace_if_changed, write_nontensor
-from ._registry import SharedRegistry, unchanged_since
+from ._nontensor_files import replace_if_changed, write_nontensor
+from ._options import SaveOptions
+from ._plan import PlannedLeaf, PlannedLevel, plan_tree
 from ._runtime import new_store_path
 from ._segments import Segment, align
 from ._shared_nontensor import SharedNonTensorData
-from ._tensordict import TensorDictBase
+from ._tensordict_base import TensorDictBase
 
 __all__ = ["memmap_tree"]
 
 T = TypeVar("T", bound=TensorDictBase)
-_NAME_MAX = 255
-_STRIDED = torch.strided
-_Tensor = torch.Tensor
 _CPU = torch.device("cpu")
-_PLAIN_MAX = 60  # characters: a plain key's file name stays far below _NAME_MAX bytes
-
-
-@dataclass(slots=True)
-class _Leaf:
-    key: str
-    src: torch.Tensor
-    path: str | None
-    reuse: MemoryMappedTensor | None = None
-    result: MemoryMappedTensor | None = None
-
-
-@dataclass
-class _NonTensor:
-    key: str
-    value: NonTensorData
-    path: str | None
-    meta: bytes = b""
-    pickled: bytes | None = None
-
-
-@dataclass
-class _Level:
-    src: TensorDictBase
-    path: str | None
-    entries: dict[str, dict] = field(default_factory=dict)
-    texts: dict[str, str] = field(default_factory=dict)  # the JSON of the leaf entries (dumps_level)
-    leaves: list[_Leaf] = field(default_factory=list)
-    # plain leaves, the common case, kept lean: dense non-empty tensors under keys that are their file names
-    plain_keys: list[str] = field(default_factory=list)
-    plain: list[tuple[torch.Tensor, str, LeafPlan]] = field(default_factory=list)  # (tensor, file, info)
-    plain_out: list[MemoryMappedTensor] = field(default_factory=list)  # their mapped tensors, once written
-    nontensors: list[_NonTensor] = field(default_factory=list)
-    children: list[tuple[str, _Level]] = field(default_factory=list)
-    share: bool = False  # install non-tensor leaves as SharedNonTensorData (share_non_tensor=True)
-    names: list | None = None  # the dim names written to meta.json (see _inherit_names)
-    empty: bool = False  # its folder held nothing when this write began (made by it, or found empty)
-
-    def walk(self) -> list[_Level]:
-        """Every level, children before their parent."""
-        out: list[_Level] = []
-        for _, child in self.children:
-            out.extend(child.walk())
-        out.append(self)
-        return out
-
-
-# -- phase 1: plan ----------------------------------------------------------------------------
-def _plain_key(key: str) -> bool:
-    """The common case: a key that is its own robust file name, no field of meta.json and short."""
-    return key.isidentifier() and len(key) <= _PLAIN_MAX and key not in RESERVED_KEYS
-
-
-def _file_name(key: str, robust: bool, suffix: str, where: str, directory: bool) -> str:
-    if robust and _plain_key(key):
-        return key
-    if key in RESERVED_KEYS:
-        raise InvalidArgumentError(
-            f"The key {key!r} (in {where}) is a field name of meta.json and would be lost on reload; "
-            "rename the entry before saving."
-        )
-    if robust:
-        name = encode_key(key)
-    else:
-        if not is_safe_legacy_name(key, directory=directory):
-            raise InvalidArgumentError(
-                f"The key {key!r} (in {where}) cannot be a file name with robust_key=False; save with "
-                "robust_key=True, which percent-encodes it."
-            )
-        name = key
-    if directory and name in (META_FILE, PICKLE_FILE):
-        raise InvalidArgumentError(
-            f"The nested key {key!r} (in {where}) would collide with the level's own {name}; rename it."
-        )
-    if len((name + suffix).encode("utf-8")) > _NAME_MAX:
-        raise InvalidArgumentError(
-            f"The key {key[:40]!r}... (in {where}) is too long: its file name {name + suffix!r} exceeds "
-            f"{_NAME_MAX} bytes. Use a shorter key."
-        )
-    return name
-
-
-def _same_file(t: MemoryMappedTensor, path: str) -> bool:
-    return (
-        t._filename == path
-        and t._mode != "r"
-        and t.storage_offset() == 0
-        and t.is_contiguous()
-        and t.numel() * t.dtype.itemsize == t.untyped_storage().nbytes()
-    )
-
-
-def _plan(
-    td: TensorDictBase,
-    path: str | None,
-    robust: bool,
-    copy_existing: bool,
-    existsok: bool,
-    where: str = "the tensordict",
-    parent_names: list | None = None,
-) -> _Level:
-    level = _Level(td, path, names=_inherit_names(td, parent_names))
-    used: dict[str, str] = {}  # file name -> key: a leaf "a" and a folder "a.memmap" would collide
-    head = path + os.sep if path and robust and existsok else None
-    plain_keys, plain, entries, texts = level.plain_keys, level.plain, level.entries, level.texts
-    for key, value in td._tensordict.items():
-        if (  # the common leaf, in few steps: a plain dense tensor under a _plain_key (written out)
-            head is not None
-            and type(value) is _Tensor
-            and value.layout is _STRIDED
-            and not value.is_nested
-            and key.isidentifier()
-            and len(key) <= _PLAIN_MAX
-            and key not in RESERVED_KEYS
-        ):
-            name = key + LEAF_SUFFIX
-            entry, text, info = plain_leaf(value.shape, value.dtype)
-            if info.numel and name not in used:
-                used[name] = key
-                plain_keys.append(key)
-                plain.append((value, head + name, info))
-                entries[key], texts[key] = entry, text
-                continue
-        is_leaf = not isinstance(value, (TensorDictBase, NonTensorData))
-        if is_leaf and path is None:  # anonymous memory: no file name, no metadata entry
-            level.leaves.append(_plan_leaf(key, value, None, copy_existing, existsok, where))
-            continue
-        name = _file_name(key, robust, LEAF_SUFFIX if is_leaf else "", where, directory=not is_leaf)
-        if is_leaf:
-            name += LEAF_SUFFIX
-        if name in used:
-            raise InvalidArgumentError(
-                f"The keys {used[name]!r} and {key!r} (in {where}) would both be stored as {name!r}; rename one."
-            )
-        used[name] = key
-        if is_leaf:
-            file = None if path is None else (path + os.sep + name if path else name)  # "" plans an archive
-            level.leaves.append(_plan_leaf(key, value, file, copy_existing, existsok, where))
-            entries[key], texts[key] = shared_leaf_entry(value.shape, value.dtype)
-            continue
-        here = _here(where, key)
-        if isinstance(value, TensorDictBase):
-            child = _plan(
-                value,
-                None if path is None else (path + os.sep + name if path else name),
-                robust,
-                copy_existing,
-                existsok,
-                here,
-                level.names,
-            )
-            level.children.append((key, child))
-            level.entries[key] = {"type": "TensorDict"}
-        else:
-            nt = _NonTensor(key, value, None if path is None else os.path.join(path, name))
-            if path is not None:
-                nt.meta, nt.pickled = encode_nontensor(value.data, here)
-            level.nontensors.append(nt)
-            level.entries[key] = {"type": "NonTensorData"}
-    return level
-
-
-def _inherit_names(td: TensorDictBase, parent_names: list | None) -> list | None:
-    """A nested level's dim names: its parent's, then its own for its extra batch dims.
-
-    The reference writes them so and refuses to load a nested level whose names do not
-    extend its parent's."""
-    if parent_names is None:
-        return td._names
-    return list(parent_names) + td.names[len(parent_names) :]
-
-
-def _here(where: str, key: str) -> str:
-    return f"{where}[{key!r}]" if where != "the tensordict" else f"key {key!r}"
-
-
-def _plan_leaf(
-    key: str, value: torch.Tensor, file: str | None, copy_existing: bool, existsok: bool, where: str
-) -> _Leaf:
-    if value.layout != torch.strided or value.is_nested:
-        raise NotSupportedError(
-            f"The entry {_here(where, key)} is a nested or sparse tensor, which tdshare cannot memory-map yet; "
-            "store its values and offsets as dense tensors."
-        )
-    leaf = _Leaf(key, value, file)
-    if type(value) is not torch.Tensor and isinstance(value, MemoryMappedTensor):
-        here = _here(where, key)
-        if file is None and value._segment is not None:
-            leaf.reuse = value
-        elif file is not None and _same_file(value, file):
-            leaf.reuse = value
-        elif file is not None and value._filename not in (None, file) and value._offset is None and not copy_existing:
-            raise MemmapError(
-                f"The entry {here} is already memory-mapped to {value._filename!r}; writing it to {file!r} "
-                "would duplicate the data on disk. Pass copy_existing=True to copy it."
-            )
-    if not existsok and file is not None and leaf.reuse is None and os.path.lexists(file):
-        raise MemmapError(f"The file {file!r} already exists and existsok=False. Pass existsok=True to overwrite it.")
-    return leaf
 
 
 # -- phase 2: write ---------------------------------------------------------------------------
-def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
+def _write_leaf(leaf: PlannedLeaf, existsok: bool) -> None:
     if leaf.reuse is not None:
         leaf.result = leaf.reuse
     elif leaf.src.numel() == 0:
@@ -266,7 +57,7 @@ def _write_leaf(leaf: _Leaf, existsok: bool) -> None:
         leaf.result = write_leaf(leaf.src, leaf.path, existsok)
 
 
-def _write_level(level: _Level, existsok: bool, listing: Listing) -> None:
+def _write_level(level: PlannedLevel, existsok: bool, listing: Listing) -> None:
     """Write a level's leaves in the calling thread; the plain ones of a folder found empty as one batch."""
     if level.plain:
         assert level.path is not None
@@ -278,16 +69,16 @@ def _write_level(level: _Level, existsok: bool, listing: Listing) -> None:
         _write_leaf(leaf, existsok)
 
 
-def _as_records(root: _Level) -> None:
-    """Turn the plain leaves into :class:`_Leaf` records, which the thread pool writes."""
+def _as_records(root: PlannedLevel) -> None:
+    """Turn the plain leaves into :class:`PlannedLeaf` records, which the thread pool writes."""
     for level in root.walk():
         level.leaves.extend(
-            _Leaf(k, src, path) for k, (src, path, _) in zip(level.plain_keys, level.plain, strict=True)
+            PlannedLeaf(k, src, path) for k, (src, path, _) in zip(level.plain_keys, level.plain, strict=True)
         )
         level.plain_keys, level.plain = [], []
 
 
-def _make_dirs(root: _Level) -> None:
+def _make_dirs(root: PlannedLevel) -> None:
     for level in reversed(root.walk()):  # parents first
         assert level.path is not None
         try:
@@ -303,7 +94,7 @@ def _make_dirs(root: _Level) -> None:
                 level.empty = False
 
 
-def _write_metadata(root: _Level, fresh: bool = False) -> tuple[bool, bool]:
+def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool]:
     """Write every level's metadata, children first; return (anything changed, any level kept).
 
     A level whose metadata is exactly what this tensordict last read from disk (``_meta_seen``:
@@ -332,7 +123,9 @@ def _write_metadata(root: _Level, fresh: bool = False) -> tuple[bool, bool]:
     return changed, kept
 
 
-def _commit(root: _Level, registry: SharedRegistry | None, seen: tuple[int, int] | None) -> tuple[int, int] | None:
+def _commit_metadata(
+    root: PlannedLevel, registry: SharedRegistry | None, seen: tuple[int, int] | None
+) -> tuple[int, int] | None:
     """Write the metadata, under the tree's lock with a generation bump when anything changed.
 
     ``registry`` is None for a folder that held no saved tensordict before this write: nobody
@@ -352,7 +145,7 @@ def _commit(root: _Level, registry: SharedRegistry | None, seen: tuple[int, int]
     return after if not kept or unchanged_since(seen, before) else seen
 
 
-def _write_anonymous(root: _Level) -> None:
+def _write_anonymous(root: PlannedLevel) -> None:
     """Copy every new leaf of the tree into one shared segment (an arena)."""
     pending = []
     total = 0
@@ -378,7 +171,7 @@ def _write_anonymous(root: _Level) -> None:
 
 
 # -- phase 3: install -------------------------------------------------------------------------
-def _install(level: _Level, dest: TensorDictBase, final_path: str | None, share: bool | None = None) -> None:
+def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool | None = None) -> None:
     share = level.share if share is None else share
     values = dict(dest._tensordict) if dest is level.src else {}
     values.update(zip(level.plain_keys, level.plain_out, strict=True))
@@ -417,11 +210,11 @@ def _assign_store(td: TensorDictBase, store: str, key: tuple[str, ...]) -> None:
     """Give every level of an anonymous tree the runtime store through which entries are shared."""
     td._anon_store = (store, key)
     for name, value in td._tensordict.items():
-        if isinstance(value, TensorDictBase):
+        if is_collection(value):
             _assign_store(value, store, (*key, name))
 
 
-def _rebase(level: _Level, staging: str, final: str) -> None:
+def _rebase(level: PlannedLevel, staging: str, final: str) -> None:
     for lvl in level.walk():
         for out in lvl.plain_out:
             out._filename = final + cast(str, out._filename)[len(staging) :]
@@ -458,27 +251,20 @@ if hasattr(os, "register_at_fork"):
 
 @bulk
 def memmap_tree(
-    td: T,
-    prefix: str | os.PathLike | None,
-    *,
-    inplace: bool,
-    copy_existing: bool = False,
-    num_threads: int = 0,
-    return_early: bool = False,
-    share_non_tensor: bool = False,
-    existsok: bool = True,
-    robust_key: bool | None = True,
-    atomic: bool = False,
+    td: T, prefix: str | os.PathLike | None, opts: SaveOptions, *, inplace: bool
 ) -> T | TensorDictFuture[T]:
-    """Write ``td`` to ``prefix`` (None: its own directory, else anonymous memory) and map it."""
+    """Write ``td`` to ``prefix`` (None: its own directory, else anonymous memory) and map it.
+
+    ``inplace``: ``memmap_`` (the leaves of ``td`` are replaced) rather than ``memmap`` (a new
+    tensordict is returned).  ``opts`` are the call's checked arguments.
+    """
     if inplace and td._is_shared:
         raise MemmapError(
             "memmap and shared memory are mutually exclusive features: this tensordict is in shared memory "
             "(share_memory_()); use memmap() to make a memory-mapped copy instead."
         )
-    if atomic and return_early:
-        raise NotSupportedError("return_early is not supported with atomic=True.")
-    robust = True if robust_key is None else bool(robust_key)
+    robust, copy_existing, existsok, atomic = opts.robust_key, opts.copy_existing, opts.existsok, opts.atomic
+    num_threads, share_non_tensor = opts.num_threads, opts.share_non_tensor
     if prefix is None and td._memmap_prefix is not None:
         prefix = td._memmap_prefix
     if prefix is None:
@@ -489,7 +275,7 @@ def memmap_tree(
                 "share_non_tensor=True needs a folder in this version of tdshare (its store is the folder): "
                 "memory-map to a prefix, or keep share_non_tensor=False for anonymous memory."
             )
-        root = _plan(td, None, robust, copy_existing, existsok)
+        root = plan_tree(td, None, robust, copy_existing, existsok)
         _write_anonymous(root)
         dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
         _install(root, dest, None)
@@ -504,7 +290,7 @@ def memmap_tree(
         with registry.lock() if registry is not None else nullcontext():  # no additions while swapped out
             with atomic_directory(path, existsok) as staging:
                 try:
-                    root = _plan(td, staging, robust, copy_existing, existsok=True)
+                    root = plan_tree(td, staging, robust, copy_existing, existsok=True)
                 except MemmapError as err:  # name the target, not the staging folder
                     raise type(err)(str(err).replace(staging, path)) from None
                 root.share = share_non_tensor
@@ -517,21 +303,21 @@ def memmap_tree(
         _install(root, dest, path)
         dest._generation = gen
         return dest
-    root = _plan(td, path, robust, copy_existing, existsok)
+    root = plan_tree(td, path, robust, copy_existing, existsok)
     root.share = share_non_tensor
     dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
-    if return_early and num_threads > 1:
+    if opts.return_early and num_threads > 1:
         _make_dirs(root)
         return _write_in_background(root, dest, path, num_threads, existsok, registry, seen)
     _make_dirs(root)
     _run_writes(root, num_threads, existsok)
-    gen = _commit(root, registry, seen)
+    gen = _commit_metadata(root, registry, seen)
     _install(root, dest, path)
     dest._generation = gen
     return dest
 
 
-def _run_writes(root: _Level, num_threads: int, existsok: bool) -> None:
+def _run_writes(root: PlannedLevel, num_threads: int, existsok: bool) -> None:
     if num_threads > 1 and sum(len(lvl.leaves) + len(lvl.plain) for lvl in root.walk()) > 1:  # only when asked
         _as_records(root)
         leaves = [leaf for lvl in root.walk() for leaf in lvl.leaves]
@@ -546,7 +332,7 @@ def _run_writes(root: _Level, num_threads: int, existsok: bool) -> None:
 
 
 def _write_in_background(
-    root: _Level,
+    root: PlannedLevel,
     dest: T,
     path: str,
     num_threads: int,
@@ -570,7 +356,7 @@ def _write_in_background(
         try:
             for f in futures:
                 f.result()
-            gen = _commit(root, registry, seen)
+            gen = _commit_metadata(root, registry, seen)
             _install(root, dest, path)
             dest._generation = gen
         except BaseException as err:  # delivered by TensorDictFuture.result()

@@ -1,0 +1,205 @@
+"""The plan of a save: a tensordict tree checked and laid out before anything is written.
+
+:func:`plan_tree` walks the tree once (through :mod:`tdshare._nodes`) and returns one
+:class:`PlannedLevel` per collection level: its ``meta.json`` entries, its tensor leaves with
+their files, its non-tensor values encoded, its child levels.  Every backend writes from the
+same plan: a folder and anonymous memory (:mod:`tdshare._write`), a ``.tdz`` archive
+(:mod:`tdshare._archive`).  A bad key, dtype, existing file or pickle therefore raises before
+anything is created, whatever the target.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
+from ._format import LEAF_SUFFIX, LEVEL, PLAIN_KEY_MAX, RESERVED_KEYS, VALUE, entry_file_name, shared_leaf_entry
+from ._leaf_files import LeafPlan, plain_leaf
+from ._memmap import MemoryMappedTensor
+from ._nodes import kind_of
+from ._nontensor import NonTensorData
+from ._nontensor_files import encode_nontensor
+from ._tensordict_base import TensorDictBase
+
+__all__ = ["PlannedLeaf", "PlannedValue", "PlannedLevel", "plan_tree"]
+
+_STRIDED = torch.strided
+_Tensor = torch.Tensor
+
+
+@dataclass(slots=True)
+class PlannedLeaf:
+    """A tensor leaf to write: its source, its file (None: anonymous memory), the result once written."""
+
+    key: str
+    src: torch.Tensor
+    path: str | None
+    reuse: MemoryMappedTensor | None = None
+    result: MemoryMappedTensor | None = None
+
+
+@dataclass
+class PlannedValue:
+    """A non-tensor value to write: its folder and its encoded ``meta.json`` (and pickle)."""
+
+    key: str
+    value: NonTensorData
+    path: str | None
+    meta: bytes = b""
+    pickled: bytes | None = None
+
+
+@dataclass
+class PlannedLevel:
+    """One collection level to write: its entries, leaves, values and child levels."""
+
+    src: TensorDictBase
+    path: str | None
+    entries: dict[str, dict] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)  # the JSON of the leaf entries (dumps_level)
+    leaves: list[PlannedLeaf] = field(default_factory=list)
+    # plain leaves, the common case, kept lean: dense non-empty tensors under keys that are their file names
+    plain_keys: list[str] = field(default_factory=list)
+    plain: list[tuple[torch.Tensor, str, LeafPlan]] = field(default_factory=list)  # (tensor, file, info)
+    plain_out: list[MemoryMappedTensor] = field(default_factory=list)  # their mapped tensors, once written
+    nontensors: list[PlannedValue] = field(default_factory=list)
+    children: list[tuple[str, PlannedLevel]] = field(default_factory=list)
+    share: bool = False  # install non-tensor leaves as SharedNonTensorData (share_non_tensor=True)
+    names: list | None = None  # the dim names written to meta.json (see _inherit_names)
+    empty: bool = False  # its folder held nothing when this write began (made by it, or found empty)
+
+    def walk(self) -> list[PlannedLevel]:
+        """Every level, children before their parent."""
+        out: list[PlannedLevel] = []
+        for _, child in self.children:
+            out.extend(child.walk())
+        out.append(self)
+        return out
+
+
+def _same_file(t: MemoryMappedTensor, path: str) -> bool:
+    return (
+        t._filename == path
+        and t._mode != "r"
+        and t.storage_offset() == 0
+        and t.is_contiguous()
+        and t.numel() * t.dtype.itemsize == t.untyped_storage().nbytes()
+    )
+
+
+def plan_tree(
+    td: TensorDictBase,
+    path: str | None,
+    robust: bool,
+    copy_existing: bool,
+    existsok: bool,
+    where: str = "the tensordict",
+    parent_names: list | None = None,
+) -> PlannedLevel:
+    """Plan the save of ``td`` into ``path``: every file name, key, dtype, existing file and pickle
+    checked, nothing touched on disk.
+
+    ``path`` None plans anonymous memory (no names), ``""`` an archive (paths relative to its
+    root).  ``where`` names the level in messages.
+
+    Raises:
+        InvalidArgumentError: a key that cannot be a file name, two keys stored under one name.
+        MemmapError: a leaf mapped to another file without ``copy_existing``, an existing file
+            with ``existsok=False``.
+        NotSupportedError: a nested or sparse tensor, a kind of node that cannot be saved.
+    """
+    level = PlannedLevel(td, path, names=_inherit_names(td, parent_names))
+    used: dict[str, str] = {}  # file name -> key: a leaf "a" and a folder "a.memmap" would collide
+    head = path + os.sep if path and robust and existsok else None
+    plain_keys, plain, entries, texts = level.plain_keys, level.plain, level.entries, level.texts
+    for key, value in td._tensordict.items():
+        if (  # the common leaf, in few steps: a plain dense tensor under a _plain_key (written out)
+            head is not None
+            and type(value) is _Tensor
+            and value.layout is _STRIDED
+            and not value.is_nested
+            and key.isidentifier()
+            and len(key) <= PLAIN_KEY_MAX
+            and key not in RESERVED_KEYS
+        ):
+            name = key + LEAF_SUFFIX
+            entry, text, info = plain_leaf(value.shape, value.dtype)
+            if info.numel and name not in used:
+                used[name] = key
+                plain_keys.append(key)
+                plain.append((value, head + name, info))
+                entries[key], texts[key] = entry, text
+                continue
+        kind = kind_of(value)
+        if kind is None and path is None:  # anonymous memory: no file name, no metadata entry
+            level.leaves.append(_plan_leaf(key, value, None, copy_existing, existsok, where))
+            continue
+        name = entry_file_name(key, robust, LEAF_SUFFIX if kind is None else "", where, directory=kind is not None)
+        if kind is None:
+            name += LEAF_SUFFIX
+        if name in used:
+            raise InvalidArgumentError(
+                f"The keys {used[name]!r} and {key!r} (in {where}) would both be stored as {name!r}; rename one."
+            )
+        used[name] = key
+        sub = None if path is None else (path + os.sep + name if path else name)  # "" plans an archive
+        if kind is None:
+            level.leaves.append(_plan_leaf(key, value, sub, copy_existing, existsok, where))
+            entries[key], texts[key] = shared_leaf_entry(value.shape, value.dtype)
+            continue
+        here = _here(where, key)
+        if kind.layout == LEVEL:
+            child = plan_tree(value, sub, robust, copy_existing, existsok, here, level.names)
+            level.children.append((key, child))
+        elif kind.layout == VALUE:
+            nt = PlannedValue(key, value, sub)
+            if path is not None:
+                nt.meta, nt.pickled = encode_nontensor(value.data, here)
+            level.nontensors.append(nt)
+        else:
+            raise NotSupportedError(f"The entry {here} is a {kind.name}, which tdshare cannot save yet.")
+        entries[key] = kind.entry
+    return level
+
+
+def _inherit_names(td: TensorDictBase, parent_names: list | None) -> list | None:
+    """A nested level's dim names: its parent's, then its own for its extra batch dims.
+
+    The reference writes them so and refuses to load a nested level whose names do not
+    extend its parent's."""
+    if parent_names is None:
+        return td._names
+    return list(parent_names) + td.names[len(parent_names) :]
+
+
+def _here(where: str, key: str) -> str:
+    return f"{where}[{key!r}]" if where != "the tensordict" else f"key {key!r}"
+
+
+def _plan_leaf(
+    key: str, value: torch.Tensor, file: str | None, copy_existing: bool, existsok: bool, where: str
+) -> PlannedLeaf:
+    if value.layout != torch.strided or value.is_nested:
+        raise NotSupportedError(
+            f"The entry {_here(where, key)} is a nested or sparse tensor, which tdshare cannot memory-map yet; "
+            "store its values and offsets as dense tensors."
+        )
+    leaf = PlannedLeaf(key, value, file)
+    if type(value) is not torch.Tensor and isinstance(value, MemoryMappedTensor):
+        here = _here(where, key)
+        if file is None and value._segment is not None:
+            leaf.reuse = value
+        elif file is not None and _same_file(value, file):
+            leaf.reuse = value
+        elif file is not None and value._filename not in (None, file) and value._offset is None and not copy_existing:
+            raise MemmapError(
+                f"The entry {here} is already memory-mapped to {value._filename!r}; writing it to {file!r} "
+                "would duplicate the data on disk. Pass copy_existing=True to copy it."
+            )
+    if not existsok and file is not None and leaf.reuse is None and os.path.lexists(file):
+        raise MemmapError(f"The file {file!r} already exists and existsok=False. Pass existsok=True to overwrite it.")
+    return leaf
+

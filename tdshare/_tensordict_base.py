@@ -1,0 +1,644 @@
+"""The in-memory TensorDict model: nested leaves with a common batch size.
+
+:class:`TensorDictBase` holds everything that does not touch files: construction, keys,
+indexing, in-place writes, locking, shared memory, comparison, stacking and pickling.  The
+public :class:`tdshare.TensorDict` (:mod:`tdshare._tensordict`) adds the memory-mapping and I/O
+methods on top of it.
+
+Leaves are ``torch.Tensor`` (``MemoryMappedTensor`` included), nested TensorDicts, or
+:class:`NonTensorData`; reading a non-tensor leaf returns its value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from ._combine import CombineOps
+from ._errors import (
+    ArgumentTypeError,
+    BatchSizeError,
+    InvalidArgumentError,
+    KeyTypeError,
+    LockedError,
+    MemmapError,
+    MissingKeyError,
+)
+from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
+from ._keys import NestedKey, unravel_key
+from ._nontensor import NonTensorData
+from ._reductions import decode_leaf, encode_leaf
+
+__all__ = ["TensorDictBase", "rebuild_tensordict"]
+
+T = TypeVar("T", bound="TensorDictBase")
+_NO_DEFAULT = object()
+_LOCKED_MSG = (
+    "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
+    "method and make sure the key is present."
+)
+
+
+class TensorDictBase(CombineOps):
+    """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
+
+    _tensordict: dict[str, Any]
+    _batch_size: torch.Size
+    _device: torch.device | None
+    _names: list | None
+    _is_locked: bool
+    _is_memmap: bool
+    _is_shared: bool
+    _memmap_prefix: str | None
+
+    def __init__(
+        self,
+        source: Mapping[Any, Any] | None = None,
+        batch_size: Sequence[int] | torch.Size | int | None = None,
+        device: torch.device | str | int | None = None,
+        names: Sequence[str | None] | None = None,
+        lock: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self._init_empty(as_size(batch_size), None if device is None else torch.device(device))
+        items = dict(source.items()) if source is not None else {}
+        if kwargs:
+            items.update(kwargs)
+        for key, value in items.items():
+            self._set(unravel_key(key), value)
+        if names is not None:
+            self.names = names
+        if lock:
+            self.lock_()
+
+    def _init_empty(self, batch_size: torch.Size, device: torch.device | None) -> None:
+        self._tensordict = {}
+        self._batch_size = batch_size
+        self._device = device
+        self._names = None
+        self._is_locked = False
+        self._is_memmap = False
+        self._is_shared = False
+        self._memmap_prefix = None
+        self._generation: tuple[int, int] | None = None  # registry state last seen (memory-mapped folders)
+        self._meta_seen: dict | None = None  # this level's meta.json as the last refresh read it
+        self._meta_stamp: tuple[int, int, int] | None = None  # its (inode, size, mtime) then
+        # anonymous memory-mapped trees: (runtime store path, this level's key from the root)
+        self._anon_store: tuple[str, tuple[str, ...]] | None = None
+        self._registry: Any = None  # (folder, SharedRegistry) held while this tensordict lives
+        self._last_op: list[str | None] = []  # the latest lock_/unlock_ (None: it changed nothing)
+        self._op_queue: list[str | None] = []  # the ops of the open ``with`` blocks
+
+    @classmethod
+    def _from_leaves(
+        cls: type[T],
+        leaves: dict[str, Any],
+        batch_size: torch.Size,
+        device: torch.device | None,
+        names: list | None = None,
+    ) -> T:
+        """Build without validation (the caller guarantees consistency)."""
+        out = cls.__new__(cls)
+        out._init_empty(batch_size, device)
+        out._tensordict = leaves
+        out._names = names
+        return out
+
+    # -- batch size, names, device ------------------------------------------------------------
+    @property
+    def batch_size(self) -> torch.Size:
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: Sequence[int] | torch.Size) -> None:
+        new = as_size(value)
+        for key, leaf in self._tensordict.items():
+            self._check_batch(key, leaf, new)
+        self._batch_size = new
+        if self._names is not None and len(self._names) != len(new):
+            self._names = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._batch_size
+
+    @property
+    def batch_dims(self) -> int:
+        return len(self._batch_size)
+
+    ndim = batch_dims
+
+    def dim(self) -> int:
+        return len(self._batch_size)
+
+    def numel(self) -> int:
+        return self._batch_size.numel()
+
+    @property
+    def names(self) -> list:
+        return list(self._names) if self._names is not None else [None] * self.batch_dims
+
+    @names.setter
+    def names(self, value: Sequence[str | None] | None) -> None:
+        if value is None:
+            self._names = None
+            return
+        value = list(value)
+        if len(value) != self.batch_dims:
+            raise InvalidArgumentError(
+                f"names has {len(value)} entries but the tensordict has {self.batch_dims} batch dimensions."
+            )
+        named = [n for n in value if n is not None]
+        if len(set(named)) != len(named):
+            raise InvalidArgumentError(f"Some dimension names are non-unique: {value}.")
+        self._names = value
+        for leaf in self._tensordict.values():
+            if isinstance(leaf, TensorDictBase):
+                leaf.names = value + leaf.names[len(value) :]  # every nested level
+
+    @property
+    def device(self) -> torch.device | None:
+        return self._device
+
+    def __len__(self) -> int:
+        return self._batch_size[0] if self._batch_size else 0
+
+    # -- locking ------------------------------------------------------------------------------
+    @property
+    def is_locked(self) -> bool:
+        return self._is_locked
+
+    def lock_(self: T) -> T:
+        """Refuse structural changes (add, remove, replace) from now on; in-place writes still work."""
+        changed = not self._is_locked
+        self._propagate(lambda td: setattr(td, "_is_locked", True))
+        self._last_op[:] = ["lock_" if changed else None]
+        return self
+
+    def unlock_(self: T) -> T:
+        """Allow structural changes again; a memory-mapped or shared tensordict stops being one."""
+
+        def _unlock(td: TensorDictBase) -> None:
+            td._is_locked = False
+            td._is_memmap = False
+            td._is_shared = False
+
+        changed = self._is_locked
+        self._propagate(_unlock)
+        self._last_op[:] = ["unlock_" if changed else None]
+        return self
+
+    def __enter__(self: T) -> T:
+        self._op_queue.append(self._last_op.pop() if self._last_op else None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Undo the ``lock_()``/``unlock_()`` that opened the block, if it changed the state."""
+        op = self._op_queue.pop() if self._op_queue else None
+        if op == "unlock_":
+            self.lock_()
+        elif op == "lock_":
+            self.unlock_()
+        self._last_op.clear()
+
+    def _propagate(self, fn: Callable[[TensorDictBase], None]) -> None:
+        fn(self)
+        for leaf in self._tensordict.values():
+            if isinstance(leaf, TensorDictBase):
+                leaf._propagate(fn)
+
+    def _check_unlocked(self, key: str) -> None:
+        if self._is_locked:
+            raise LockedError(f"{_LOCKED_MSG} (key {key!r})")
+
+    # -- reading ------------------------------------------------------------------------------
+    def _get_leaf(self, key: tuple[str, ...], default: Any = _NO_DEFAULT) -> Any:
+        node: Any = self
+        for depth, part in enumerate(key):
+            if not isinstance(node, TensorDictBase) or part not in node._tensordict:
+                if default is not _NO_DEFAULT:
+                    return default
+                where = "" if depth == 0 else f" (missing part {part!r})"
+                raise MissingKeyError(
+                    f"key {key if len(key) > 1 else key[0]!r} not found in the TensorDict{where}; "
+                    f"existing keys: {_preview(self._tensordict)}."
+                )
+            node = node._tensordict[part]
+        return node
+
+    def get(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
+        """The value at ``key`` (a non-tensor leaf gives its value), or ``default`` if given."""
+        leaf = self._get_leaf(unravel_key(key), default)
+        return leaf.data if isinstance(leaf, NonTensorData) else leaf
+
+    def get_non_tensor(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
+        return self.get(key, default)
+
+    def __getitem__(self, idx: Any) -> Any:
+        if is_key(idx):
+            return self.get(idx)
+        return self._index(idx)
+
+    def __contains__(self, key: object) -> bool:
+        if not is_key(key):
+            raise KeyTypeError(f"Keys must be strings or tuples of strings, got {type(key).__name__} {key!r}.")
+        return self._get_leaf(unravel_key(key), None) is not None
+
+    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list:
+        """The keys, in insertion order; nested keys are tuples when ``include_nested``."""
+        return [k for k, _ in self._iter_items(include_nested, leaves_only)]
+
+    def items(self, include_nested: bool = False, leaves_only: bool = False) -> Iterator[tuple[Any, Any]]:
+        for key, leaf in self._iter_items(include_nested, leaves_only):
+            yield key, leaf.data if isinstance(leaf, NonTensorData) else leaf
+
+    def values(self, include_nested: bool = False, leaves_only: bool = False) -> Iterator[Any]:
+        for _, value in self.items(include_nested, leaves_only):
+            yield value
+
+    def _iter_items(
+        self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()
+    ) -> Iterator[tuple[Any, Any]]:
+        for key, leaf in self._tensordict.items():
+            full = (*prefix, key)
+            is_td = isinstance(leaf, TensorDictBase)
+            if not (is_td and leaves_only):
+                yield (full if prefix else key), leaf
+            if is_td and include_nested:
+                yield from leaf._iter_items(True, leaves_only, full)
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self._batch_size:
+            raise ArgumentTypeError("Cannot iterate over a tensordict with no batch dimension; iterate keys().")
+        for i in range(self._batch_size[0]):
+            yield self._index(i)
+
+    # -- writing ------------------------------------------------------------------------------
+    def _check_batch(self, key: str, value: Any, batch: torch.Size | None = None) -> None:
+        batch = self._batch_size if batch is None else batch
+        if isinstance(value, TensorDictBase):
+            shape = value.batch_size
+        elif isinstance(value, torch.Tensor) and value.is_nested:
+            # a nested tensor has no fixed shape: only its first (number of elements) dimension counts
+            shape = torch.Size([value.size(0)]) if len(batch) <= 1 else torch.Size([-1])
+        elif isinstance(value, torch.Tensor):
+            shape = value.shape
+        else:
+            return
+        if shape[: len(batch)] != batch:
+            raise BatchSizeError(
+                f"batch dimension mismatch for key {key!r}: the value has shape {list(shape)}, but the "
+                f"tensordict's batch size is {list(batch)}; every entry must start with the batch dimensions."
+            )
+
+    def _convert(self, key: str, value: Any) -> Any:
+        if isinstance(value, TensorDictBase):
+            pass
+        elif isinstance(value, Mapping):
+            value = type(self)(value, batch_size=self._batch_size, device=self._device)
+        elif isinstance(value, NonTensorData):
+            return value
+        elif isinstance(value, (bool, int, float, complex)) or type(value).__module__ == "numpy":
+            value = torch.as_tensor(value)
+        elif not isinstance(value, torch.Tensor):
+            return NonTensorData(value)
+        if self._device is not None and value.device != self._device:
+            value = value.to(self._device)
+        self._check_batch(key, value)
+        if isinstance(value, TensorDictBase) and self._names is not None:
+            value.names = self._names + value.names[self.batch_dims :]
+        return value
+
+    def _set(self, key: tuple[str, ...], value: Any, inplace: bool = False) -> None:
+        node = self
+        for part in key[:-1]:
+            child = node._tensordict.get(part)
+            if child is None:
+                node._check_unlocked(part)
+                child = type(self)._from_leaves({}, node._batch_size, node._device, node._names)
+                node._tensordict[part] = child
+            elif not isinstance(child, TensorDictBase):
+                raise MissingKeyError(f"Cannot set {key!r}: {part!r} is a leaf, not a nested tensordict.")
+            node = child
+        last = key[-1]
+        if inplace and last in node._tensordict:
+            node._set_inplace(last, value)
+            return
+        node._check_unlocked(last)
+        node._tensordict[last] = node._convert(last, value)
+
+    def set(self: T, key: NestedKey, value: Any, inplace: bool = False) -> T:
+        """Add or replace ``key``. ``inplace=True`` writes into an existing entry instead."""
+        self._set(unravel_key(key), value, inplace)
+        return self
+
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        if is_key(idx):
+            self._set(unravel_key(idx), value)
+        else:
+            self._set_at(idx, value)
+
+    def set_(self: T, key: NestedKey, value: Any) -> T:
+        """Write ``value`` into the existing entry ``key`` (allowed while locked)."""
+        parts = unravel_key(key)
+        parent = self._get_leaf(parts[:-1]) if len(parts) > 1 else self
+        if not isinstance(parent, TensorDictBase) or parts[-1] not in parent._tensordict:
+            raise MissingKeyError(f"key {key!r} not found: set_() writes into existing entries; use set() to add one.")
+        parent._set_inplace(parts[-1], value)
+        return self
+
+    def _set_inplace(self, key: str, value: Any) -> None:
+        leaf = self._tensordict[key]
+        if isinstance(leaf, TensorDictBase):
+            leaf.update_(value)
+        elif isinstance(leaf, NonTensorData):
+            self._write_non_tensor(key, leaf, value.data if isinstance(value, NonTensorData) else value)
+        else:
+            value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+            self._check_batch(key, value)
+            leaf.copy_(value)
+
+    def _write_non_tensor(self, key: str, leaf: NonTensorData, value: Any) -> None:
+        """Hook for subclasses that persist non-tensor writes."""
+        leaf.data = value
+
+    def update(self: T, input: Mapping[Any, Any] | TensorDictBase, inplace: bool = False) -> T:
+        for key, value in _items_of(input):
+            parts = unravel_key(key)
+            current = self._get_leaf(parts, None)
+            if isinstance(current, TensorDictBase) and isinstance(value, (Mapping, TensorDictBase)):
+                current.update(value, inplace=inplace)
+            else:
+                self._set(parts, value, inplace=inplace)
+        return self
+
+    def update_(self: T, input: Mapping[Any, Any] | TensorDictBase) -> T:
+        """Write every entry of ``input`` into the existing entries (allowed while locked)."""
+        for key, value in _items_of(input):
+            self.set_(key, value)
+        return self
+
+    def _set_at(self, idx: Any, value: Any) -> None:
+        idx = normalize_index(idx, self.batch_dims)
+        if isinstance(value, (Mapping, TensorDictBase)):
+            for key, sub in _items_of(value):
+                if key not in self._tensordict:
+                    raise MissingKeyError(
+                        f"td[index] = value: key {key!r} of the value is not in the tensordict; add it first."
+                    )
+                self._assign_at(key, idx, sub)
+        else:  # a scalar or tensor goes into every tensor leaf; non-tensor values are left alone
+            for key, leaf in self._tensordict.items():
+                if not isinstance(leaf, NonTensorData):
+                    self._assign_at(key, idx, value)
+
+    def _assign_at(self, key: str, idx: Any, value: Any) -> None:
+        leaf = self._tensordict[key]
+        if isinstance(leaf, TensorDictBase):
+            leaf._set_at(idx, value)
+        elif isinstance(leaf, NonTensorData):
+            self._write_non_tensor(key, leaf, value.data if isinstance(value, NonTensorData) else value)
+        else:
+            leaf[idx] = value
+
+    def pop(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
+        parts = unravel_key(key)
+        leaf = self._get_leaf(parts, default)
+        if leaf is default and default is not _NO_DEFAULT:
+            return default
+        parent = self._get_leaf(parts[:-1]) if len(parts) > 1 else self
+        parent._check_unlocked(parts[-1])
+        del parent._tensordict[parts[-1]]
+        return leaf.data if isinstance(leaf, NonTensorData) else leaf
+
+    def del_(self: T, key: NestedKey) -> T:
+        self.pop(key)
+        return self
+
+    def __delitem__(self, key: NestedKey) -> None:
+        self.pop(key)
+
+    def rename_key_(self: T, old: NestedKey, new: NestedKey) -> T:
+        value = self._get_leaf(unravel_key(old))
+        self._check_unlocked(str(old))
+        if unravel_key(old) == unravel_key(new):
+            return self
+        self._set(unravel_key(new), value)
+        self.pop(old)
+        return self
+
+    # -- derived tensordicts ------------------------------------------------------------------
+    def _index(self: T, idx: Any) -> T:
+        idx = normalize_index(idx, self.batch_dims)
+        batch = torch.zeros((), dtype=torch.uint8).expand(self._batch_size)[idx].shape
+        leaves: dict[str, Any] = {}
+        for key, leaf in self._tensordict.items():
+            if isinstance(leaf, TensorDictBase):
+                leaves[key] = leaf._index(idx)
+            elif isinstance(leaf, NonTensorData):
+                leaves[key] = leaf
+            else:
+                leaves[key] = leaf[idx]
+        out = type(self)._from_leaves(leaves, batch, self._device, index_names(self._names, idx, len(batch)))
+        out._is_memmap = self._is_memmap
+        out._is_shared = self._is_shared
+        out._is_locked = self._is_locked
+        return out
+
+    def _map(
+        self: T,
+        fn: Callable[[torch.Tensor], Any],
+        batch_size: torch.Size | None = None,
+        device: Any = _NO_DEFAULT,
+        keep_non_tensor: bool = True,
+    ) -> T:
+        leaves: dict[str, Any] = {}
+        for key, leaf in self._tensordict.items():
+            if isinstance(leaf, TensorDictBase):
+                leaves[key] = leaf._map(fn, None if batch_size is None else batch_size, device, keep_non_tensor)
+                if batch_size is not None:
+                    leaves[key]._batch_size = batch_size + leaf._batch_size[self.batch_dims :]
+            elif isinstance(leaf, NonTensorData):
+                if keep_non_tensor:
+                    leaves[key] = NonTensorData(leaf.data)
+            else:
+                result = fn(leaf)
+                if result is not None:
+                    leaves[key] = result
+        dev = self._device if device is _NO_DEFAULT else device
+        return type(self)._from_leaves(leaves, self._batch_size if batch_size is None else batch_size, dev, self._names)
+
+    def apply(self: T, fn: Callable[..., Any], *others: TensorDictBase, batch_size: Sequence[int] | None = None) -> T:
+        """A new tensordict with ``fn(leaf, *other_leaves)`` for every tensor leaf."""
+        if not others:
+            return self._map(fn, None if batch_size is None else as_size(batch_size))
+        out = self._map(lambda t: t, None)
+        for key, leaf in self._iter_items(True, True):
+            if isinstance(leaf, torch.Tensor):
+                parts = unravel_key(key)
+                value = fn(leaf, *(o._get_leaf(parts) for o in others))
+                if value is None:
+                    out.pop(parts)  # like the one-tensordict form: None drops the entry
+                else:
+                    _put(out, parts, value)
+        if batch_size is not None:
+            out.batch_size = as_size(batch_size)
+        return out
+
+    def apply_(self: T, fn: Callable[[torch.Tensor], torch.Tensor]) -> T:
+        for _, leaf in self._iter_items(True, True):
+            if isinstance(leaf, torch.Tensor):
+                leaf.copy_(fn(leaf))
+        return self
+
+    def to(self: T, *args: Any, **kwargs: Any) -> T:
+        """Move to a device and/or cast to a dtype, like ``torch.Tensor.to``."""
+        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if device is None and dtype is None:
+            return self
+
+        def fn(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype, non_blocking=non_blocking)
+
+        out = self._map(fn, device=torch.device(device) if device is not None else self._device)
+        if self._is_locked:  # like the reference: a locked tensordict moves to a locked one
+            out._propagate(lambda td: setattr(td, "_is_locked", True))
+        return out
+
+    def cpu(self: T) -> T:
+        return self.to("cpu")
+
+    def clone(self: T, recurse: bool = True) -> T:
+        """A copy; with ``recurse=False`` the leaves are shared and only the structure is new."""
+        if recurse:
+            return self._map(lambda t: torch.Tensor.clone(t))
+        return self._map(lambda t: t)
+
+    def contiguous(self: T) -> T:
+        return self._map(lambda t: t.contiguous())
+
+    def empty(self: T) -> T:
+        return type(self)._from_leaves({}, self._batch_size, self._device, self._names)
+
+    def select(self: T, *keys: NestedKey) -> T:
+        out = self.empty()
+        for key in keys:
+            _put(out, unravel_key(key), self._get_leaf(unravel_key(key)))
+        return out
+
+    def exclude(self: T, *keys: NestedKey) -> T:
+        out = self.clone(recurse=False)
+        for key in keys:
+            out.pop(key, None)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (v.to_dict() if isinstance(v, TensorDictBase) else v) for k, v in self.items()}
+
+    def zero_(self: T) -> T:
+        for _, leaf in self._iter_items(True, True):
+            if isinstance(leaf, torch.Tensor):
+                leaf.zero_()
+        return self
+
+    def fill_(self: T, key: NestedKey, value: float | bool) -> T:
+        leaf = self._get_leaf(unravel_key(key))
+        if isinstance(leaf, TensorDictBase):
+            leaf.apply_(lambda t: t.fill_(value))
+        elif isinstance(leaf, NonTensorData):
+            raise InvalidArgumentError(
+                f"fill_ writes a number into tensors, but {key!r} holds a non-tensor value; use set_({key!r}, value)."
+            )
+        else:
+            leaf.fill_(value)
+        return self
+
+    def unbind(self, dim: int = 0) -> tuple[Any, ...]:
+        dim = check_dim(dim, self.batch_dims)
+        return tuple(self._index((slice(None),) * dim + (i,)) for i in range(self._batch_size[dim]))
+
+    # -- shared memory ------------------------------------------------------------------------
+    def share_memory_(self: T) -> T:
+        """Move every leaf to shared memory (in place) and lock the tensordict."""
+        if self._is_memmap:
+            raise MemmapError("memmap and shared memory are mutually exclusive features.")
+        for _, leaf in self._iter_items(True, True):
+            if isinstance(leaf, torch.Tensor):
+                leaf.share_memory_()
+        self._propagate(lambda td: setattr(td, "_is_shared", True))
+        return self.lock_()
+
+    def is_shared(self) -> bool:
+        return self._is_shared
+
+    # -- representation and pickling ----------------------------------------------------------
+    def __repr__(self) -> str:
+        lines = []
+        for key, leaf in self._tensordict.items():
+            if isinstance(leaf, TensorDictBase):
+                body = repr(leaf).replace("\n", "\n        ")
+            elif isinstance(leaf, NonTensorData):
+                body = repr(leaf)
+            else:
+                body = (
+                    f"{type(leaf).__name__}(shape={leaf.shape}, device={leaf.device}, "
+                    f"dtype={leaf.dtype}, is_shared={leaf.is_shared()})"
+                )
+            lines.append(f"        {key}: {body}")
+        fields = ",\n".join(lines)
+        return (
+            f"{type(self).__name__}(\n    fields={{\n{fields}}},\n    batch_size={self._batch_size},\n"
+            f"    device={self._device},\n    is_shared={self._is_shared})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # memory-mapped leaves travel as compact handles (see _reductions), never as bytes
+        prefix = self._memmap_prefix
+        state = (
+            {k: encode_leaf(v, prefix, k) for k, v in self._tensordict.items()},
+            tuple(self._batch_size),
+            self._device,
+            self._names,
+            self._is_locked,
+            self._is_memmap,
+            self._is_shared,
+            self._memmap_prefix,
+            self._anon_store,
+            self._generation,
+        )
+        return (rebuild_tensordict, (type(self), state))
+
+def _preview(keys: Any, limit: int = 10) -> str:
+    names = sorted(keys)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{names[:limit]}{more}"
+
+
+def _items_of(value: Mapping[Any, Any] | TensorDictBase) -> Iterator[tuple[Any, Any]]:
+    if isinstance(value, TensorDictBase):
+        return iter(list(value._tensordict.items()))
+    return iter(list(value.items()))
+
+
+def _put(td: TensorDictBase, parts: tuple[str, ...], value: Any) -> None:
+    node = td
+    for part in parts[:-1]:
+        nxt = node._tensordict.get(part)
+        if not isinstance(nxt, TensorDictBase):
+            nxt = type(td)._from_leaves({}, node._batch_size, node._device, node._names)
+            node._tensordict[part] = nxt
+        node = nxt
+    node._tensordict[parts[-1]] = value
+
+
+def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
+    """Rebuild a pickled tensordict of class ``cls`` from the state its ``__reduce__`` made."""
+    leaves, batch, device, names, locked, memmap, shared, prefix, anon_store, generation = state
+    leaves = {k: decode_leaf(v, prefix, k) for k, v in leaves.items()}
+    out = cls._from_leaves(leaves, torch.Size(batch), device, names)
+    out._is_memmap, out._is_shared, out._memmap_prefix = memmap, shared, prefix
+    out._anon_store, out._generation = anon_store, generation
+    out._is_locked = locked
+    return out
