@@ -34,7 +34,7 @@ from tdshare import (
     NotMemmapError,
     TensorDict,
 )
-from tdshare._registry import SharedRegistry, control_paths
+from tdshare._coordination import SharedRegistry, control_paths
 
 WAIT = 60  # seconds any single hand-off may take (a spawn child imports torch first)
 METHODS = [m for m in ("spawn", "fork", "forkserver") if m in mp.get_all_start_methods()]

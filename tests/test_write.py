@@ -21,7 +21,7 @@ import torch
 from _helpers import COMMON_DTYPES, FLOAT8_DTYPES, assert_same_tensordict, plain
 
 import tdshare
-import tdshare._commit
+import tdshare._atomic
 import tdshare._files
 import tdshare._leaf_files
 import tdshare._write
@@ -67,7 +67,7 @@ def _files(root: Path) -> set[str]:
 
 
 def _staging_left(parent: Path) -> list[str]:
-    return [n for n in os.listdir(parent) if n.startswith(tdshare._commit.STAGING_PREFIX)]
+    return [n for n in os.listdir(parent) if n.startswith(tdshare._atomic.STAGING_PREFIX)]
 
 
 class _Failer:
@@ -741,7 +741,7 @@ def test_atomic_into_a_new_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert len(written) == 4
     for path in written:  # staged next to the prefix (same file system), then renamed into place
         staging = Path(path).relative_to(tmp_path).parts[0]
-        assert staging.startswith(tdshare._commit.STAGING_PREFIX)
+        assert staging.startswith(tdshare._atomic.STAGING_PREFIX)
     assert out["n", "m", "d"].filename == str(tmp_path / "td" / "n" / "m" / "d.memmap")
     assert out.saved_path == str(tmp_path / "td")
     _assert_equal(TensorDict.load(tmp_path / "td"), _make(1.0))
@@ -840,7 +840,7 @@ def test_atomic_rolls_back_when_the_final_rename_fails(tmp_path: Path, monkeypat
             raise OSError("injected rename failure")
         real_rename(src, dst)
 
-    monkeypatch.setattr(tdshare._commit.os, "rename", rename)
+    monkeypatch.setattr(tdshare._atomic.os, "rename", rename)
     with pytest.raises(OSError, match="rename"):
         _make(2.0).memmap(tmp_path / "td", atomic=True)
     monkeypatch.undo()
@@ -853,7 +853,7 @@ def test_atomic_over_the_own_folder_needs_copy_existing(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="copy_existing") as info:
         td.memmap_(atomic=True)
     assert str(tmp_path / "td" / "a.memmap") in str(info.value)
-    assert tdshare._commit.STAGING_PREFIX not in str(info.value)
+    assert tdshare._atomic.STAGING_PREFIX not in str(info.value)
     assert _staging_left(tmp_path) == []
     with td.unlock_():
         td["extra"] = torch.ones(3)
