@@ -19,7 +19,7 @@ from collections.abc import Callable
 from ._archive import pack_memmap, unpack_memmap
 from ._crc import crc32_threaded
 from ._errors import CorruptDataError, TdshareError
-from ._format import META_FILE, NONTENSOR_STACK_TYPE, NONTENSOR_TYPE, loads_json
+from ._format import META_FILE, VALUE, VALUE_STACK, layout_of, loads_json
 from ._keys import encode_key
 from ._tdz import Archive
 from ._tensordict import TensorDict
@@ -48,7 +48,7 @@ def _describe(read: Reader, d: str, shown: str, lines: list[str]) -> None:
         lines.append(f"{shown or '.'}  (missing {META_FILE})")
         return
     meta = loads_json(raw, d + META_FILE)
-    if meta.get("_is_non_tensor") or meta.get("_type") in (NONTENSOR_TYPE, NONTENSOR_STACK_TYPE):
+    if layout_of(meta) in (VALUE, VALUE_STACK):
         value = repr(meta["data"]) if "data" in meta else "<pickled>"
         lines.append(f"{shown}  {value if len(value) <= 60 else value[:57] + '...'}")
         return

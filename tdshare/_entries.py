@@ -25,10 +25,12 @@ from ._errors import BatchSizeError, MemmapError, NotMemmapError, NotSupportedEr
 from ._files import replace_file, reserve_file, tensor_buffer, write_file
 from ._format import (
     LEAF_SUFFIX,
+    LEVEL,
     META_FILE,
     NO_FILE_FIELD,
     dumps_json,
     entry_file_name,
+    layout_of,
     leaf_entry,
     level_meta,
     loads_json,
@@ -36,6 +38,7 @@ from ._format import (
 from ._indexing import contiguous_strides
 from ._keys import NestedKey, encode_key, unravel_key
 from ._memmap import MemoryMappedTensor, storage_filename
+from ._nodes import is_collection
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor
 from ._nontensor_files import write_nontensor as write_nontensor_folder
@@ -51,6 +54,7 @@ __all__ = [
     "build_from_storage",
     "storage_entry_checks",
     "write_non_tensor",
+    "insert_entry",
 ]
 
 
@@ -75,7 +79,7 @@ def _target_level(td: TensorDictBase, parts: tuple[str, ...], robust: bool) -> t
     for part in parts[:-1]:
         names.append(entry_file_name(part, robust, "", "the tensordict", directory=True))
         child = node._tensordict.get(part) if node is not None else None
-        if child is not None and not isinstance(child, TensorDictBase):
+        if child is not None and not is_collection(child):
             raise MemmapError(f"Cannot add {parts!r}: {part!r} is a leaf, not a nested tensordict.")
         node = child
     return names, node
@@ -123,7 +127,7 @@ def add_entry(
         anonymous = build(None, shape_, dtype_)
         if td._anon_store is not None and anonymous._segment is not None:
             _publish(td, td._anon_store, parts, anonymous)
-        _insert(td, parts, anonymous, None, robust)
+        insert_entry(td, parts, anonymous, None, robust)
         return anonymous
     file_name = entry_file_name(last, robust, LEAF_SUFFIX, "the tensordict", directory=False) + LEAF_SUFFIX
     level_dir = os.path.join(prefix, *folders)
@@ -154,7 +158,7 @@ def add_entry(
                 shutil.rmtree(folder, ignore_errors=True)
             raise
         after = registry.bump()
-    _insert(td, parts, tensor, prefix, robust)
+    insert_entry(td, parts, tensor, prefix, robust)
     if unchanged_since(td._generation, before) and has_file:
         # we were current: our own addition is all that changed (a file-less entry stays stale on
         # purpose, so that the next memmap_refresh_() drops it, as it does in every other process)
@@ -217,7 +221,7 @@ def _read_chain(prefix: str, folders: list[str], parts: tuple[str, ...]) -> list
             metas.append(None)
             continue
         child = _read_level(path)[0] if isinstance(entry, dict) and "type" in entry else None
-        if child is None or "shape" not in child:
+        if child is None or layout_of(child) != LEVEL:
             raise MemmapError(
                 f"Cannot add {parts!r}: another process added {part!r} as a leaf or a non-tensor value, not a "
                 f"nested tensordict (see {os.path.join(os.path.dirname(path), META_FILE)!r}); call "
@@ -301,7 +305,11 @@ def _append_to_level(directory: str, meta: dict, key: str, value: dict) -> None:
     _remember(path, new_meta, data)
 
 
-def _insert(td: TensorDictBase, parts: tuple[str, ...], tensor: torch.Tensor, prefix: str | None, robust: bool) -> None:
+def insert_entry(
+    td: TensorDictBase, parts: tuple[str, ...], tensor: torch.Tensor, prefix: str | None, robust: bool
+) -> None:
+    """Put ``tensor`` at ``parts`` in ``td`` although it is locked, making the missing levels
+    (memory-mapped, under ``prefix`` when the tree has a folder)."""
     node = td
     path = prefix
     for part in parts[:-1]:

@@ -40,17 +40,20 @@ from ._store import Deferred, DirectoryStore, Store, check_load_args, read_meta,
 from ._tdz import Archive
 from ._tensordict_base import TensorDictBase
 
-__all__ = ["load_tree", "load_into", "check_load_args", "read_meta"]
+__all__ = ["load_tree", "load_into", "load_level", "open_checked_leaf", "check_load_args", "read_meta"]
 
 T = TypeVar("T", bound=TensorDictBase)
 _TENSORCLASS_DIR = "_tensordict"
 _STACK_PICKLE = "pickle.pkl"
 
 
-def _open_leaf(
+def open_checked_leaf(
     store: Store, level: str, info: LeafInfo, batch: tuple[int, ...] | None, meta_where: str, old: Any = None
 ) -> Any:
-    """One leaf, whose shape must start with the batch size; ``old`` (on a refresh) may be reused."""
+    """Open one leaf of ``level`` through ``store``; its shape must start with ``batch``.
+
+    ``old`` (on a refresh) is kept when it still maps the same file.  Raises ``CorruptDataError``
+    naming the metadata file when the shape does not start with the batch size."""
     if batch is not None and info.shape[: len(batch)] != batch:
         raise CorruptDataError(
             f"{meta_where}: the leaf {info.key!r} has shape {list(info.shape)}, which does not start with the "
@@ -59,8 +62,11 @@ def _open_leaf(
     return store.open_leaf(level, info, meta_where, old)
 
 
-def _load_level(cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any) -> Any:
-    """Build one level (and everything under it) from its ``meta.json``, as its layout says."""
+def load_level(cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any) -> Any:
+    """Build one level (and everything under it) from its ``meta.json``, as its layout says.
+
+    ``cls`` is the collection class to build, ``out`` the collection whose levels may be reused,
+    ``parent_batch`` the batch size the level's must start with, ``device`` the target device."""
     return _LOADERS[layout_of(meta)](cls, store, level, meta, out, parent_batch, device)
 
 
@@ -105,7 +111,7 @@ def _load_wrapped(
             UserWarning,
             stacklevel=user_stacklevel(),
         )
-        return _load_level(cls, store, nested, store.read_meta(nested), out, parent_batch, device)
+        return load_level(cls, store, nested, store.read_meta(nested), out, parent_batch, device)
     raise UnsupportedFormatError(f"{store.where(level, META_FILE)} describes a {kind!r}, which tdshare cannot load.")
 
 
@@ -127,7 +133,7 @@ def _load_collection(
     if nbatch:
         for info in parsed.leaves:
             if info.shape[:nbatch] != batch:
-                _open_leaf(store, level, info, batch, meta_path)  # raises, naming the leaf
+                open_checked_leaf(store, level, info, batch, meta_path)  # raises, naming the leaf
     leaves.update(store.open_leaves(level, parsed.leaves, meta_path, current))
     for key, _ in parsed.children:
         sub = store.child(level, key)
@@ -138,7 +144,7 @@ def _load_collection(
             )
         reuse = target._tensordict.get(key) if target is not None else None
         with store.enter(sub):
-            leaves[key] = _load_level(cls, store, sub, store.read_meta(sub), reuse, batch, device)
+            leaves[key] = load_level(cls, store, sub, store.read_meta(sub), reuse, batch, device)
     device_obj = torch.device(device) if device is not None else None
     if device_obj is not None and device_obj.type != "cpu":
         leaves = {k: v.to(device_obj) if isinstance(v, torch.Tensor) else v for k, v in leaves.items()}
@@ -175,7 +181,7 @@ def _load_members(cls: type[T], store: Store, level: str, device: Any) -> list:
     members = []
     for sub in store.members(level):
         with store.enter(sub):
-            members.append(_load_level(cls, store, sub, store.read_meta(sub), None, None, device))
+            members.append(load_level(cls, store, sub, store.read_meta(sub), None, None, device))
     if not members:
         raise CorruptDataError(f"{store.where(level)!r}: a stacked tensordict with no members.")
     return members
@@ -249,13 +255,13 @@ def load_tree(
         store = ArchiveStore(Archive(path, mode), robust, allow_pickle, num_threads)
         level = store.root if subpath is None else _resolve_subpath(store, store.root, subpath)
         dev = torch.device(device) if device is not None else None
-        result = _load_level(cls, store, level, store.read_meta(level), out, None, device)
+        result = load_level(cls, store, level, store.read_meta(level), out, None, device)
         store.finish(None if dev is None or dev.type == "cpu" else dev)
     else:
         store = folder
         # the registry state *before* the metadata: a later refresh re-reads anything newer
         state = SharedRegistry.for_directory(level).state() if mode != "r" else None
-        result = _load_level(cls, store, level, store.read_meta(level), out, None, device)
+        result = load_level(cls, store, level, store.read_meta(level), out, None, device)
         if is_collection(result):
             result._generation = state
     if out is None:

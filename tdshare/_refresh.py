@@ -16,15 +16,15 @@ from typing import Any
 import torch
 
 from ._coordination import SharedRegistry, unchanged_since
-from ._entries import _insert
+from ._entries import insert_entry
 from ._errors import CorruptDataError, MemmapError, NotMemmapError
-from ._format import META_FILE, NONTENSOR_TYPE, RESERVED_KEYS, parse_level, str_to_dtype
+from ._format import LEVEL, META_FILE, RESERVED_KEYS, VALUE, layout_of, parse_level, str_to_dtype
 from ._keys import encode_key
 from ._memmap import MemoryMappedTensor
-from ._nontensor import NonTensorData
-from ._read import _load_level, _open_leaf, check_load_args, read_meta
+from ._nodes import NONTENSOR, is_collection, kind_of
+from ._read import check_load_args, load_level, open_checked_leaf, read_meta
 from ._runtime import read_manifest, register_user
-from ._segments import Segment, _map_fd
+from ._segments import Segment
 from ._shared_nontensor import SharedNonTensorData
 from ._store import DirectoryStore
 from ._tensordict_base import TensorDictBase
@@ -75,7 +75,7 @@ def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, director
     # meta.json is only ever replaced (new inode): the same stamp means the same metadata
     unchanged = same_files and stamp is not None and stamp == td._meta_stamp and td._meta_seen is not None
     meta = td._meta_seen if unchanged and td._meta_seen is not None else read_meta(directory)
-    if "shape" not in meta:
+    if layout_of(meta) != LEVEL:
         raise CorruptDataError(f"{meta_path} no longer describes a TensorDict level: load the folder again.")
     seen = td._meta_seen if same_files else None
     if unchanged:
@@ -108,7 +108,7 @@ def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, director
         ):
             leaves[info.key] = old
             continue
-        leaves[info.key] = _open_leaf(store, directory, info, batch, meta_path, old)
+        leaves[info.key] = open_checked_leaf(store, directory, info, batch, meta_path, old)
     child_keys = [k for k, _ in level.children]
     # unchanged nested levels and non-tensor values live in their own meta.json: read them again
     # (a SharedNonTensorData re-reads itself on use)
@@ -116,11 +116,11 @@ def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, director
         k
         for k, v in leaves.items()
         if k not in changed
-        and (isinstance(v, TensorDictBase) or (isinstance(v, NonTensorData) and not isinstance(v, SharedNonTensorData)))
+        and (is_collection(v) or (kind_of(v) is NONTENSOR and not isinstance(v, SharedNonTensorData)))
     ]
     for key in child_keys:
         old = current.get(key)
-        if isinstance(old, TensorDictBase) and old._memmap_prefix is not None and key not in changed:
+        if is_collection(old) and old._memmap_prefix is not None and key not in changed:
             _refresh_level(cls, store, old, old._memmap_prefix, same_files)
             continue
         path = store.child(directory, key)
@@ -130,25 +130,20 @@ def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, director
                 f"{os.path.join(directory, encode_key(key))!r} is missing."
             )
         if isinstance(old, SharedNonTensorData) and os.path.normpath(old._folder) == os.path.normpath(path):
-            if _is_nontensor(read_meta(path)):  # still shared in the same folder: it re-reads itself on use
+            if layout_of(read_meta(path)) == VALUE:  # still shared in the same folder: it re-reads itself on use
                 leaves[key] = old
                 continue
-        if isinstance(old, TensorDictBase) and old._memmap_prefix == path:
+        if is_collection(old) and old._memmap_prefix == path:
             _refresh_level(cls, store, old, path, same_files)
             leaves[key] = old
         else:
-            value = _load_level(cls, store, path, read_meta(path), None, batch, None)
-            if isinstance(value, TensorDictBase):
+            value = load_level(cls, store, path, read_meta(path), None, batch, None)
+            if is_collection(value):
                 _mark_memmap(value, td._is_locked)
             leaves[key] = value
     td._tensordict = {k: leaves[k] for k in meta if k in leaves}
     td._meta_seen = meta
     td._meta_stamp = stamp
-
-
-def _is_nontensor(meta: dict) -> bool:
-    """Whether a level's meta.json describes a single non-tensor value."""
-    return bool(meta.get("_is_non_tensor")) or meta.get("_type") == NONTENSOR_TYPE
 
 
 def _mark_memmap(td: TensorDictBase, locked: bool) -> None:
@@ -174,7 +169,7 @@ def _refresh_anonymous(td: TensorDictBase, store: tuple[str, tuple[str, ...]]) -
         rel = key[len(level_key) :]
         if td._get_leaf(rel, None) is not None:
             continue
-        _insert(td, rel, _attach(path, entry), None, True)
+        insert_entry(td, rel, _attach(path, entry), None, True)
     td._generation = state
     return td
 
@@ -200,5 +195,5 @@ def _attach(store: str, entry: dict[str, Any]) -> MemoryMappedTensor:
             f"Cannot map the anonymous entry {tuple(entry['key'])!r}: descriptor {fd} of process {pid} no longer "
             "holds its memory (it was closed and reused)."
         )
-    seg = Segment(new_fd, size, _map_fd(new_fd, size) if size else torch.empty(0, dtype=torch.uint8))
+    seg = Segment.from_fd(new_fd, size)
     return MemoryMappedTensor._wrap(seg.view(0, dtype, shape), None, seg, None)

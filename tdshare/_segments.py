@@ -55,6 +55,11 @@ class Segment:
         if size:
             _BY_ADDRESS[buffer.data_ptr()] = self
 
+    @classmethod
+    def from_fd(cls, fd: int, size: int) -> Segment:
+        """Map the memfd ``fd`` (``size`` bytes; the segment owns and closes ``fd``)."""
+        return cls(fd, size, _map_fd(fd, size) if size else torch.empty(0, dtype=torch.uint8))
+
     @staticmethod
     def of_storage(storage: torch.UntypedStorage) -> Segment | None:
         """The live segment whose whole mapping is ``storage``, if any."""
