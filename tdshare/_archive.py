@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ._crc import crc32_threaded
 from ._errors import (
@@ -30,7 +30,7 @@ from ._errors import (
 from ._files import TMP_MARK, tmp_name
 from ._format import LEAF_SUFFIX, META_FILE, PICKLE_FILE, dumps_level
 from ._options import SaveOptions
-from ._plan import PlannedLevel, plan_tree
+from ._plan import PlannedLevel, TreeWriter, plan_tree
 from ._read import load_tree
 from ._tdz import Archive, Entry, Source, inflate, parse_compression, pwrite_all, write_archive
 from ._tensordict_base import TensorDictBase
@@ -38,7 +38,7 @@ from ._tensordict_base import TensorDictBase
 __all__ = [
     "pack_memmap",
     "refresh_archive_checksums",
-    "save_archive",
+    "ArchiveWriter",
     "unpack_memmap",
 ]
 
@@ -66,23 +66,34 @@ def _tree_entries(level: PlannedLevel) -> Any:
                 yield f"{path}/{PICKLE_FILE}".replace(os.sep, "/"), item.pickled
 
 
-def save_archive(td: T, prefix: PathLike, opts: SaveOptions) -> T:
-    """``td.memmap(prefix)`` to an archive: write it atomically, return it loaded (unlocked).
+class ArchiveWriter(TreeWriter):
+    """The write half of a ``.tdz`` archive: always atomic, returned loaded (unlocked).
 
-    Raises:
-        NotSupportedError: ``return_early`` or ``share_non_tensor`` (an archive is written in one
-            go and is a read-only snapshot).
-        InvalidArgumentError: ``prefix`` is a folder, or ``compression`` is unknown.
-        FileExistsRuntimeError: ``prefix`` exists and ``existsok`` is False.
+    The entries are the files a folder save would write, in archive order; the archive is
+    written beside its path and renamed into place (:func:`tdshare._tdz.write_archive`).
     """
-    if opts.return_early:
-        raise NotSupportedError("return_early=True is not supported for a .tdz archive, which is written in one go.")
-    if opts.share_non_tensor:
-        raise NotSupportedError("share_non_tensor=True is not supported for a .tdz archive, a read-only snapshot.")
-    method = parse_compression(opts.compression)
-    path = _check_target(prefix, opts.existsok)
-    write_archive(path, _tree_entries(plan_tree(td, "", opts.robust_key, True, True)), method)
-    return load_tree(type(td), path, robust_key=opts.robust_key, allow_pickle=True, num_threads=opts.num_threads)
+
+    name = "a .tdz archive"
+    unsupported: ClassVar[dict[str, tuple[type[Exception], str]]] = {
+        "return_early": (
+            NotSupportedError,
+            "return_early=True is not supported for a .tdz archive, which is written in one go.",
+        ),
+        "share_non_tensor": (
+            NotSupportedError,
+            "share_non_tensor=True is not supported for a .tdz archive, a read-only snapshot.",
+        ),
+    }
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = path
+
+    def save(self, td: T, opts: SaveOptions, *, inplace: bool) -> T:
+        """Write the archive; ``inplace`` changes nothing (an archive is never mapped in place)."""
+        method = parse_compression(opts.compression)
+        path = _check_target(self.path, opts.existsok)
+        write_archive(path, _tree_entries(plan_tree(td, "", opts.robust_key, True, True)), method)
+        return load_tree(type(td), path, robust_key=opts.robust_key, allow_pickle=True, num_threads=opts.num_threads)
 
 
 def pack_memmap(

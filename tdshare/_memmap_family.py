@@ -5,8 +5,8 @@
 (``TensorDict`` today) gets them by deriving from it next to the in-memory model
 (:class:`tdshare._tensordict_base.TensorDictBase`).  The methods check their arguments
 (:class:`tdshare._options.SaveOptions` for the saves) and delegate to the I/O modules:
-:mod:`tdshare._write`, :mod:`tdshare._archive`, :mod:`tdshare._read`, :mod:`tdshare._entries`
-and :mod:`tdshare._refresh`.
+:mod:`tdshare._save` (every save, through one backend), :mod:`tdshare._read`,
+:mod:`tdshare._entries` and :mod:`tdshare._refresh`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._archive import save_archive
 from ._entries import (
     add_entry,
     build_empty,
@@ -36,8 +35,8 @@ from ._nontensor import NonTensorData
 from ._options import SaveOptions
 from ._read import load_into, load_tree
 from ._refresh import refresh
+from ._save import save_tree
 from ._tensordict_base import TensorDictBase
-from ._write import memmap_tree
 
 __all__ = ["MemmapFamily"]
 
@@ -86,7 +85,7 @@ class MemmapFamily(TensorDictBase):
             atomic=atomic,
             archive=False,
         )
-        return memmap_tree(self, prefix, opts, inplace=True)
+        return save_tree(self, prefix, opts, inplace=True)
 
     def memmap(
         self: T,
@@ -120,10 +119,7 @@ class MemmapFamily(TensorDictBase):
             archive=archive,
             compression=compression,
         )
-        if opts.archive:
-            assert prefix is not None
-            return save_archive(self, prefix, opts)
-        return memmap_tree(self, prefix, opts, inplace=False)
+        return save_tree(self, prefix, opts, inplace=False)
 
     def save(
         self: T,

@@ -1,4 +1,4 @@
-"""The plan of a save: a tensordict tree checked and laid out before anything is written.
+"""The plan of a save, and the write half that every backend implements.
 
 :func:`plan_tree` walks the tree once (through :mod:`tdshare._nodes`) and returns one
 :class:`PlannedLevel` per collection level: its ``meta.json`` entries, its tensor leaves with
@@ -6,12 +6,18 @@ their files, its non-tensor values encoded, its child levels.  Every backend wri
 same plan: a folder and anonymous memory (:mod:`tdshare._write`), a ``.tdz`` archive
 (:mod:`tdshare._archive`).  A bad key, dtype, existing file or pickle therefore raises before
 anything is created, whatever the target.
+
+A backend's write half is a :class:`TreeWriter`: its capabilities are data (``unsupported``: the
+options it refuses, with the error), and :func:`tdshare._save.save_tree` checks them before the
+backend plans anything.
 """
 
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
@@ -22,9 +28,10 @@ from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor
+from ._options import SaveOptions
 from ._tensordict_base import TensorDictBase
 
-__all__ = ["PlannedLeaf", "PlannedValue", "PlannedLevel", "plan_tree"]
+__all__ = ["PlannedLeaf", "PlannedValue", "PlannedLevel", "plan_tree", "TreeWriter"]
 
 _STRIDED = torch.strided
 _Tensor = torch.Tensor
@@ -203,3 +210,27 @@ def _plan_leaf(
         raise MemmapError(f"The file {file!r} already exists and existsok=False. Pass existsok=True to overwrite it.")
     return leaf
 
+
+
+class TreeWriter(ABC):
+    """The write half of a backend (a folder, an archive, anonymous memory).
+
+    ``unsupported`` maps each option of :class:`SaveOptions` the backend cannot honour to the
+    exception raised when it is set; :meth:`check` raises it before anything is planned.
+    """
+
+    name: ClassVar[str]
+    unsupported: ClassVar[dict[str, tuple[type[Exception], str]]]
+
+    def check(self, opts: SaveOptions) -> None:
+        """Refuse the options this backend cannot honour (the first set one, in declaration order)."""
+        for option, (error, message) in self.unsupported.items():
+            if getattr(opts, option):
+                raise error(message)
+
+    @abstractmethod
+    def save(self, td: Any, opts: SaveOptions, *, inplace: bool) -> Any:
+        """Write ``td`` (a tensor collection) and return it memory-mapped (``inplace``) or a new one.
+
+        A future (:class:`tdshare.TensorDictFuture`) when the backend writes in the background.
+        """

@@ -1,4 +1,4 @@
-"""The write path: ``memmap_``, ``memmap``, ``save``/``dumps`` to a directory or anonymous memory.
+"""The write halves of a folder and of anonymous memory: :class:`FolderWriter`, :class:`AnonymousWriter`.
 
 A write runs in three phases, so that a bad input never leaves a half-written directory:
 
@@ -17,12 +17,11 @@ import concurrent.futures
 import os
 import threading
 from contextlib import nullcontext
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import torch
 
 from ._atomic import atomic_directory
-from ._bulk import bulk
 from ._coordination import SharedRegistry, unchanged_since
 from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
 from ._files import check_not_symlink, replace_file
@@ -34,13 +33,13 @@ from ._nodes import is_collection
 from ._nontensor import NonTensorData
 from ._nontensor_files import replace_if_changed, write_nontensor
 from ._options import SaveOptions
-from ._plan import PlannedLeaf, PlannedLevel, plan_tree
+from ._plan import PlannedLeaf, PlannedLevel, TreeWriter, plan_tree
 from ._runtime import new_store_path
 from ._segments import Segment, align
 from ._shared_nontensor import SharedNonTensorData
 from ._tensordict_base import TensorDictBase
 
-__all__ = ["memmap_tree"]
+__all__ = ["AnonymousWriter", "FolderWriter"]
 
 T = TypeVar("T", bound=TensorDictBase)
 _CPU = torch.device("cpu")
@@ -249,53 +248,75 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-@bulk
-def memmap_tree(
-    td: T, prefix: str | os.PathLike | None, opts: SaveOptions, *, inplace: bool
-) -> T | TensorDictFuture[T]:
-    """Write ``td`` to ``prefix`` (None: its own directory, else anonymous memory) and map it.
+class AnonymousWriter(TreeWriter):
+    """The write half of anonymous shared memory: every new leaf of the tree in one memfd segment."""
 
-    ``inplace``: ``memmap_`` (the leaves of ``td`` are replaced) rather than ``memmap`` (a new
-    tensordict is returned).  ``opts`` are the call's checked arguments.
-    """
-    if inplace and td._is_shared:
-        raise MemmapError(
-            "memmap and shared memory are mutually exclusive features: this tensordict is in shared memory "
-            "(share_memory_()); use memmap() to make a memory-mapped copy instead."
-        )
-    robust, copy_existing, existsok, atomic = opts.robust_key, opts.copy_existing, opts.existsok, opts.atomic
-    num_threads, share_non_tensor = opts.num_threads, opts.share_non_tensor
-    if prefix is None and td._memmap_prefix is not None:
-        prefix = td._memmap_prefix
-    if prefix is None:
-        if atomic:
-            raise InvalidArgumentError("atomic=True needs a prefix to write the directory to.")
-        if share_non_tensor:
-            raise NotSupportedError(
-                "share_non_tensor=True needs a folder in this version of tdshare (its store is the folder): "
-                "memory-map to a prefix, or keep share_non_tensor=False for anonymous memory."
-            )
-        root = plan_tree(td, None, robust, copy_existing, existsok)
+    name = "anonymous memory"
+    unsupported: ClassVar[dict[str, tuple[type[Exception], str]]] = {
+        "atomic": (InvalidArgumentError, "atomic=True needs a prefix to write the directory to."),
+        "share_non_tensor": (
+            NotSupportedError,
+            "share_non_tensor=True needs a folder in this version of tdshare (its store is the folder): "
+            "memory-map to a prefix, or keep share_non_tensor=False for anonymous memory.",
+        ),
+    }
+
+    def save(self, td: T, opts: SaveOptions, *, inplace: bool) -> T:
+        root = plan_tree(td, None, opts.robust_key, opts.copy_existing, opts.existsok)
         _write_anonymous(root)
         dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
         _install(root, dest, None)
         store = td._anon_store[0] if inplace and td._anon_store is not None else new_store_path()
         _assign_store(dest, store, ())
         return dest
-    path = os.path.abspath(os.fspath(prefix))
-    fresh = not os.path.exists(os.path.join(path, META_FILE))
-    registry = None if fresh else SharedRegistry.for_directory(path)
-    seen = td._generation if td._memmap_prefix == path else None
-    if atomic:
+
+
+class FolderWriter(TreeWriter):
+    """The write half of a folder: one file per leaf, ``meta.json`` per level, atomic swap on request.
+
+    Commit order: leaf files, then non-tensor folders, then each level's ``meta.json`` replaced
+    whole (children first), then a generation bump under the tree's lock when the folder held a
+    saved tree before.  ``atomic=True`` writes the whole tree into a staging folder beside
+    ``path`` and swaps it in (:mod:`tdshare._atomic`), holding the lock so no entry is added to the
+    old tree meanwhile.
+    """
+
+    name = "a folder"
+    unsupported: ClassVar[dict[str, tuple[type[Exception], str]]] = {}
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def save(self, td: T, opts: SaveOptions, *, inplace: bool) -> T | TensorDictFuture[T]:
+        path = self.path
+        fresh = not os.path.exists(os.path.join(path, META_FILE))
+        registry = None if fresh else SharedRegistry.for_directory(path)
+        if opts.atomic:
+            return self._save_atomic(td, opts, inplace, registry)
+        seen = td._generation if td._memmap_prefix == path else None
+        root = plan_tree(td, path, opts.robust_key, opts.copy_existing, opts.existsok)
+        root.share = opts.share_non_tensor
+        dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
+        _make_dirs(root)
+        if opts.return_early and opts.num_threads > 1:
+            return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen)
+        _run_writes(root, opts.num_threads, opts.existsok)
+        gen = _commit_metadata(root, registry, seen)
+        _install(root, dest, path)
+        dest._generation = gen
+        return dest
+
+    def _save_atomic(self, td: T, opts: SaveOptions, inplace: bool, registry: SharedRegistry | None) -> T:
+        path = self.path
         with registry.lock() if registry is not None else nullcontext():  # no additions while swapped out
-            with atomic_directory(path, existsok) as staging:
+            with atomic_directory(path, opts.existsok) as staging:
                 try:
-                    root = plan_tree(td, staging, robust, copy_existing, existsok=True)
+                    root = plan_tree(td, staging, opts.robust_key, opts.copy_existing, existsok=True)
                 except MemmapError as err:  # name the target, not the staging folder
                     raise type(err)(str(err).replace(staging, path)) from None
-                root.share = share_non_tensor
+                root.share = opts.share_non_tensor
                 _make_dirs(root)
-                _run_writes(root, num_threads, existsok=True)
+                _run_writes(root, opts.num_threads, existsok=True)
                 _write_metadata(root, fresh=True)
             gen = registry.bump(files_replaced=True) if registry is not None else None
         _rebase(root, staging, path)
@@ -303,18 +324,6 @@ def memmap_tree(
         _install(root, dest, path)
         dest._generation = gen
         return dest
-    root = plan_tree(td, path, robust, copy_existing, existsok)
-    root.share = share_non_tensor
-    dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
-    if opts.return_early and num_threads > 1:
-        _make_dirs(root)
-        return _write_in_background(root, dest, path, num_threads, existsok, registry, seen)
-    _make_dirs(root)
-    _run_writes(root, num_threads, existsok)
-    gen = _commit_metadata(root, registry, seen)
-    _install(root, dest, path)
-    dest._generation = gen
-    return dest
 
 
 def _run_writes(root: PlannedLevel, num_threads: int, existsok: bool) -> None:
