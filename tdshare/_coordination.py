@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 from filelock import FileLock
 
-__all__ = ["SharedRegistry", "control_paths", "tree_root", "unchanged_since"]
+__all__ = ["SharedRegistry", "control_paths", "remove_control_files", "tree_root", "unchanged_since"]
 
 _SUFFIX_LOCK = ".tdshare.lock"
 _SUFFIX_GEN = ".tdshare.gen"
@@ -47,6 +47,15 @@ def control_paths(root: str) -> tuple[str, str]:
     """The lock file and the counter file of the tree saved at ``root``."""
     head, name = os.path.split(os.path.abspath(root).rstrip(os.sep))
     return os.path.join(head, f".{name}{_SUFFIX_LOCK}"), os.path.join(head, f".{name}{_SUFFIX_GEN}")
+
+
+def remove_control_files(root: str) -> None:
+    """Remove the lock and counter files of the tree at ``root`` (a tree nobody uses any more)."""
+    for control in control_paths(root):
+        try:
+            os.unlink(control)
+        except FileNotFoundError:
+            pass
 
 
 def unchanged_since(seen: tuple[int, int] | None, state: tuple[int, int] | None) -> bool:

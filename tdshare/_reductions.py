@@ -13,13 +13,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
-
-from ._files import map_file
 from ._format import LEAF_SUFFIX
 from ._keys import encode_key
+from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor
-from ._segments import Segment
 
 __all__ = ["encode_leaf", "decode_leaf"]
 
@@ -29,36 +26,23 @@ __all__ = ["encode_leaf", "decode_leaf"]
 #   (segment, byte offset, dtype, shape)     a contiguous leaf of an anonymous segment
 
 
-def _whole(t: MemoryMappedTensor) -> bool:
-    nbytes = t.numel() * t.dtype.itemsize
-    return t.storage_offset() == 0 and t.is_contiguous() and nbytes == t.untyped_storage().nbytes()
-
-
 def encode_leaf(value: Any, folder: str | None, key: str) -> Any:
-    if type(value) is not MemoryMappedTensor or value.numel() == 0:
+    """The compact pickled form of a leaf of the level saved in ``folder`` under ``key``."""
+    if type(value) is not MemoryMappedTensor:
         return value
-    if value._filename is not None and folder is not None and _whole(value):
-        if value._filename == os.path.join(folder, encode_key(key) + LEAF_SUFFIX):
-            shape = tuple(value.shape)
-            return (value.dtype, shape) if value._mode is None else (value.dtype, shape, value._mode)
+    handle = LeafHandle.of(value)
+    if handle is None:
         return value
-    seg = value._segment
-    if seg is not None and value.is_contiguous():
-        return (seg, value.data_ptr() - seg.buffer.data_ptr(), value.dtype, tuple(value.shape))
-    return value
+    if handle.segment is not None:
+        return handle.code(None)
+    if folder is None or handle.path != os.path.join(folder, encode_key(key) + LEAF_SUFFIX):
+        return value  # a file elsewhere: the tensor pickles itself
+    return handle.code(handle.path)
 
 
 def decode_leaf(code: Any, folder: str | None, key: str) -> Any:
+    """The leaf that :func:`encode_leaf` encoded (mapped again in this process)."""
     if not isinstance(code, tuple):
         return code
-    if isinstance(code[0], Segment):
-        seg, offset, dtype, shape = code
-        return MemoryMappedTensor._wrap(seg.view(offset, dtype, torch.Size(shape)), None, seg, None)
-    dtype, shape = code[0], code[1]
-    mode = code[2] if len(code) > 2 else None
-    assert folder is not None
-    path = os.path.join(folder, encode_key(key) + LEAF_SUFFIX)
-    numel = 1
-    for s in shape:
-        numel *= s
-    return MemoryMappedTensor._wrap(map_file(path, dtype, numel, mode).view(shape), path, None, mode)
+    path = None if folder is None else os.path.join(folder, encode_key(key) + LEAF_SUFFIX)
+    return LeafHandle.from_code(code, path).map()

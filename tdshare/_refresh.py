@@ -20,6 +20,7 @@ from ._entries import insert_entry
 from ._errors import CorruptDataError, MemmapError, NotMemmapError
 from ._format import LEVEL, META_FILE, RESERVED_KEYS, VALUE, layout_of, parse_level, str_to_dtype
 from ._keys import encode_key
+from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor
 from ._nodes import NONTENSOR, is_collection, kind_of
 from ._read import check_load_args, load_level, open_checked_leaf, read_meta
@@ -195,5 +196,4 @@ def _attach(store: str, entry: dict[str, Any]) -> MemoryMappedTensor:
             f"Cannot map the anonymous entry {tuple(entry['key'])!r}: descriptor {fd} of process {pid} no longer "
             "holds its memory (it was closed and reused)."
         )
-    seg = Segment.from_fd(new_fd, size)
-    return MemoryMappedTensor._wrap(seg.view(0, dtype, shape), None, seg, None)
+    return LeafHandle.in_segment(Segment.from_fd(new_fd, size), 0, dtype, tuple(shape)).map()

@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from ._coordination import control_paths
+from ._coordination import remove_control_files
 from ._errors import CorruptDataError, MemmapError
 from ._files import replace_file
 
@@ -170,8 +170,4 @@ def reap(root: str | None = None) -> list[str]:
 
 def _remove_store(store: str) -> None:
     shutil.rmtree(store, ignore_errors=True)
-    for control in control_paths(store):
-        try:
-            os.unlink(control)
-        except FileNotFoundError:
-            pass
+    remove_control_files(store)

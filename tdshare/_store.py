@@ -36,6 +36,7 @@ from ._errors import (
 from ._files import shaped
 from ._format import LEAF_SUFFIX, META_FILE, LeafInfo, loads_json
 from ._keys import encode_key, is_safe_legacy_name
+from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor
 from ._tdz import Entry
 
@@ -97,7 +98,7 @@ def user_stacklevel() -> int:
 
 def empty_leaf(info: LeafInfo) -> MemoryMappedTensor:
     """A zero-element leaf, which has no file or entry."""
-    return MemoryMappedTensor._wrap(torch.empty(info.shape, dtype=info.dtype), None, None, None)
+    return LeafHandle(info.dtype, info.shape).map()
 
 
 @dataclass
@@ -205,38 +206,6 @@ class Store(ABC):
             f"{meta_where} lists the leaf {info.key!r} ({info.nbytes} bytes of {info.dtype}), but its file "
             f"{missing!r} is missing."
         )
-
-
-def _map(path: str, mode: str | None, numel: int, dtype: torch.dtype, st: os.stat_result) -> torch.Tensor:
-    """Map a leaf file: shared for "r+", private for "r"; for None shared where writable.
-
-    For None, writability is judged from the mode bits already in hand (no ``access()`` per
-    leaf); should opening for writing still be refused (ACLs, a read-only mount), the file is
-    mapped privately, as ``access()`` would have decided.
-    """
-    if mode == "r":
-        return torch.from_file(path, shared=False, size=numel, dtype=dtype)
-    if mode == "r+" and not os.access(path, os.W_OK):
-        raise PermissionError(f"Cannot open {path!r} with mode='r+': the file is not writable.")
-    if mode is None and not _may_write(st):
-        return torch.from_file(path, shared=False, size=numel, dtype=dtype)
-    try:
-        return torch.from_file(path, shared=True, size=numel, dtype=dtype)
-    except RuntimeError:
-        if mode == "r+" or os.access(path, os.W_OK):
-            raise
-        return torch.from_file(path, shared=False, size=numel, dtype=dtype)
-
-
-def _may_write(st: os.stat_result) -> bool:
-    euid = os.geteuid()
-    if euid == 0:
-        return True
-    if st.st_uid == euid:
-        return bool(st.st_mode & stat.S_IWUSR)
-    if st.st_gid in os.getgroups() or st.st_gid == os.getegid():
-        return bool(st.st_mode & stat.S_IWGRP)
-    return bool(st.st_mode & stat.S_IWOTH)
 
 
 # -- a saved folder ------------------------------------------------------------------------------
@@ -402,7 +371,8 @@ class DirectoryStore(Store):
             elif mode == "r":
                 flat = from_file(path, shared=False, size=numel, dtype=dtype)
             else:  # group/other permissions, ACLs: the careful path
-                flat = _map(path, mode, numel, dtype, st)
+                out[key] = LeafHandle.file(path, dtype, shape, mode).map(st)
+                continue
             leaf = adopt(flat if len(shape) == 1 else shaped(flat, shape), path, st.st_ino)
             if mode is not None:
                 leaf._mode = mode
@@ -428,32 +398,13 @@ class DirectoryStore(Store):
                 raise self.missing_leaf(level, info, meta_where)
             path = found
             entry = self._scan(level)[os.path.basename(path)]
+        handle = LeafHandle.file(path, dtype, shape, self.mode)
         st = entry.stat()
-        size = st.st_size
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptDataError(
-                f"{meta_where} lists the leaf {info.key!r}, but {path!r} is not a regular file (expected "
-                f"{info.nbytes} bytes of {info.dtype})."
-            )
-        if size < numel * dtype.itemsize:
-            raise CorruptDataError(
-                f"The file {path!r} holds {size} bytes but {meta_where} expects {info.nbytes} "
-                f"(shape {list(info.shape)}, {info.dtype}): it is truncated."
-            )
-        mode = self.mode
-        if (
-            isinstance(old, MemoryMappedTensor)
-            and old._ino == st.st_ino
-            and old._filename == path
-            and old._mode == mode
-            and old.shape == shape
-            and old.dtype == dtype
-        ):
+        handle.check(st, meta_where, info.key)
+        handle.ino = st.st_ino
+        if handle.maps(old):
             return old  # same file, same inode: the mapping is current
-        flat = _map(path, mode, numel, dtype, st)
-        out = MemoryMappedTensor._wrap(flat if len(shape) == 1 else flat.view(shape), path, None, mode)
-        out._ino = st.st_ino
-        return out
+        return handle.map(st)
 
     def _nested(self, level: str, info: LeafInfo, meta_where: str) -> torch.Tensor:
         """A strided nested tensor (reference layout): ``k.memmap`` values, ``k.shape.memmap`` sizes."""
