@@ -35,6 +35,7 @@ __all__ = [
     "replace_file",
     "reserve_file",
     "map_file",
+    "may_write",
     "check_not_symlink",
 ]
 
@@ -250,29 +251,59 @@ def reserve_file(path: str, nbytes: int, *, existsok: bool = True) -> None:
         raise
 
 
-def map_file(path: str, dtype: torch.dtype, numel: int, mode: str | None) -> torch.Tensor:
+def may_write(st: os.stat_result) -> bool:
+    """Whether this process may write the file ``st`` describes, judged from its mode bits."""
+    euid = os.geteuid()
+    if euid == 0:
+        return True
+    if st.st_uid == euid:
+        return bool(st.st_mode & stat.S_IWUSR)
+    if st.st_gid in os.getgroups() or st.st_gid == os.getegid():
+        return bool(st.st_mode & stat.S_IWGRP)
+    return bool(st.st_mode & stat.S_IWOTH)
+
+
+def map_file(
+    path: str, dtype: torch.dtype, numel: int, mode: str | None, st: os.stat_result | None = None
+) -> torch.Tensor:
     """Map ``numel`` elements of ``path`` as a flat tensor.
 
-    ``mode`` None maps shared when the file is writable, else copy-on-write; ``"r"`` maps
+    ``mode`` None maps shared when this process may write the file (judged from the mode bits
+    of ``st``, the file's stat when the caller has it), else copy-on-write; ``"r"`` maps
     copy-on-write (writes stay in this process); ``"r+"`` maps shared and needs a writable file.
     The file must already hold at least ``numel`` elements: it is never grown.
+
+    Raises:
+        CorruptDataError: the file is missing or shorter than ``numel`` elements.
+        PermissionError: ``"r+"`` on a file this process may not write.
     """
     nbytes = numel * dtype.itemsize
-    try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
-        raise CorruptDataError(f"The file {path!r} is missing: expected {nbytes} bytes of {dtype} data.") from None
-    if size < nbytes:
+    if st is None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise CorruptDataError(f"The file {path!r} is missing: expected {nbytes} bytes of {dtype} data.") from None
+    if st.st_size < nbytes:
         raise CorruptDataError(
-            f"The file {path!r} holds {size} bytes but {nbytes} are expected "
+            f"The file {path!r} holds {st.st_size} bytes but {nbytes} are expected "
             f"({numel} elements of {dtype}): it is truncated. Save the tensordict again."
         )
     if mode == "r+" and not os.access(path, os.W_OK):
         raise PermissionError(f"Cannot open {path!r} with mode='r+': the file is not writable.")
-    shared = mode == "r+" or (mode is None and os.access(path, os.W_OK))
     if numel == 0:
         return torch.empty(0, dtype=dtype)
-    return torch.from_file(path, shared=shared, size=numel, dtype=dtype)
+    if mode == "r":
+        return torch.from_file(path, shared=False, size=numel, dtype=dtype)
+    if mode is None and not may_write(st):
+        return torch.from_file(path, shared=False, size=numel, dtype=dtype)
+    try:
+        return torch.from_file(path, shared=True, size=numel, dtype=dtype)
+    except RuntimeError:
+        # opening for writing refused although the mode bits allow it (ACLs, a read-only mount):
+        # mode None maps privately, as access() would have decided
+        if mode == "r+" or os.access(path, os.W_OK):
+            raise
+        return torch.from_file(path, shared=False, size=numel, dtype=dtype)
 
 
 def _unlink_quietly(path: str) -> None:

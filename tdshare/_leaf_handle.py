@@ -27,22 +27,11 @@ from typing import Any
 import torch
 
 from ._errors import CorruptDataError
+from ._files import map_file
 from ._memmap import MemoryMappedTensor
 from ._segments import Segment
 
-__all__ = ["LeafHandle", "may_write"]
-
-
-def may_write(st: os.stat_result) -> bool:
-    """Whether this process may write the file ``st`` describes, judged from its mode bits."""
-    euid = os.geteuid()
-    if euid == 0:
-        return True
-    if st.st_uid == euid:
-        return bool(st.st_mode & stat.S_IWUSR)
-    if st.st_gid in os.getgroups() or st.st_gid == os.getegid():
-        return bool(st.st_mode & stat.S_IWGRP)
-    return bool(st.st_mode & stat.S_IWOTH)
+__all__ = ["LeafHandle"]
 
 
 class LeafHandle:
@@ -161,32 +150,10 @@ class LeafHandle:
                 raise CorruptDataError(
                     f"The file {path!r} is missing: expected {self.nbytes} bytes of {self.dtype} data."
                 ) from None
-            if st.st_size < self.nbytes:
-                raise CorruptDataError(
-                    f"The file {path!r} holds {st.st_size} bytes but {self.nbytes} are expected "
-                    f"({numel} elements of {self.dtype}): it is truncated. Save the tensordict again."
-                )
-        flat = self._map_file(path, numel, st)
+        flat = map_file(path, self.dtype, numel, self.mode, st)
         out = MemoryMappedTensor._wrap(flat if len(self.shape) == 1 else flat.view(self.shape), path, None, self.mode)
         out._ino = st.st_ino
         return out
-
-    def _map_file(self, path: str, numel: int, st: os.stat_result) -> torch.Tensor:
-        # Should opening for writing be refused although the mode bits allow it (ACLs, a read-only
-        # mount), mode None maps privately, as access() would have decided.
-        mode, dtype = self.mode, self.dtype
-        if mode == "r":
-            return torch.from_file(path, shared=False, size=numel, dtype=dtype)
-        if mode == "r+" and not os.access(path, os.W_OK):
-            raise PermissionError(f"Cannot open {path!r} with mode='r+': the file is not writable.")
-        if mode is None and not may_write(st):
-            return torch.from_file(path, shared=False, size=numel, dtype=dtype)
-        try:
-            return torch.from_file(path, shared=True, size=numel, dtype=dtype)
-        except RuntimeError:
-            if mode == "r+" or os.access(path, os.W_OK):
-                raise
-            return torch.from_file(path, shared=False, size=numel, dtype=dtype)
 
     # -- pickling -----------------------------------------------------------------------------
     def code(self, default_path: str | None) -> tuple[Any, ...]:
