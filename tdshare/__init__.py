@@ -59,3 +59,10 @@ __all__ = [
     "save",
     "unpack_memmap",
 ]
+
+# Public names say they are tdshare's, wherever they are defined: tracebacks show
+# ``tdshare.MemmapError``, ``repr(TensorDict)`` and new pickles name ``tdshare.TensorDict``.
+for _name in __all__:
+    if getattr(globals()[_name], "__module__", "").startswith("tdshare."):
+        globals()[_name].__module__ = "tdshare"
+del _name

@@ -62,6 +62,7 @@ __all__ = [
     "leaf_entry",
     "level_meta",
     "nontensor_meta",
+    "is_json_value",
     "dumps_json",
     "dumps_level",
     "shared_leaf_entry",
@@ -261,6 +262,18 @@ def level_meta(entries: dict[str, dict], batch_size: Sequence[int], names: list 
     if names is not None and any(n is not None for n in names):  # all-None names: none, as the reference
         meta["_names"] = list(names)
     return meta
+
+
+def is_json_value(value: Any) -> bool:
+    """Whether ``value`` is stored inline as JSON: str, int, float, bool, None, lists/tuples of
+    such, and dicts with string keys and such values (recursively). Tuples come back as lists."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(is_json_value(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and is_json_value(v) for k, v in value.items())
+    return False
 
 
 def nontensor_meta(data: Any, json_ok: bool) -> dict:

@@ -2,27 +2,15 @@
 
 ``td["label"] = "cat"`` stores ``NonTensorData("cat")``; reading ``td["label"]`` gives back
 ``"cat"``.  On disk the value is JSON inside the leaf's ``meta.json`` when JSON can hold it
-exactly enough (the reference's rule, :func:`is_json_value`), otherwise pickled, and pickles are
-only ever loaded when the caller allows it.
+exactly enough (the reference's rule, :func:`tdshare._format.is_json_value`), otherwise
+pickled, and pickles are only ever loaded when the caller allows it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NonTensorData", "is_json_value"]
-
-
-def is_json_value(value: Any) -> bool:
-    """Whether ``value`` is stored inline as JSON: str, int, float, bool, None, lists/tuples of
-    such, and dicts with string keys and such values (recursively). Tuples come back as lists."""
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(is_json_value(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and is_json_value(v) for k, v in value.items())
-    return False
+__all__ = ["NonTensorData"]
 
 
 class NonTensorData:

@@ -1,6 +1,6 @@
 """Non-tensor leaf folders: encode a value as ``meta.json`` (+ ``other.pickle``) and write it.
 
-A value goes inline as JSON when JSON can hold it (:func:`tdshare._nontensor.is_json_value`),
+A value goes inline as JSON when JSON can hold it (:func:`tdshare._format.is_json_value`),
 otherwise it is pickled; the pickle is made before any file is opened, so an unpicklable value
 leaves the folder untouched.  Files are replaced whole, and only when their bytes change, so
 an unchanged value costs one read and no new inode.
@@ -14,8 +14,7 @@ from typing import Any
 
 from ._errors import InvalidArgumentError
 from ._files import check_not_symlink, replace_file
-from ._format import META_FILE, PICKLE_FILE, dumps_json, nontensor_meta
-from ._nontensor import is_json_value
+from ._format import META_FILE, PICKLE_FILE, dumps_json, is_json_value, nontensor_meta
 
 __all__ = ["encode_nontensor", "write_nontensor", "replace_if_changed"]
 

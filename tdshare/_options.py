@@ -43,7 +43,7 @@ class SaveOptions:
     >>> SaveOptions.of(num_threads=-1)
     Traceback (most recent call last):
     ...
-    tdshare._errors.InvalidArgumentError: num_threads must be a non-negative int, got -1.
+    tdshare.InvalidArgumentError: num_threads must be a non-negative int, got -1.
     """
 
     copy_existing: bool = False

@@ -171,3 +171,52 @@ def test_init_only_reexports() -> None:
     tree = ast.parse((Path(tdshare.__file__).parent / "__init__.py").read_text())
     defined = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
     assert defined == []
+
+
+# The module paths that pickles made by tdshare 0.1.0 name (found with pickletools in that layout).
+RELEASED_PICKLE_PATHS = [
+    ("tdshare._td", "TensorDict"),
+    ("tdshare._tensordict", "_rebuild"),
+    ("tdshare._nontensor", "NonTensorData"),
+    ("tdshare._errors", "MemmapError"),
+    ("tdshare._memmap", "_rebuild_file_view"),
+    ("tdshare._memmap", "_rebuild_segment_view"),
+    ("tdshare._memmap", "_rebuild_archive_view"),
+    ("tdshare._memmap", "_rebuild_empty"),
+    ("tdshare._segments", "_rebuild_segment"),
+    ("tdshare._shared_nontensor", "_rebuild"),
+]
+
+
+@pytest.mark.parametrize(("module", "name"), RELEASED_PICKLE_PATHS)
+def test_released_pickle_paths_resolve(module: str, name: str) -> None:
+    import io
+    import pickle
+
+    assert callable(pickle.Unpickler(io.BytesIO(b"")).find_class(module, name))
+
+
+def test_a_pickle_of_the_released_layout_loads() -> None:
+    """A protocol-0 pickle (plain-text names) rewritten to the 0.1.0 paths loads to an equal tree."""
+    import pickle
+
+    import torch
+
+    td = tdshare.TensorDict({"a": torch.arange(3), "n": {"b": torch.ones(3, 2)}, "s": "x"}, batch_size=[3])
+    data = pickle.dumps(td, protocol=0)
+    for new, old in [
+        (b"ctdshare._tensordict_base\nrebuild_tensordict\n", b"ctdshare._tensordict\n_rebuild\n"),
+        (b"ctdshare\nTensorDict\n", b"ctdshare._td\nTensorDict\n"),
+        (b"ctdshare\nNonTensorData\n", b"ctdshare._nontensor\nNonTensorData\n"),
+    ]:
+        assert new in data
+        data = data.replace(new, old)
+    back = pickle.loads(data)
+    assert type(back) is tdshare.TensorDict
+    assert back["a"].tolist() == [0, 1, 2] and back["n", "b"].shape == (3, 2) and back["s"] == "x"
+
+
+def test_public_names_say_tdshare() -> None:
+    assert tdshare.TensorDict.__module__ == "tdshare"
+    assert repr(tdshare.MemmapError) == "<class 'tdshare.MemmapError'>"
+    assert tdshare.load.__module__ == "tdshare"
