@@ -30,7 +30,7 @@ from ._errors import (
 from ._files import TMP_MARK, tmp_name
 from ._format import LEAF_SUFFIX, META_FILE, PICKLE_FILE, dumps_level
 from ._options import SaveOptions
-from ._plan import PlannedLevel, TreeWriter, plan_tree
+from ._plan import PlannedLevel, PlannedWrapper, TreeWriter, plan_tree
 from ._read import load_tree
 from ._tdz import Archive, Entry, Source, inflate, parse_compression, pwrite_all, write_archive
 from ._tensordict_base import TensorDictBase
@@ -57,9 +57,13 @@ def _tree_entries(level: PlannedLevel) -> Any:
         yield path.replace(os.sep, "/"), src
     folders: list[tuple[str, Any]] = [(nt.path or "", nt) for nt in level.nontensors]
     folders += [(child.path or "", child) for _, child in level.children]
+    folders += [(w.path or "", w) for w in level.wrapped]
     for path, item in sorted(folders, key=lambda x: x[0]):
         if isinstance(item, PlannedLevel):
             yield from _tree_entries(item)
+        elif isinstance(item, PlannedWrapper):
+            yield f"{path}/{META_FILE}".replace(os.sep, "/"), item.meta
+            yield from _tree_entries(item.inner)
         else:
             yield f"{path}/{META_FILE}".replace(os.sep, "/"), item.meta
             if item.pickled is not None:

@@ -75,6 +75,7 @@ __all__ = [
     "VALUE_STACK",
     "STACK",
     "WRAPPED",
+    "WRAPPED_DIR",
     "layout_of",
     "NAME_MAX",
     "PLAIN_KEY_MAX",
@@ -107,6 +108,8 @@ VALUE_STACK = "value-stack"
 STACK = "stack"
 #: a class around a collection saved in the ``_tensordict/`` sub-folder (a tensorclass)
 WRAPPED = "wrapped"
+#: the sub-folder of a wrapped level that holds its collection
+WRAPPED_DIR = "_tensordict"
 _LAYOUTS = {NONTENSOR_TYPE: VALUE, NONTENSOR_STACK_TYPE: VALUE_STACK, LAZY_STACK_TYPE: STACK}
 
 

@@ -25,14 +25,15 @@ True
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from ._format import LEVEL, VALUE
+from ._format import LEVEL, NONTENSOR_TYPE, TD_TYPE, VALUE
 from ._nontensor import NonTensorData
 from ._tensordict_base import TensorDictBase
 
-__all__ = ["NodeKind", "register", "kind_of", "is_collection", "TENSORDICT", "NONTENSOR"]
+__all__ = ["NodeKind", "register", "unregister", "kind_of", "kind_for_tag", "is_collection", "TENSORDICT", "NONTENSOR"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +45,19 @@ class NodeKind:
         layout: what its folder holds (a layout of :mod:`tdshare._format`).
         entry_type: the ``type`` of its entry in the parent level's ``meta.json``.
         cls: the in-memory class (subclasses are the same kind unless registered themselves).
+        type_tag: the ``_type`` marker its own ``meta.json`` holds (read back by :func:`kind_for_tag`).
+        unwrap: for a :data:`~tdshare._format.WRAPPED` kind, ``value -> (collection, fields)``: the
+            collection saved in ``_tensordict/`` and the JSON fields written beside ``_type``.
+        wrap: the inverse, ``(collection, fields) -> value``, used by the loader.
     """
 
     name: str
     layout: str
     entry_type: str
     cls: type
+    type_tag: str | None = None
+    unwrap: Callable[[Any], tuple[TensorDictBase, dict[str, Any]]] | None = None
+    wrap: Callable[[TensorDictBase, dict[str, Any]], Any] | None = None
 
     @property
     def entry(self) -> dict[str, str]:
@@ -59,6 +67,7 @@ class NodeKind:
 
 # type -> kind (None: a tensor leaf), filled lazily along each type's MRO; reads need no lock
 _BY_TYPE: dict[type, NodeKind | None] = {}
+_BY_TAG: dict[str, NodeKind] = {}
 _KINDS: list[NodeKind] = []
 _LOCK = threading.Lock()
 
@@ -66,9 +75,27 @@ _LOCK = threading.Lock()
 def register(kind: NodeKind) -> NodeKind:
     """Make ``kind.cls`` (and its subclasses) a node of ``kind``; return ``kind``."""
     with _LOCK:
-        _KINDS.append(kind)
+        _KINDS[:] = [k for k in _KINDS if k.cls is not kind.cls] + [kind]  # registering again replaces
+        if kind.type_tag is not None:
+            _BY_TAG[kind.type_tag] = kind
         _BY_TYPE.clear()  # subclasses resolved before may now resolve to the new kind
     return kind
+
+
+def unregister(kind: NodeKind) -> None:
+    """Forget ``kind`` (a class that is being discarded, or a test's)."""
+    with _LOCK:
+        _KINDS[:] = [k for k in _KINDS if k is not kind]
+        if kind.type_tag is not None and _BY_TAG.get(kind.type_tag) is kind:
+            del _BY_TAG[kind.type_tag]
+        _BY_TYPE.clear()
+
+
+def kind_for_tag(tag: object) -> NodeKind | None:
+    """The registered kind whose ``meta.json`` carries the ``_type`` marker ``tag``, if any.
+
+    Only classes already imported (and registered) are found: reading metadata never imports."""
+    return _BY_TAG.get(tag) if type(tag) is str else None
 
 
 def _resolve(tp: type) -> NodeKind | None:
@@ -95,5 +122,5 @@ def is_collection(value: Any) -> TypeGuard[TensorDictBase]:
     return kind is not None and kind.layout == LEVEL
 
 
-TENSORDICT = register(NodeKind("TensorDict", LEVEL, "TensorDict", TensorDictBase))
-NONTENSOR = register(NodeKind("NonTensorData", VALUE, "NonTensorData", NonTensorData))
+TENSORDICT = register(NodeKind("TensorDict", LEVEL, "TensorDict", TensorDictBase, TD_TYPE))
+NONTENSOR = register(NodeKind("NonTensorData", VALUE, "NonTensorData", NonTensorData, NONTENSOR_TYPE))

@@ -22,16 +22,27 @@ from typing import Any, ClassVar
 import torch
 
 from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
-from ._format import LEAF_SUFFIX, LEVEL, PLAIN_KEY_MAX, RESERVED_KEYS, VALUE, entry_file_name, shared_leaf_entry
+from ._format import (
+    LEAF_SUFFIX,
+    LEVEL,
+    PLAIN_KEY_MAX,
+    RESERVED_KEYS,
+    VALUE,
+    WRAPPED,
+    WRAPPED_DIR,
+    dumps_json,
+    entry_file_name,
+    shared_leaf_entry,
+)
 from ._leaf_files import LeafPlan, plain_leaf
 from ._memmap import MemoryMappedTensor
-from ._nodes import kind_of
+from ._nodes import NodeKind, kind_of
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor
 from ._options import SaveOptions
 from ._tensordict_base import TensorDictBase
 
-__all__ = ["PlannedLeaf", "PlannedValue", "PlannedLevel", "plan_tree", "TreeWriter"]
+__all__ = ["PlannedLeaf", "PlannedValue", "PlannedWrapper", "PlannedLevel", "plan_tree", "TreeWriter"]
 
 _STRIDED = torch.strided
 _Tensor = torch.Tensor
@@ -60,6 +71,20 @@ class PlannedValue:
 
 
 @dataclass
+class PlannedWrapper:
+    """A wrapped collection to write (a :data:`~tdshare._format.WRAPPED` kind, e.g. a tensorclass):
+    its folder's ``meta.json`` (``_type`` and the kind's fields) and the collection in ``_tensordict/``."""
+
+    key: str
+    value: Any
+    path: str | None
+    kind: NodeKind
+    fields: dict[str, Any]
+    inner: PlannedLevel
+    meta: bytes = b""
+
+
+@dataclass
 class PlannedLevel:
     """One collection level to write: its entries, leaves, values and child levels."""
 
@@ -73,6 +98,7 @@ class PlannedLevel:
     plain: list[tuple[torch.Tensor, str, LeafPlan]] = field(default_factory=list)  # (tensor, file, info)
     plain_out: list[MemoryMappedTensor] = field(default_factory=list)  # their mapped tensors, once written
     nontensors: list[PlannedValue] = field(default_factory=list)
+    wrapped: list[PlannedWrapper] = field(default_factory=list)
     children: list[tuple[str, PlannedLevel]] = field(default_factory=list)
     share: bool = False  # install non-tensor leaves as SharedNonTensorData (share_non_tensor=True)
     names: list | None = None  # the dim names written to meta.json (see _inherit_names)
@@ -83,6 +109,8 @@ class PlannedLevel:
         out: list[PlannedLevel] = []
         for _, child in self.children:
             out.extend(child.walk())
+        for w in self.wrapped:
+            out.extend(w.inner.walk())
         out.append(self)
         return out
 
@@ -166,6 +194,14 @@ def plan_tree(
             if path is not None:
                 nt.meta, nt.pickled = encode_nontensor(value.data, here)
             level.nontensors.append(nt)
+        elif kind.layout == WRAPPED and kind.unwrap is not None and kind.type_tag is not None:
+            inner, fields = kind.unwrap(value)
+            inner_path = None if sub is None else sub + os.sep + WRAPPED_DIR
+            planned = plan_tree(inner, inner_path, robust, copy_existing, existsok, here, level.names)
+            w = PlannedWrapper(key, value, sub, kind, fields, planned)
+            if path is not None:
+                w.meta = dumps_json({"_type": kind.type_tag, **fields})
+            level.wrapped.append(w)
         else:
             raise NotSupportedError(f"The entry {here} is a {kind.name}, which tdshare cannot save yet.")
         entries[key] = kind.entry

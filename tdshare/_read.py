@@ -29,12 +29,13 @@ from ._format import (
     VALUE,
     VALUE_STACK,
     WRAPPED,
+    WRAPPED_DIR,
     LeafInfo,
     layout_of,
     parse_level,
 )
 from ._keys import encode_key, unravel_key
-from ._nodes import is_collection
+from ._nodes import is_collection, kind_for_tag
 from ._nontensor import NonTensorData
 from ._store import Deferred, DirectoryStore, Store, check_load_args, read_meta, user_stacklevel
 from ._tdz import Archive
@@ -43,7 +44,6 @@ from ._tensordict_base import TensorDictBase
 __all__ = ["load_tree", "load_into", "load_level", "open_checked_leaf", "check_load_args", "read_meta"]
 
 T = TypeVar("T", bound=TensorDictBase)
-_TENSORCLASS_DIR = "_tensordict"
 _STACK_PICKLE = "pickle.pkl"
 
 
@@ -102,17 +102,26 @@ def _load_stack(cls: type[T], store: Store, level: str, meta: dict, out: Any, pa
 def _load_wrapped(
     cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any
 ) -> Any:
-    """A class around a collection (a tensorclass): the collection in ``_tensordict/``."""
-    nested = store.sub(level, _TENSORCLASS_DIR)
-    kind = meta.get("_type")
-    if store.has_level(nested):
-        warnings.warn(
-            f"{store.where(level)!r} holds a tensorclass ({kind}); tdshare loads it as a TensorDict.",
-            UserWarning,
-            stacklevel=user_stacklevel(),
-        )
-        return load_level(cls, store, nested, store.read_meta(nested), out, parent_batch, device)
-    raise UnsupportedFormatError(f"{store.where(level, META_FILE)} describes a {kind!r}, which tdshare cannot load.")
+    """A class around a collection (a tensorclass): the collection in ``_tensordict/``.
+
+    A registered kind (:func:`tdshare._nodes.kind_for_tag`) rebuilds its own class; any other is
+    loaded as its collection, with a warning that says so.
+    """
+    nested = store.sub(level, WRAPPED_DIR)
+    tag = meta.get("_type")
+    if not store.has_level(nested):
+        raise UnsupportedFormatError(f"{store.where(level, META_FILE)} describes a {tag!r}, which tdshare cannot load.")
+    with store.enter(nested):
+        inner = load_level(cls, store, nested, store.read_meta(nested), out, parent_batch, device)
+    kind = kind_for_tag(tag)
+    if kind is not None and kind.wrap is not None:
+        return kind.wrap(inner, {k: v for k, v in meta.items() if k != "_type"})
+    warnings.warn(
+        f"{store.where(level)!r} holds a tensorclass ({tag}); tdshare loads it as a TensorDict.",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )
+    return inner
 
 
 def _load_collection(
@@ -210,7 +219,7 @@ def _resolve_subpath(store: Store, level: str, subpath: Any) -> str:
             ) from None
     for part in parts:
         found = store.child(level, part)
-        inner = store.sub(level, _TENSORCLASS_DIR)
+        inner = store.sub(level, WRAPPED_DIR)
         if found is None and store.has_level(inner):
             found = store.child(inner, part)
         if found is None or not store.has_level(found):

@@ -25,7 +25,7 @@ from ._atomic import atomic_directory
 from ._coordination import SharedRegistry, unchanged_since
 from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
 from ._files import check_not_symlink, replace_file
-from ._format import META_FILE, dumps_level, level_meta
+from ._format import META_FILE, WRAPPED_DIR, dumps_level, level_meta
 from ._future import TensorDictFuture
 from ._leaf_files import Listing, write_batch, write_leaf
 from ._memmap import MemoryMappedTensor
@@ -107,6 +107,9 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
         for nt in level.nontensors:
             assert nt.path is not None
             changed = write_nontensor(nt.path, nt.meta, nt.pickled) or changed
+        for w in level.wrapped:  # after its collection (walk() lists it first)
+            assert w.path is not None
+            changed = write_nontensor(w.path, w.meta, None) or changed
         src = level.src
         meta = level_meta(level.entries, src.batch_size, level.names)
         if src._meta_seen is not None and meta == src._meta_seen and src._memmap_prefix == level.path:
@@ -172,7 +175,8 @@ def _write_anonymous(root: PlannedLevel) -> None:
 # -- phase 3: install -------------------------------------------------------------------------
 def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool | None = None) -> None:
     share = level.share if share is None else share
-    values = dict(dest._tensordict) if dest is level.src else {}
+    in_place = dest is level.src
+    values = dict(dest._tensordict) if in_place else {}
     values.update(zip(level.plain_keys, level.plain_out, strict=True))
     for leaf in level.leaves:
         assert leaf.result is not None
@@ -183,18 +187,16 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
             folder = os.path.join(final_path, os.path.basename(nt.path))
             values[nt.key] = SharedNonTensorData(nt.value.data, folder, allow_pickle=True)
         else:
-            values[nt.key] = nt.value if dest is level.src else NonTensorData(nt.value.data)
+            values[nt.key] = nt.value if in_place else NonTensorData(nt.value.data)
+    for w in level.wrapped:
+        wrapper_dir = None
+        if final_path is not None and w.path is not None:
+            wrapper_dir = os.path.join(final_path, os.path.basename(w.path))
+        inner = _install_child(w.inner, type(w.inner.src), in_place, wrapper_dir, WRAPPED_DIR, share)
+        assert w.kind.wrap is not None
+        values[w.key] = w.value if in_place else w.kind.wrap(inner, w.fields)
     for key, child in level.children:
-        child_dest = (
-            child.src
-            if dest is level.src
-            else type(dest)._from_leaves({}, child.src.batch_size, None, child.src._names)
-        )
-        child_path = (
-            None if final_path is None or child.path is None else os.path.join(final_path, os.path.basename(child.path))
-        )
-        _install(child, child_dest, child_path, share)
-        values[key] = child_dest
+        values[key] = _install_child(child, type(dest), in_place, final_path, child.path, share)
     # keep the source's key order
     dest._tensordict = {k: values[k] for k in level.src._tensordict}
     dest._device = _CPU
@@ -203,6 +205,18 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
     dest._is_shared = False
     dest._memmap_prefix = final_path
     dest._is_locked = True
+
+
+def _install_child(
+    child: PlannedLevel, cls: type[TensorDictBase], in_place: bool, parent: str | None, name: str | None, share: bool
+) -> TensorDictBase:
+    """Install a child level: into its source (``memmap_``) or a new ``cls`` (``memmap``), mapped
+    under ``parent``/basename(``name``)."""
+    src = child.src
+    dest = src if in_place else cls._from_leaves({}, src.batch_size, None, src._names)
+    path = None if parent is None or name is None else os.path.join(parent, os.path.basename(name))
+    _install(child, dest, path, share)
+    return dest
 
 
 def _assign_store(td: TensorDictBase, store: str, key: tuple[str, ...]) -> None:
