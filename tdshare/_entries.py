@@ -38,14 +38,13 @@ from ._format import (
 from ._indexing import contiguous_strides
 from ._keys import NestedKey, encode_key, unravel_key
 from ._memmap import MemoryMappedTensor, storage_filename
-from ._nodes import is_collection
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor
 from ._nontensor_files import write_nontensor as write_nontensor_folder
 from ._read import read_meta
 from ._runtime import ensure_store, read_manifest, write_manifest
 from ._shared_nontensor import SharedNonTensorData
-from ._tensordict_base import TensorDictBase
+from ._tensordict_base import TensorDictBase, is_collection
 
 __all__ = [
     "add_entry",

@@ -9,10 +9,12 @@ non-tensor value.  Each node kind is registered once, here, with
 - its **entry type**, the marker its parent's ``meta.json`` holds (``{"type": "TensorDict"}``);
 - its in-memory class.
 
-The walkers (the save planner, the installer, the loader, the refresher, the entries code, the
-command line) ask :func:`kind_of` what a value is and branch on ``kind.layout``, so that a new
-container kind (a tensorclass, a lazy stack) is one :func:`register` call next to its class, plus
-the code for its layout where the layout is new.
+The walkers (the model's ``set``, the save planner, the installer, the loader, the refresher,
+the entries code, the command line) ask :func:`kind_of` what a value is and branch on
+``kind.layout``, so that a new container kind (a tensorclass, a lazy stack) is one
+:func:`register` call next to its class, plus the code for its layout where the layout is new.
+The built-in kinds are registered beside their classes: ``TENSORDICT`` in
+:mod:`tdshare._tensordict_base`, ``NONTENSOR`` in :mod:`tdshare._nontensor`.
 
 >>> import torch
 >>> from tdshare import TensorDict, NonTensorData
@@ -27,13 +29,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
-from ._format import LEVEL, NONTENSOR_TYPE, TD_TYPE, VALUE
-from ._nontensor import NonTensorData
-from ._tensordict_base import TensorDictBase
-
-__all__ = ["NodeKind", "register", "unregister", "kind_of", "kind_for_tag", "is_collection", "TENSORDICT", "NONTENSOR"]
+__all__ = ["NodeKind", "register", "unregister", "kind_of", "kind_for_tag"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +54,8 @@ class NodeKind:
     entry_type: str
     cls: type
     type_tag: str | None = None
-    unwrap: Callable[[Any], tuple[TensorDictBase, dict[str, Any]]] | None = None
-    wrap: Callable[[TensorDictBase, dict[str, Any]], Any] | None = None
+    unwrap: Callable[[Any], tuple[Any, dict[str, Any]]] | None = None
+    wrap: Callable[[Any, dict[str, Any]], Any] | None = None
 
     @property
     def entry(self) -> dict[str, str]:
@@ -114,13 +112,3 @@ def kind_of(value: Any) -> NodeKind | None:
         return _BY_TYPE[tp]
     except KeyError:
         return _resolve(tp)
-
-
-def is_collection(value: Any) -> TypeGuard[TensorDictBase]:
-    """Whether ``value`` is a node whose folder holds entries of its own (a :data:`LEVEL`)."""
-    kind = kind_of(value)
-    return kind is not None and kind.layout == LEVEL
-
-
-TENSORDICT = register(NodeKind("TensorDict", LEVEL, "TensorDict", TensorDictBase, TD_TYPE))
-NONTENSOR = register(NodeKind("NonTensorData", VALUE, "NonTensorData", NonTensorData, NONTENSOR_TYPE))

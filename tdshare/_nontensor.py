@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NonTensorData"]
+from ._format import NONTENSOR_TYPE, VALUE
+from ._nodes import NodeKind, register
+
+__all__ = ["NonTensorData", "NONTENSOR"]
 
 
 class NonTensorData:
@@ -42,3 +45,6 @@ class NonTensorData:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (NonTensorData, (self.data,))
+
+
+NONTENSOR = register(NodeKind("NonTensorData", VALUE, "NonTensorData", NonTensorData, NONTENSOR_TYPE))

@@ -35,11 +35,11 @@ from ._format import (
     parse_level,
 )
 from ._keys import encode_key, unravel_key
-from ._nodes import is_collection, kind_for_tag
+from ._nodes import kind_for_tag
 from ._nontensor import NonTensorData
 from ._store import Deferred, DirectoryStore, Store, check_load_args, read_meta, user_stacklevel
 from ._tdz import Archive
-from ._tensordict_base import TensorDictBase
+from ._tensordict_base import TensorDictBase, is_collection
 
 __all__ = ["load_tree", "load_into", "load_level", "open_checked_leaf", "check_load_args", "read_meta"]
 

@@ -22,13 +22,14 @@ from ._format import LEVEL, META_FILE, RESERVED_KEYS, VALUE, layout_of, parse_le
 from ._keys import encode_key
 from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor
-from ._nodes import NONTENSOR, is_collection, kind_of
+from ._nodes import kind_of
+from ._nontensor import NONTENSOR
 from ._read import check_load_args, load_level, open_checked_leaf, read_meta
 from ._runtime import read_manifest, register_user
 from ._segments import Segment
 from ._shared_nontensor import SharedNonTensorData
 from ._store import DirectoryStore
-from ._tensordict_base import TensorDictBase
+from ._tensordict_base import TensorDictBase, is_collection
 
 __all__ = ["refresh"]
 

@@ -12,7 +12,7 @@ Leaves are ``torch.Tensor`` (``MemoryMappedTensor`` included), nested TensorDict
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import torch
 
@@ -26,12 +26,14 @@ from ._errors import (
     MemmapError,
     MissingKeyError,
 )
+from ._format import LEVEL, TD_TYPE
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._keys import NestedKey, unravel_key
+from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData
 from ._reductions import decode_leaf, encode_leaf
 
-__all__ = ["TensorDictBase", "rebuild_tensordict"]
+__all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict"]
 
 T = TypeVar("T", bound="TensorDictBase")
 _NO_DEFAULT = object()
@@ -303,7 +305,11 @@ class TensorDictBase(CombineOps):
         elif isinstance(value, (bool, int, float, complex)) or type(value).__module__ == "numpy":
             value = torch.as_tensor(value)
         elif not isinstance(value, torch.Tensor):
-            return NonTensorData(value)
+            kind = kind_of(value)
+            if kind is None or kind.unwrap is None:
+                return NonTensorData(value)
+            self._check_batch(key, kind.unwrap(value)[0])  # a registered class around a collection
+            return value
         if self._device is not None and value.device != self._device:
             value = value.to(self._device)
         self._check_batch(key, value)
@@ -642,3 +648,12 @@ def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
     out._anon_store, out._generation = anon_store, generation
     out._is_locked = locked
     return out
+
+
+TENSORDICT = register(NodeKind("TensorDict", LEVEL, "TensorDict", TensorDictBase, TD_TYPE))
+
+
+def is_collection(value: Any) -> TypeGuard[TensorDictBase]:
+    """Whether ``value`` is a node whose folder holds entries of its own (a collection level)."""
+    kind = kind_of(value)
+    return kind is not None and kind.layout == LEVEL

@@ -29,7 +29,6 @@ from ._format import META_FILE, WRAPPED_DIR, dumps_level, level_meta
 from ._future import TensorDictFuture
 from ._leaf_files import Listing, write_batch, write_leaf
 from ._memmap import MemoryMappedTensor
-from ._nodes import is_collection
 from ._nontensor import NonTensorData
 from ._nontensor_files import replace_if_changed, write_nontensor
 from ._options import SaveOptions
@@ -37,7 +36,7 @@ from ._plan import PlannedLeaf, PlannedLevel, TreeWriter, plan_tree
 from ._runtime import new_store_path
 from ._segments import Segment, align
 from ._shared_nontensor import SharedNonTensorData
-from ._tensordict_base import TensorDictBase
+from ._tensordict_base import TensorDictBase, is_collection
 
 __all__ = ["AnonymousWriter", "FolderWriter"]
 

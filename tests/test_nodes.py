@@ -19,7 +19,9 @@ import torch
 import tdshare
 from tdshare import MemoryMappedTensor, TensorDict
 from tdshare._format import LEVEL, VALUE, WRAPPED, layout_of
-from tdshare._nodes import NONTENSOR, TENSORDICT, NodeKind, is_collection, kind_for_tag, kind_of, register, unregister
+from tdshare._nodes import NodeKind, kind_for_tag, kind_of, register, unregister
+from tdshare._nontensor import NONTENSOR
+from tdshare._tensordict_base import TENSORDICT, is_collection
 
 TAG = "<class 'test_nodes.Pair'>"
 
@@ -51,9 +53,18 @@ def pair_kind() -> Iterator[NodeKind]:
 
 def _tree() -> TensorDict:
     td = TensorDict({"y": torch.arange(3.0)}, batch_size=[3])
-    # the model does not take a Pair through td[key] = ... (that comes with the tensorclass itself)
-    td._tensordict["p"] = Pair(TensorDict({"x": torch.arange(6).reshape(3, 2)}, batch_size=[3]), "left")
+    td["p"] = Pair(TensorDict({"x": torch.arange(6).reshape(3, 2)}, batch_size=[3]), "left")
+    assert td._tensordict["p"].label == "left"  # kept as itself, not wrapped in NonTensorData
     return td
+
+
+def test_a_registered_wrapper_is_set_as_itself_and_batch_checked(pair_kind: NodeKind) -> None:
+    td = TensorDict({}, batch_size=[3])
+    with pytest.raises(tdshare.BatchSizeError, match="'p'"):
+        td["p"] = Pair(TensorDict({"x": torch.zeros(2)}, batch_size=[2]), "short")
+    unregister(pair_kind)
+    td["q"] = Pair(TensorDict({}, batch_size=[3]), "plain")
+    assert isinstance(td._tensordict["q"], tdshare.NonTensorData)  # unregistered: a plain value
 
 
 def test_builtin_kinds() -> None:
