@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import torch
 
-from ._errors import InvalidArgumentError, MemmapError
+from ._errors import ArgumentTypeError, InvalidArgumentError, MemmapError
 from ._files import map_file, no_data_error, reserve_file, tensor_buffer, write_file
 from ._indexing import contiguous_strides
 from ._segments import Segment
@@ -37,6 +37,11 @@ def _parse_size(size: tuple[Any, ...], shape: Any) -> torch.Size:
         if size:
             raise InvalidArgumentError("Pass the size either as positional arguments or as shape=, not both.")
         size = (shape,)
+    elif not size:
+        raise ArgumentTypeError(
+            "A shape is required: pass it as ints (zeros(2, 3)), as one sequence (zeros((2, 3))) or as shape=; "
+            "for a 0-dimensional tensor pass an empty one, zeros(()) or shape=()."
+        )
     if len(size) == 1 and isinstance(size[0], (Sequence, torch.Size, torch.Tensor)):
         size = tuple(size[0])
     try:
@@ -117,6 +122,28 @@ class MemoryMappedTensor(torch.Tensor):
 
         An input that already is a MemoryMappedTensor at the same place is returned unchanged.
         One with a file elsewhere raises unless ``copy_existing=True``.
+
+        Args:
+            input: the tensor to copy (any device; it is copied to the CPU mapping).
+            filename: the file to write (None: anonymous shared memory).
+            existsok: replace an existing ``filename`` (by a new file) instead of raising.
+            copy_existing: copy a MemoryMappedTensor that has a file elsewhere.
+            copy_data: False reserves zero-filled space of the right size without copying.
+            shape: a shape that ``input`` broadcasts to (default: its own).
+
+        Returns:
+            A MemoryMappedTensor, or ``input`` itself when it already is one at that place.
+
+        Raises:
+            TypeError: ``input`` is not a tensor.
+            MemmapError: ``input`` requires grad or is on the meta device, or ``input`` has
+                another file and ``copy_existing`` is False.
+            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
+
+        Example:
+            >>> m = MemoryMappedTensor.from_tensor(torch.arange(3))
+            >>> m.tolist(), m.is_anonymous
+            ([0, 1, 2], True)
         """
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"from_tensor expects a torch.Tensor, got {type(input).__name__}.")
@@ -246,7 +273,31 @@ class MemoryMappedTensor(torch.Tensor):
         filename: str | os.PathLike | None = None,
         existsok: bool = False,
     ) -> MemoryMappedTensor:
-        """A new mapped tensor (zero-filled: fresh files and segments never expose stale bytes)."""
+        """A new mapped tensor; fresh files and segments are zero-filled, never holding stale bytes.
+
+        Args:
+            *size: the shape, as ints (``2, 3``) or as one sequence, ``torch.Size`` or 1-D tensor
+                (``(2, 3)``); or pass ``shape=`` instead.  A 0-dimensional tensor needs an empty
+                shape, ``()``: a call with no shape at all raises.
+            shape: the shape, when not given positionally.
+            dtype: the element type (default: ``torch.get_default_dtype()``).
+            device: None or ``"cpu"``.
+            filename: the file to create (None: anonymous shared memory).
+            existsok: replace an existing ``filename`` instead of raising.
+
+        Returns:
+            A new MemoryMappedTensor.
+
+        Raises:
+            ArgumentTypeError: no shape was given.
+            InvalidArgumentError: a negative, non-integer or doubly given size.
+            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
+            MemmapError: ``device`` is not the CPU.
+
+        Example:
+            >>> MemoryMappedTensor.empty(2, 3).shape
+            torch.Size([2, 3])
+        """
         return cls._factory(size, shape, dtype, device, filename, existsok, None)
 
     @classmethod
@@ -259,6 +310,31 @@ class MemoryMappedTensor(torch.Tensor):
         filename: str | os.PathLike | None = None,
         existsok: bool = False,
     ) -> MemoryMappedTensor:
+        """A new mapped tensor filled with zeros.
+
+        Args:
+            *size: the shape, as ints (``2, 3``) or as one sequence, ``torch.Size`` or 1-D tensor
+                (``(2, 3)``); or pass ``shape=`` instead.  A 0-dimensional tensor needs an empty
+                shape, ``()``: a call with no shape at all raises.
+            shape: the shape, when not given positionally.
+            dtype: the element type (default: ``torch.get_default_dtype()``).
+            device: None or ``"cpu"``.
+            filename: the file to create (None: anonymous shared memory).
+            existsok: replace an existing ``filename`` instead of raising.
+
+        Returns:
+            A new MemoryMappedTensor.
+
+        Raises:
+            ArgumentTypeError: no shape was given.
+            InvalidArgumentError: a negative, non-integer or doubly given size.
+            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
+            MemmapError: ``device`` is not the CPU.
+
+        Example:
+            >>> MemoryMappedTensor.zeros((2,)).tolist()
+            [0.0, 0.0]
+        """
         return cls._factory(size, shape, dtype, device, filename, existsok, None)
 
     @classmethod
@@ -271,6 +347,31 @@ class MemoryMappedTensor(torch.Tensor):
         filename: str | os.PathLike | None = None,
         existsok: bool = False,
     ) -> MemoryMappedTensor:
+        """A new mapped tensor filled with ones.
+
+        Args:
+            *size: the shape, as ints (``2, 3``) or as one sequence, ``torch.Size`` or 1-D tensor
+                (``(2, 3)``); or pass ``shape=`` instead.  A 0-dimensional tensor needs an empty
+                shape, ``()``: a call with no shape at all raises.
+            shape: the shape, when not given positionally.
+            dtype: the element type (default: ``torch.get_default_dtype()``).
+            device: None or ``"cpu"``.
+            filename: the file to create (None: anonymous shared memory).
+            existsok: replace an existing ``filename`` instead of raising.
+
+        Returns:
+            A new MemoryMappedTensor.
+
+        Raises:
+            ArgumentTypeError: no shape was given.
+            InvalidArgumentError: a negative, non-integer or doubly given size.
+            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
+            MemmapError: ``device`` is not the CPU.
+
+        Example:
+            >>> MemoryMappedTensor.ones(2, dtype=torch.int64).tolist()
+            [1, 1]
+        """
         return cls._factory(size, shape, dtype, device, filename, existsok, 1)
 
     @classmethod
@@ -284,6 +385,32 @@ class MemoryMappedTensor(torch.Tensor):
         filename: str | os.PathLike | None = None,
         existsok: bool = False,
     ) -> MemoryMappedTensor:
+        """A new mapped tensor with every element ``fill_value``.
+
+        Args:
+            *size: the shape, as ints (``2, 3``) or as one sequence, ``torch.Size`` or 1-D tensor
+                (``(2, 3)``); or pass ``shape=`` instead.  A 0-dimensional tensor needs an empty
+                shape, ``()``: a call with no shape at all raises.
+            fill_value: the value of every element.
+            shape: the shape, when not given positionally.
+            dtype: the element type (default: ``torch.get_default_dtype()``).
+            device: None or ``"cpu"``.
+            filename: the file to create (None: anonymous shared memory).
+            existsok: replace an existing ``filename`` instead of raising.
+
+        Returns:
+            A new MemoryMappedTensor.
+
+        Raises:
+            ArgumentTypeError: no shape was given.
+            InvalidArgumentError: a negative, non-integer or doubly given size.
+            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
+            MemmapError: ``device`` is not the CPU.
+
+        Example:
+            >>> MemoryMappedTensor.full(2, fill_value=7.0).tolist()
+            [7.0, 7.0]
+        """
         return cls._factory(size, shape, dtype, device, filename, existsok, fill_value)
 
     @classmethod
