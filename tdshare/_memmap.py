@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import weakref
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
@@ -51,6 +52,20 @@ def _parse_size(size: tuple[Any, ...], shape: Any) -> torch.Size:
     if any(s < 0 for s in out):
         raise InvalidArgumentError(f"A size cannot be negative, got {list(out)}.")
     return out
+
+
+def _refuse_symlink(path: str) -> None:
+    # checked before anything is created or replaced: a link may point at a file the caller
+    # never meant to overwrite
+    try:
+        is_link = stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:  # missing (the usual case), or an unreadable folder that the write reports
+        return
+    if is_link:
+        raise MemmapError(
+            f"Refusing to write a memory-mapped tensor through symlink {path!r}: the link would redirect the write "
+            "to another file. Remove the link, or pass the path it points to as filename."
+        )
 
 
 def _check_cpu(device: Any) -> None:
@@ -136,8 +151,9 @@ class MemoryMappedTensor(torch.Tensor):
 
         Raises:
             TypeError: ``input`` is not a tensor.
-            MemmapError: ``input`` requires grad or is on the meta device, or ``input`` has
-                another file and ``copy_existing`` is False.
+            MemmapError: ``input`` requires grad or is on the meta device, ``filename`` is a
+                symbolic link (refused: it would write to the file the link points at), or
+                ``input`` has another file and ``copy_existing`` is False.
             FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
 
         Example:
@@ -173,6 +189,7 @@ class MemoryMappedTensor(torch.Tensor):
             if copy_data:
                 torch.Tensor.copy_(out, src)
             return out
+        _refuse_symlink(path)
         numel = math.prod(out_shape)
         if numel == 0:
             return cls._wrap(torch.empty(out_shape, dtype=src.dtype), None, None, None)
@@ -254,6 +271,7 @@ class MemoryMappedTensor(torch.Tensor):
             out = cls._anonymous(shape, dtype)
         else:
             path = os.path.abspath(os.fspath(filename))
+            _refuse_symlink(path)
             numel = math.prod(shape)
             if numel == 0:
                 return cls._wrap(torch.empty(shape, dtype=dtype), None, None, None)
@@ -292,7 +310,7 @@ class MemoryMappedTensor(torch.Tensor):
             ArgumentTypeError: no shape was given.
             InvalidArgumentError: a negative, non-integer or doubly given size.
             FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
-            MemmapError: ``device`` is not the CPU.
+            MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
 
         Example:
             >>> MemoryMappedTensor.empty(2, 3).shape
@@ -329,7 +347,7 @@ class MemoryMappedTensor(torch.Tensor):
             ArgumentTypeError: no shape was given.
             InvalidArgumentError: a negative, non-integer or doubly given size.
             FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
-            MemmapError: ``device`` is not the CPU.
+            MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
 
         Example:
             >>> MemoryMappedTensor.zeros((2,)).tolist()
@@ -366,7 +384,7 @@ class MemoryMappedTensor(torch.Tensor):
             ArgumentTypeError: no shape was given.
             InvalidArgumentError: a negative, non-integer or doubly given size.
             FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
-            MemmapError: ``device`` is not the CPU.
+            MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
 
         Example:
             >>> MemoryMappedTensor.ones(2, dtype=torch.int64).tolist()
@@ -405,7 +423,7 @@ class MemoryMappedTensor(torch.Tensor):
             ArgumentTypeError: no shape was given.
             InvalidArgumentError: a negative, non-integer or doubly given size.
             FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
-            MemmapError: ``device`` is not the CPU.
+            MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
 
         Example:
             >>> MemoryMappedTensor.full(2, fill_value=7.0).tolist()
