@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+import warnings
 import weakref
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
@@ -18,12 +19,12 @@ from typing import Any, cast
 
 import torch
 
-from ._errors import ArgumentTypeError, InvalidArgumentError, MemmapError
+from ._errors import ArgumentTypeError, InvalidArgumentError, MemmapError, NotSupportedError
 from ._files import map_file, no_data_error, reserve_file, tensor_buffer, write_file
 from ._indexing import contiguous_strides
 from ._segments import Segment
 
-__all__ = ["MemoryMappedTensor", "storage_filename"]
+__all__ = ["MemoryMappedTensor", "SharedMemoryHandle", "storage_filename"]
 
 _MODES = (None, "r", "r+")
 
@@ -68,6 +69,28 @@ def _refuse_symlink(path: str) -> None:
         )
 
 
+class SharedMemoryHandle:
+    """The anonymous shared memory of one MemoryMappedTensor: a segment and a byte range in it.
+
+    It is what ``MemoryMappedTensor._handler`` returns for a tensor in anonymous memory, and what
+    :meth:`MemoryMappedTensor.from_handler` maps again.  Views of a tensor share its handle.  A
+    handle pickles by descriptor (with :mod:`multiprocessing`), like the tensor itself.
+    """
+
+    __slots__ = ("__weakref__", "nbytes", "offset", "segment")
+
+    def __init__(self, segment: Segment, offset: int, nbytes: int) -> None:
+        self.segment = segment
+        self.offset = offset  # byte offset of the range in the segment
+        self.nbytes = nbytes
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SharedMemoryHandle, (self.segment, self.offset, self.nbytes))
+
+    def __repr__(self) -> str:
+        return f"SharedMemoryHandle(fd={self.segment.fd}, offset={self.offset}, nbytes={self.nbytes})"
+
+
 def _check_cpu(device: Any) -> None:
     if device is not None and torch.device(device).type != "cpu":
         raise MemmapError(f"Only CPU tensors are supported by MemoryMappedTensor, got device {device!r}.")
@@ -84,6 +107,8 @@ class MemoryMappedTensor(torch.Tensor):
     _mode: str | None = None
     _ino: int | None = None  # inode of the mapped file, when known: a refresh keeps unchanged leaves
     _offset: int | None = None  # byte offset of the payload when ``_filename`` is a .tdz archive
+    _handle: SharedMemoryHandle | None = None  # made on first use of ``_handler``, shared by views
+    _handle_base: MemoryMappedTensor | None = None  # the tensor a view was indexed from (anonymous memory)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -257,6 +282,66 @@ class MemoryMappedTensor(torch.Tensor):
         t = torch.empty(0, dtype=dtype).set_(storage, 0, shape, contiguous_strides(shape))
         segment = Segment.of_storage(storage) if path is None and stored is None else None
         out = cls._wrap(t, path or stored, segment, None)
+        return out if index is None else out[index]
+
+    @classmethod
+    def from_handler(
+        cls,
+        handler: SharedMemoryHandle,
+        dtype: torch.dtype,
+        shape: torch.Size | Sequence[int],
+        index: Any = None,
+    ) -> MemoryMappedTensor:
+        """Map again the anonymous shared memory of another MemoryMappedTensor, without copying.
+
+        Deprecated, as in tensordict 0.15: pickling or sending the tensor itself does the same.
+
+        Args:
+            handler: the ``_handler`` of a MemoryMappedTensor in anonymous memory.
+            dtype: the dtype to read the bytes as.
+            shape: the shape of the result; it may cover fewer bytes than the handler holds
+                (a prefix is mapped), not more.
+            index: an index applied to the result (None: the whole shape).
+
+        Returns:
+            A MemoryMappedTensor over the same memory: writes through either are seen by both.
+
+        Raises:
+            ArgumentTypeError: ``handler`` is not a handle of anonymous memory (a file-backed
+                tensor has ``_handler`` None: use :meth:`from_filename`).
+            InvalidArgumentError: ``shape`` needs more bytes than the handler holds, or the
+                handler's offset is not a multiple of the dtype's size.
+            NotSupportedError: ``shape`` is a 2-D size table (nested tensors).
+
+        Example:
+            >>> t = MemoryMappedTensor.from_tensor(torch.arange(4.0))
+            >>> u = MemoryMappedTensor.from_handler(t._handler, torch.float32, (2, 2))  # doctest: +SKIP
+            >>> u[1, 1] = 9.0; t[3].item()  # doctest: +SKIP
+            9.0
+        """
+        warnings.warn(
+            "MemoryMappedTensor.from_handler() is deprecated (tensordict 0.15 removes it in 0.17): send or pickle "
+            "the MemoryMappedTensor itself instead.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if not isinstance(handler, SharedMemoryHandle):
+            raise ArgumentTypeError(
+                "from_handler expects the _handler of a MemoryMappedTensor in anonymous shared memory, got "
+                f"{type(handler).__name__}; a file-backed tensor has no handler: use "
+                "from_filename(tensor.filename, ...)."
+            )
+        if isinstance(shape, torch.Tensor) and shape.ndim == 2:
+            raise NotSupportedError("from_handler does not map nested tensors (a 2-D size table) yet.")
+        shape = _parse_size((shape,), None)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > handler.nbytes or handler.offset % dtype.itemsize:
+            raise InvalidArgumentError(
+                f"Shape {list(shape)} of {dtype} needs {nbytes} bytes at byte offset {handler.offset}, but the handler "
+                f"holds {handler.nbytes} bytes there: pass a shape and dtype that fit the tensor it came from."
+            )
+        out = cls._wrap(handler.segment.view(handler.offset, dtype, shape), None, handler.segment, None)
+        out._handle = handler
         return out if index is None else out[index]
 
     # -- factories ----------------------------------------------------------------------------
@@ -462,6 +547,26 @@ class MemoryMappedTensor(torch.Tensor):
     def is_anonymous(self) -> bool:
         return self._filename is None
 
+    @property
+    def _handler(self) -> SharedMemoryHandle | None:
+        """The anonymous shared memory of this tensor (None when it has a file or no shared memory).
+
+        Views share their base's handle.  For :meth:`from_handler` (deprecated) and code written for
+        tensordict, which reads this private attribute.
+        """
+        seg = self._segment
+        if seg is None:
+            return None
+        if self._handle is None and self._handle_base is not None:
+            self._handle = self._handle_base._handler
+        elif self._handle is None:
+            # the range from our first element to our last, in bytes from the segment's start
+            first = self.data_ptr() - seg.buffer.data_ptr()
+            spans = ((n - 1) * st for n, st in zip(self.shape, self.stride(), strict=True))
+            extent = 1 + sum(spans) if self.numel() else 0
+            self._handle = SharedMemoryHandle(seg, first, extent * self.element_size())
+        return self._handle
+
     def share_memory_(self) -> MemoryMappedTensor:
         return self
 
@@ -474,6 +579,8 @@ class MemoryMappedTensor(torch.Tensor):
         if isinstance(out, torch.Tensor) and out._is_view():
             view = MemoryMappedTensor._wrap(out, self._filename, self._segment, self._mode)
             view._offset = self._offset
+            if self._segment is not None:  # a view shares its base's handle (made when first asked for)
+                view._handle_base = self if self._handle_base is None else self._handle_base
             if self._offset is not None:
                 view._ino = self._ino  # the archive's inode: a handle must not reach a replaced archive
             return view
