@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+import stat
+import warnings
 import weakref
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
@@ -17,12 +19,12 @@ from typing import Any, cast
 
 import torch
 
-from ._errors import InvalidArgumentError, MemmapError
+from ._errors import ArgumentTypeError, InvalidArgumentError, MemmapError, NotSupportedError
 from ._files import map_file, no_data_error, reserve_file, tensor_buffer, write_file
 from ._indexing import contiguous_strides
 from ._segments import Segment
 
-__all__ = ["MemoryMappedTensor", "storage_filename"]
+__all__ = ["MemoryMappedTensor", "SharedMemoryHandle", "storage_filename"]
 
 _MODES = (None, "r", "r+")
 
@@ -37,6 +39,11 @@ def _parse_size(size: tuple[Any, ...], shape: Any) -> torch.Size:
         if size:
             raise InvalidArgumentError("Pass the size either as positional arguments or as shape=, not both.")
         size = (shape,)
+    elif not size:
+        raise ArgumentTypeError(
+            "A shape is required: pass it as ints (zeros(2, 3)), as one sequence (zeros((2, 3))) or as shape=; "
+            "for a 0-dimensional tensor pass an empty one, zeros(()) or shape=()."
+        )
     if len(size) == 1 and isinstance(size[0], (Sequence, torch.Size, torch.Tensor)):
         size = tuple(size[0])
     try:
@@ -46,6 +53,42 @@ def _parse_size(size: tuple[Any, ...], shape: Any) -> torch.Size:
     if any(s < 0 for s in out):
         raise InvalidArgumentError(f"A size cannot be negative, got {list(out)}.")
     return out
+
+
+def _refuse_symlink(path: str) -> None:
+    # checked before anything is created or replaced: a link may point at a file the caller
+    # never meant to overwrite
+    try:
+        is_link = stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:  # missing (the usual case), or an unreadable folder that the write reports
+        return
+    if is_link:
+        raise MemmapError(
+            f"Refusing to write a memory-mapped tensor through symlink {path!r}: the link would redirect the write "
+            "to another file. Remove the link, or pass the path it points to as filename."
+        )
+
+
+class SharedMemoryHandle:
+    """The anonymous shared memory of one MemoryMappedTensor: a segment and a byte range in it.
+
+    It is what ``MemoryMappedTensor._handler`` returns for a tensor in anonymous memory, and what
+    :meth:`MemoryMappedTensor.from_handler` maps again.  Views of a tensor share its handle.  A
+    handle pickles by descriptor (with :mod:`multiprocessing`), like the tensor itself.
+    """
+
+    __slots__ = ("__weakref__", "nbytes", "offset", "segment")
+
+    def __init__(self, segment: Segment, offset: int, nbytes: int) -> None:
+        self.segment = segment
+        self.offset = offset  # byte offset of the range in the segment
+        self.nbytes = nbytes
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SharedMemoryHandle, (self.segment, self.offset, self.nbytes))
+
+    def __repr__(self) -> str:
+        return f"SharedMemoryHandle(fd={self.segment.fd}, offset={self.offset}, nbytes={self.nbytes})"
 
 
 def _check_cpu(device: Any) -> None:
@@ -64,6 +107,8 @@ class MemoryMappedTensor(torch.Tensor):
     _mode: str | None = None
     _ino: int | None = None  # inode of the mapped file, when known: a refresh keeps unchanged leaves
     _offset: int | None = None  # byte offset of the payload when ``_filename`` is a .tdz archive
+    _handle: SharedMemoryHandle | None = None  # made on first use of ``_handler``, shared by views
+    _handle_base: MemoryMappedTensor | None = None  # the tensor a view was indexed from (anonymous memory)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -117,6 +162,29 @@ class MemoryMappedTensor(torch.Tensor):
 
         An input that already is a MemoryMappedTensor at the same place is returned unchanged.
         One with a file elsewhere raises unless ``copy_existing=True``.
+
+        Args:
+            input: the tensor to copy (any device; it is copied to the CPU mapping).
+            filename: the file to write (None: anonymous shared memory).
+            existsok: replace an existing ``filename`` (by a new file) instead of raising.
+            copy_existing: copy a MemoryMappedTensor that has a file elsewhere.
+            copy_data: False reserves zero-filled space of the right size without copying.
+            shape: a shape that ``input`` broadcasts to (default: its own).
+
+        Returns:
+            A MemoryMappedTensor, or ``input`` itself when it already is one at that place.
+
+        Raises:
+            TypeError: ``input`` is not a tensor.
+            MemmapError: ``input`` requires grad or is on the meta device, ``filename`` is a
+                symbolic link (refused: it would write to the file the link points at), or
+                ``input`` has another file and ``copy_existing`` is False.
+            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
+
+        Example:
+            >>> m = MemoryMappedTensor.from_tensor(torch.arange(3))
+            >>> m.tolist(), m.is_anonymous
+            ([0, 1, 2], True)
         """
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"from_tensor expects a torch.Tensor, got {type(input).__name__}.")
@@ -146,6 +214,7 @@ class MemoryMappedTensor(torch.Tensor):
             if copy_data:
                 torch.Tensor.copy_(out, src)
             return out
+        _refuse_symlink(path)
         numel = math.prod(out_shape)
         if numel == 0:
             return cls._wrap(torch.empty(out_shape, dtype=src.dtype), None, None, None)
@@ -215,6 +284,66 @@ class MemoryMappedTensor(torch.Tensor):
         out = cls._wrap(t, path or stored, segment, None)
         return out if index is None else out[index]
 
+    @classmethod
+    def from_handler(
+        cls,
+        handler: SharedMemoryHandle,
+        dtype: torch.dtype,
+        shape: torch.Size | Sequence[int],
+        index: Any = None,
+    ) -> MemoryMappedTensor:
+        """Map again the anonymous shared memory of another MemoryMappedTensor, without copying.
+
+        Deprecated, as in tensordict 0.15: pickling or sending the tensor itself does the same.
+
+        Args:
+            handler: the ``_handler`` of a MemoryMappedTensor in anonymous memory.
+            dtype: the dtype to read the bytes as.
+            shape: the shape of the result; it may cover fewer bytes than the handler holds
+                (a prefix is mapped), not more.
+            index: an index applied to the result (None: the whole shape).
+
+        Returns:
+            A MemoryMappedTensor over the same memory: writes through either are seen by both.
+
+        Raises:
+            ArgumentTypeError: ``handler`` is not a handle of anonymous memory (a file-backed
+                tensor has ``_handler`` None: use :meth:`from_filename`).
+            InvalidArgumentError: ``shape`` needs more bytes than the handler holds, or the
+                handler's offset is not a multiple of the dtype's size.
+            NotSupportedError: ``shape`` is a 2-D size table (nested tensors).
+
+        Example:
+            >>> t = MemoryMappedTensor.from_tensor(torch.arange(4.0))
+            >>> u = MemoryMappedTensor.from_handler(t._handler, torch.float32, (2, 2))  # doctest: +SKIP
+            >>> u[1, 1] = 9.0; t[3].item()  # doctest: +SKIP
+            9.0
+        """
+        warnings.warn(
+            "MemoryMappedTensor.from_handler() is deprecated (tensordict 0.15 removes it in 0.17): send or pickle "
+            "the MemoryMappedTensor itself instead.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if not isinstance(handler, SharedMemoryHandle):
+            raise ArgumentTypeError(
+                "from_handler expects the _handler of a MemoryMappedTensor in anonymous shared memory, got "
+                f"{type(handler).__name__}; a file-backed tensor has no handler: use "
+                "from_filename(tensor.filename, ...)."
+            )
+        if isinstance(shape, torch.Tensor) and shape.ndim == 2:
+            raise NotSupportedError("from_handler does not map nested tensors (a 2-D size table) yet.")
+        shape = _parse_size((shape,), None)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > handler.nbytes or handler.offset % dtype.itemsize:
+            raise InvalidArgumentError(
+                f"Shape {list(shape)} of {dtype} needs {nbytes} bytes at byte offset {handler.offset}, but the handler "
+                f"holds {handler.nbytes} bytes there: pass a shape and dtype that fit the tensor it came from."
+            )
+        out = cls._wrap(handler.segment.view(handler.offset, dtype, shape), None, handler.segment, None)
+        out._handle = handler
+        return out if index is None else out[index]
+
     # -- factories ----------------------------------------------------------------------------
     @classmethod
     def _factory(
@@ -227,6 +356,7 @@ class MemoryMappedTensor(torch.Tensor):
             out = cls._anonymous(shape, dtype)
         else:
             path = os.path.abspath(os.fspath(filename))
+            _refuse_symlink(path)
             numel = math.prod(shape)
             if numel == 0:
                 return cls._wrap(torch.empty(shape, dtype=dtype), None, None, None)
@@ -246,7 +376,31 @@ class MemoryMappedTensor(torch.Tensor):
         filename: str | os.PathLike | None = None,
         existsok: bool = False,
     ) -> MemoryMappedTensor:
-        """A new mapped tensor (zero-filled: fresh files and segments never expose stale bytes)."""
+        """A new mapped tensor; fresh files and segments are zero-filled, never holding stale bytes.
+
+        Args:
+            *size: the shape, as ints (``2, 3``) or as one sequence, ``torch.Size`` or 1-D tensor
+                (``(2, 3)``); or pass ``shape=`` instead.  A 0-dimensional tensor needs an empty
+                shape, ``()``: a call with no shape at all raises.
+            shape: the shape, when not given positionally.
+            dtype: the element type (default: ``torch.get_default_dtype()``).
+            device: None or ``"cpu"``.
+            filename: the file to create (None: anonymous shared memory).
+            existsok: replace an existing ``filename`` instead of raising.
+
+        Returns:
+            A new MemoryMappedTensor.
+
+        Raises:
+            ArgumentTypeError: no shape was given.
+            InvalidArgumentError: a negative, non-integer or doubly given size.
+            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
+            MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
+
+        Example:
+            >>> MemoryMappedTensor.empty(2, 3).shape
+            torch.Size([2, 3])
+        """
         return cls._factory(size, shape, dtype, device, filename, existsok, None)
 
     @classmethod
@@ -259,6 +413,31 @@ class MemoryMappedTensor(torch.Tensor):
         filename: str | os.PathLike | None = None,
         existsok: bool = False,
     ) -> MemoryMappedTensor:
+        """A new mapped tensor filled with zeros.
+
+        Args:
+            *size: the shape, as ints (``2, 3``) or as one sequence, ``torch.Size`` or 1-D tensor
+                (``(2, 3)``); or pass ``shape=`` instead.  A 0-dimensional tensor needs an empty
+                shape, ``()``: a call with no shape at all raises.
+            shape: the shape, when not given positionally.
+            dtype: the element type (default: ``torch.get_default_dtype()``).
+            device: None or ``"cpu"``.
+            filename: the file to create (None: anonymous shared memory).
+            existsok: replace an existing ``filename`` instead of raising.
+
+        Returns:
+            A new MemoryMappedTensor.
+
+        Raises:
+            ArgumentTypeError: no shape was given.
+            InvalidArgumentError: a negative, non-integer or doubly given size.
+            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
+            MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
+
+        Example:
+            >>> MemoryMappedTensor.zeros((2,)).tolist()
+            [0.0, 0.0]
+        """
         return cls._factory(size, shape, dtype, device, filename, existsok, None)
 
     @classmethod
@@ -271,6 +450,31 @@ class MemoryMappedTensor(torch.Tensor):
         filename: str | os.PathLike | None = None,
         existsok: bool = False,
     ) -> MemoryMappedTensor:
+        """A new mapped tensor filled with ones.
+
+        Args:
+            *size: the shape, as ints (``2, 3``) or as one sequence, ``torch.Size`` or 1-D tensor
+                (``(2, 3)``); or pass ``shape=`` instead.  A 0-dimensional tensor needs an empty
+                shape, ``()``: a call with no shape at all raises.
+            shape: the shape, when not given positionally.
+            dtype: the element type (default: ``torch.get_default_dtype()``).
+            device: None or ``"cpu"``.
+            filename: the file to create (None: anonymous shared memory).
+            existsok: replace an existing ``filename`` instead of raising.
+
+        Returns:
+            A new MemoryMappedTensor.
+
+        Raises:
+            ArgumentTypeError: no shape was given.
+            InvalidArgumentError: a negative, non-integer or doubly given size.
+            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
+            MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
+
+        Example:
+            >>> MemoryMappedTensor.ones(2, dtype=torch.int64).tolist()
+            [1, 1]
+        """
         return cls._factory(size, shape, dtype, device, filename, existsok, 1)
 
     @classmethod
@@ -284,6 +488,32 @@ class MemoryMappedTensor(torch.Tensor):
         filename: str | os.PathLike | None = None,
         existsok: bool = False,
     ) -> MemoryMappedTensor:
+        """A new mapped tensor with every element ``fill_value``.
+
+        Args:
+            *size: the shape, as ints (``2, 3``) or as one sequence, ``torch.Size`` or 1-D tensor
+                (``(2, 3)``); or pass ``shape=`` instead.  A 0-dimensional tensor needs an empty
+                shape, ``()``: a call with no shape at all raises.
+            fill_value: the value of every element.
+            shape: the shape, when not given positionally.
+            dtype: the element type (default: ``torch.get_default_dtype()``).
+            device: None or ``"cpu"``.
+            filename: the file to create (None: anonymous shared memory).
+            existsok: replace an existing ``filename`` instead of raising.
+
+        Returns:
+            A new MemoryMappedTensor.
+
+        Raises:
+            ArgumentTypeError: no shape was given.
+            InvalidArgumentError: a negative, non-integer or doubly given size.
+            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
+            MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
+
+        Example:
+            >>> MemoryMappedTensor.full(2, fill_value=7.0).tolist()
+            [7.0, 7.0]
+        """
         return cls._factory(size, shape, dtype, device, filename, existsok, fill_value)
 
     @classmethod
@@ -317,6 +547,26 @@ class MemoryMappedTensor(torch.Tensor):
     def is_anonymous(self) -> bool:
         return self._filename is None
 
+    @property
+    def _handler(self) -> SharedMemoryHandle | None:
+        """The anonymous shared memory of this tensor (None when it has a file or no shared memory).
+
+        Views share their base's handle.  For :meth:`from_handler` (deprecated) and code written for
+        tensordict, which reads this private attribute.
+        """
+        seg = self._segment
+        if seg is None:
+            return None
+        if self._handle is None and self._handle_base is not None:
+            self._handle = self._handle_base._handler
+        elif self._handle is None:
+            # the range from our first element to our last, in bytes from the segment's start
+            first = self.data_ptr() - seg.buffer.data_ptr()
+            spans = ((n - 1) * st for n, st in zip(self.shape, self.stride(), strict=True))
+            extent = 1 + sum(spans) if self.numel() else 0
+            self._handle = SharedMemoryHandle(seg, first, extent * self.element_size())
+        return self._handle
+
     def share_memory_(self) -> MemoryMappedTensor:
         return self
 
@@ -329,6 +579,8 @@ class MemoryMappedTensor(torch.Tensor):
         if isinstance(out, torch.Tensor) and out._is_view():
             view = MemoryMappedTensor._wrap(out, self._filename, self._segment, self._mode)
             view._offset = self._offset
+            if self._segment is not None:  # a view shares its base's handle (made when first asked for)
+                view._handle_base = self if self._handle_base is None else self._handle_base
             if self._offset is not None:
                 view._ino = self._ino  # the archive's inode: a handle must not reach a replaced archive
             return view
