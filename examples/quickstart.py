@@ -73,7 +73,9 @@ def main() -> None:
         assert (loaded == td).all()
         print("reloaded from disk:", loaded["reward"].tolist(), loaded["status"])
 
-        archive = td.save(f"{root}/td.tdz")  # one zip file; stored leaves load as zero-copy views
+        # one zip file; stored leaves load as zero-copy views.  The leaves already live in `folder`:
+        # copy_existing=True says that copying them into the archive is meant.
+        archive = td.save(f"{root}/td.tdz", copy_existing=True)
         print("archive:", sorted(archive.keys()), archive["bonus"].sum().item())
 
 

@@ -24,6 +24,7 @@ from ._errors import (
     CorruptDataError,
     FileExistsRuntimeError,
     InvalidArgumentError,
+    MemmapError,
     MissingMetadataError,
     NotSupportedError,
 )
@@ -96,7 +97,11 @@ class ArchiveWriter(TreeWriter):
         """Write the archive; ``inplace`` changes nothing (an archive is never mapped in place)."""
         method = parse_compression(opts.compression)
         path = _check_target(self.path, opts.existsok)
-        write_archive(path, _tree_entries(plan_tree(td, "", opts.robust_key, True, True)), method)
+        try:
+            plan = plan_tree(td, "", opts.robust_key, opts.copy_existing, True)
+        except MemmapError as err:  # a leaf mapped to another file, with copy_existing=False
+            raise type(err)(f"{err} (saving the archive {path!r})") from None
+        write_archive(path, _tree_entries(plan), method)
         return load_tree(type(td), path, robust_key=opts.robust_key, allow_pickle=True, num_threads=opts.num_threads)
 
 

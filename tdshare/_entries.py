@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ._coordination import SharedRegistry, unchanged_since
-from ._errors import BatchSizeError, MemmapError, NotMemmapError, NotSupportedError
+from ._errors import BatchSizeError, InvalidArgumentError, MemmapError, NotMemmapError, NotSupportedError
 from ._files import replace_file, reserve_file, tensor_buffer, write_file
 from ._format import (
     LEAF_SUFFIX,
@@ -44,6 +44,7 @@ from ._nontensor_files import write_nontensor as write_nontensor_folder
 from ._read import read_meta
 from ._runtime import ensure_store, read_manifest, write_manifest
 from ._shared_nontensor import SharedNonTensorData
+from ._store import user_stacklevel
 from ._tensordict_base import TensorDictBase, is_collection
 
 __all__ = [
@@ -396,15 +397,19 @@ def storage_entry_checks(
                 f"{prefix!r}; load_memmap() and memmap_refresh_() drop this entry. Use make_memmap_from_tensor() to "
                 "copy the data into the directory. Starting with TensorDict 0.17 this will raise a RuntimeError.",
                 FutureWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
         return not storage.nbytes()  # an empty entry needs no file: readers keep it, as the reference does
     expected = None
     if prefix is not None:
-        folders, _ = _target_level(td, parts, robust)
-        expected = os.path.join(
-            prefix, *folders, entry_file_name(parts[-1], robust, LEAF_SUFFIX, "the tensordict", False) + LEAF_SUFFIX
-        )
+        try:
+            folders, _ = _target_level(td, parts, robust)
+            name = entry_file_name(parts[-1], robust, LEAF_SUFFIX, "the tensordict", False) + LEAF_SUFFIX
+        except InvalidArgumentError as err:  # the page: a storage file that cannot be the entry's is a RuntimeError
+            raise MemmapError(
+                f"The storage's file {stored!r} cannot be the file of the entry {parts!r}: {err}"
+            ) from None
+        expected = os.path.join(prefix, *folders, name)
     if stored != expected:
         raise MemmapError(
             "Providing a storage with an associated filename that differs from the filename argument is not "

@@ -139,12 +139,21 @@ def _write_all(fd: int, data: memoryview | bytes, path: str) -> None:
         ) from err
 
 
-def check_not_symlink(path: str) -> None:
+def check_not_symlink(path: str, fix: str = "Remove the link, or save elsewhere.") -> None:
+    """Refuse to write through ``path`` when it is a symbolic link (checked before anything is
+    created or replaced: a link may point at a file the caller never meant to overwrite).
+
+    Raises:
+        MemmapError: ``path`` is a symbolic link; ``fix`` says what to do instead.
+    """
     try:
-        if stat.S_ISLNK(os.lstat(path).st_mode):
-            raise MemmapError(f"Refusing to write through the symbolic link {path!r}: remove it or save elsewhere.")
-    except FileNotFoundError:
-        pass
+        is_link = stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:  # missing (the usual case), or an unreadable folder that the write reports
+        return
+    if is_link:
+        raise MemmapError(
+            f"Refusing to write through symlink {path!r}: the link would redirect the write to another file. {fix}"
+        )
 
 
 def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True, stat: bool = True) -> int | None:

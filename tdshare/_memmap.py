@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import stat
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from typing import Any, cast
 import torch
 
 from ._errors import ArgumentTypeError, InvalidArgumentError, MemmapError, NotSupportedError
-from ._files import map_file, no_data_error, reserve_file, tensor_buffer, write_file
+from ._files import check_not_symlink, map_file, no_data_error, reserve_file, tensor_buffer, write_file
 from ._indexing import contiguous_strides
 from ._segments import Segment
 
@@ -56,17 +55,7 @@ def _parse_size(size: tuple[Any, ...], shape: Any) -> torch.Size:
 
 
 def _refuse_symlink(path: str) -> None:
-    # checked before anything is created or replaced: a link may point at a file the caller
-    # never meant to overwrite
-    try:
-        is_link = stat.S_ISLNK(os.lstat(path).st_mode)
-    except OSError:  # missing (the usual case), or an unreadable folder that the write reports
-        return
-    if is_link:
-        raise MemmapError(
-            f"Refusing to write a memory-mapped tensor through symlink {path!r}: the link would redirect the write "
-            "to another file. Remove the link, or pass the path it points to as filename."
-        )
+    check_not_symlink(path, "Remove the link, or pass the path it points to as filename.")
 
 
 class SharedMemoryHandle:

@@ -242,8 +242,13 @@ def _plan_leaf(
                 f"The entry {here} is already memory-mapped to {value._filename!r}; writing it to {file!r} "
                 "would duplicate the data on disk. Pass copy_existing=True to copy it."
             )
-    if not existsok and file is not None and leaf.reuse is None and os.path.lexists(file):
-        raise MemmapError(f"The file {file!r} already exists and existsok=False. Pass existsok=True to overwrite it.")
+    if not existsok and file is not None and os.path.lexists(file):  # the leaf's own file too, as the page says
+        own = ""
+        if leaf.reuse is not None:
+            own = " (the leaf already maps it: existsok=True keeps that file and writes nothing)"
+        raise MemmapError(
+            f"The file {file!r} already exists and existsok=False{own}. Pass existsok=True to overwrite it."
+        )
     return leaf
 
 

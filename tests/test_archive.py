@@ -679,3 +679,17 @@ def test_cli_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (folder / "a.memmap").write_bytes(b"\0" * 20)  # truncated leaf
     assert main(["verify", str(folder), "--allow-pickle"]) == 1
     assert "truncated" in capsys.readouterr().err
+
+
+def test_copy_existing_false_refuses_leaves_mapped_elsewhere(tmp_path: Path) -> None:
+    """The page: a leaf already memory-mapped to another file raises with copy_existing=False, for an
+    archive too (tensordict 0.15.3 silently copies it); copy_existing=True copies."""
+    td = make_td().memmap_(tmp_path / "folder")
+    with pytest.raises(RuntimeError, match="copy_existing=True") as info:
+        td.save(tmp_path / "a.tdz")
+    assert str(tmp_path / "a.tdz") in str(info.value) and str(tmp_path / "folder") in str(info.value)
+    assert not (tmp_path / "a.tdz").exists() and os.listdir(tmp_path) == ["folder"]
+    out = td.save(tmp_path / "a.tdz", copy_existing=True)
+    assert (out == td).all()
+    loaded = TensorDict.load(tmp_path / "a.tdz", allow_pickle=True)
+    assert (loaded.save(tmp_path / "b.tdz") == td).all()  # leaves of an archive are not "a file elsewhere"

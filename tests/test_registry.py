@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import torch
 
+import tdshare
 from tdshare import (
     BatchSizeError,
     LockedError,
@@ -313,6 +314,30 @@ def test_storage_with_another_file_is_refused(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError, match="filename"):
             td.make_memmap_from_storage("q", storage, (4,))
     assert "q" not in td and _snapshot(tmp_path) == before
+
+
+def test_storage_with_robust_key_false_is_checked_against_the_raw_name(tmp_path: Path) -> None:
+    """robust_key=False: the entry's file is the key unchanged; a storage file that is not it, or a
+    key that cannot be a file name, is the page's RuntimeError, naming both names."""
+    folder = tmp_path / "td"
+    td = _base().memmap_(folder)
+    encoded = _storage_at(folder / "a%20b.memmap", 16)  # the robust name of "a b", not its raw name
+    with pytest.raises(RuntimeError, match="filename") as info:
+        td.make_memmap_from_storage("a b", encoded, (4,), robust_key=False)
+    assert str(folder / "a b.memmap") in str(info.value) and "a%20b.memmap" in str(info.value)
+    raw = _storage_at(folder / "a b.memmap", 16)
+    assert td.make_memmap_from_storage("a b", raw, (4,), robust_key=False).tolist() == [0.0] * 4
+    with pytest.raises(RuntimeError, match="cannot be the file of the entry") as bad:
+        td.make_memmap_from_storage("x/y", encoded, (4,), robust_key=False)
+    assert type(bad.value) is tdshare.MemmapError and "x/y" in str(bad.value) and "a%20b.memmap" in str(bad.value)
+    assert "x/y" not in td.keys()
+
+
+def test_file_less_storage_warning_points_at_the_caller(tmp_path: Path) -> None:
+    td = _base().memmap_(tmp_path / "td")
+    with pytest.warns(FutureWarning) as record:
+        td.make_memmap_from_storage("mem", torch.ones(4).untyped_storage(), (4,))
+    assert record[0].filename == __file__
 
 
 def test_storage_with_the_entry_file_is_used_without_copy(tmp_path: Path) -> None:

@@ -634,8 +634,21 @@ def test_memmap_into_the_same_folder_reuses_mapped_leaves(tmp_path: Path) -> Non
     td = _make().memmap_(tmp_path / "td")
     leaves = _tensor_leaves(td)
     inodes = {k: os.stat(v.filename).st_ino for k, v in leaves.items()}
-    td.memmap_(tmp_path / "td", existsok=False)  # nothing to write: no existing-file error either
+    td.memmap_(tmp_path / "td")  # existsok=True: nothing to write, every leaf kept as it is
     assert all(td.get(k) is v and os.stat(v.filename).st_ino == inodes[k] for k, v in leaves.items())
+
+
+@pytest.mark.parametrize("prefix", ["same", None])
+def test_existsok_false_refuses_the_leafs_own_file(tmp_path: Path, prefix: str | None) -> None:
+    """The page: a file that exists at a leaf's path raises with existsok=False, its own file too
+    (tensordict 0.15.3 does not raise there; tdshare follows the page)."""
+    td = _make().memmap_(tmp_path / "td")
+    leaves = _tensor_leaves(td)
+    before = _snapshot(tmp_path / "td")
+    with pytest.raises(RuntimeError, match=r"already exists and existsok=False.*already maps it.*existsok=True"):
+        td.memmap_(tmp_path / "td" if prefix else None, existsok=False)
+    assert _snapshot(tmp_path / "td") == before
+    assert all(td.get(k) is v for k, v in leaves.items()) and td.is_memmap()
 
 
 def test_existsok_false_refuses_existing_files_and_writes_nothing(tmp_path: Path) -> None:
