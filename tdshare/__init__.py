@@ -2,6 +2,7 @@
 and shared memory, in the on-disk format of tensordict 0.15.3."""
 
 from ._archive import pack_memmap, refresh_archive_checksums, unpack_memmap
+from ._coordination import SharedRegistry
 from ._errors import (
     ArgumentTypeError,
     AtomicTargetError,
@@ -46,6 +47,7 @@ __all__ = [
     "NotMemmapError",
     "NotSupportedError",
     "PickleRefusedError",
+    "SharedRegistry",
     "TdshareError",
     "TensorDict",
     "TensorDictFuture",

@@ -1,11 +1,13 @@
-"""Command line: ``python -m tdshare pack|unpack|info|verify|gc``.
+"""Command line: ``python -m tdshare pack|unpack|info|verify|status|gc``.
 
 ``pack FOLDER ARCHIVE`` packs a saved folder into a ``.tdz`` archive, ``unpack ARCHIVE FOLDER``
 extracts one (checking every CRC), ``info PATH`` prints the keys, dtypes and shapes of a saved
 folder or archive from its metadata alone (nothing is unpickled, no payload is read),
 ``verify PATH`` loads it with every check (sizes, dtypes, paths, and each archive entry's
-CRC-32) and unpickles nothing unless ``--allow-pickle`` is given, ``gc`` removes the runtime
-folders of anonymous tensordicts whose processes are gone.
+CRC-32) and unpickles nothing unless ``--allow-pickle`` is given, ``status PATH`` prints where a
+saved folder's lock and generation counter are and the generation, ``gc`` removes the runtime
+folders of anonymous tensordicts whose processes are gone and the control files of trees that no
+longer exist.
 """
 
 from __future__ import annotations
@@ -99,7 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     verify = commands.add_parser("verify", help="load a saved folder or archive with every check, CRCs included")
     verify.add_argument("path")
     verify.add_argument("--allow-pickle", action="store_true", help="also unpickle pickled values (trusted data only)")
-    commands.add_parser("gc", help="remove the runtime folders of anonymous tensordicts whose processes are gone")
+    commands.add_parser(
+        "gc",
+        help="remove the runtime folders of anonymous tensordicts whose processes are gone, and the control "
+        "files of trees that no longer exist",
+    )
+    status = commands.add_parser("status", help="print where a saved folder's lock and generation counter are")
+    status.add_argument("path", help="a saved folder (or a level in it)")
     args = parser.parse_args(argv)
     try:
         if args.command == "pack":
@@ -109,10 +117,18 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "verify":
             print(_verify(os.path.abspath(args.path), args.allow_pickle))
         elif args.command == "gc":
+            from ._coordination import reap_trees
             from ._runtime import reap
 
             for path in reap():
-                print(path)
+                print(f"removed the runtime store {path}")
+            for path in reap_trees():
+                print(f"removed the control files of {path} (the tree no longer exists)")
+        elif args.command == "status":
+            from ._coordination import SharedRegistry
+
+            for name, value in SharedRegistry.for_path(os.path.abspath(args.path)).describe().items():
+                print(f"{name}: {value}")
         else:
             lines: list[str] = []
             _describe(_reader(os.path.abspath(args.path)), "", "", lines)

@@ -1,59 +1,135 @@
-"""SharedRegistry: the lock and the generation counter of one saved tensordict tree.
+"""SharedRegistry: the lock and the generation counter of one shared tree, and where they live.
 
-Every process that maps a saved folder finds the same two small control files *beside* it (the
-reference ignores them, and an atomic re-save, which swaps the folder itself, keeps them):
+Every process that shares a tree (a saved folder, or an anonymous tensordict's runtime store)
+finds the same two small control files in this user's private runtime folder
+(:func:`runtime_root`), under ``.trees/``, named after the tree's *identity*: the device and
+inode of the folder that holds the tree, and a hash of the tree's name in it.  That identity
+survives an atomic re-save (which swaps the tree folder itself, not its parent), and nothing is
+ever written beside or inside the tree for coordination:
 
-``.<name>.tdshare.lock``
+``<key>.lock``
     A :mod:`filelock` lock that serialises metadata changes (``make_memmap*``, non-tensor
-    writes, re-saves).  Readers never take it.  It is never deleted.
-``.<name>.tdshare.gen``
+    writes, re-saves).  Readers never take it.
+``<key>.gen``
     Two 8-byte little-endian counters, mapped by every process.  The *generation* is bumped after
     each committed metadata change; ``memmap_refresh_()`` reads it first: an unchanged value means
     nothing to do (one memory read), a changed one means "re-read the committed metadata".  The
     *file epoch* is bumped only when existing leaf files were replaced (a re-save): while it is
     unchanged, a refresh keeps every known leaf as it is and maps only the new ones, without a
-    ``stat`` per leaf.
+    ``stat`` per leaf.  A bump wakes every :meth:`SharedRegistry.wait_for_change` (a futex on the
+    generation's low word).
+``<key>.path``
+    The tree's path, for ``python -m tdshare gc`` and :meth:`SharedRegistry.describe`.
 
 Commit order for writers: data files, then each ``meta.json`` replaced whole, then the bump.  A
 reader that sees the new counter therefore finds the new metadata; one that reads the counter
 just before a bump re-reads on its next refresh.  A torn read of the counter can only make a
 reader refresh once more than needed.
 
-When the folder's parent is read-only the control files cannot be created: the registry then
-reports no generation, and a refresh re-reads the metadata every time.
+The runtime folder is per user, so the processes of one user coordinate.  A process that maps a
+tree owned by another user gets no counter (:meth:`SharedRegistry.state` is None) and re-reads
+the metadata at every refresh, which is always correct.  ``gc`` removes the control files of
+trees that no longer exist and that no live process maps.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import mmap
 import os
+import stat
+import tempfile
 import threading
+import time
 import weakref
 from typing import Any, ClassVar
 
 from filelock import FileLock
 
-__all__ = ["SharedRegistry", "control_paths", "remove_control_files", "tree_root", "unchanged_since"]
+from ._errors import MemmapError, MissingMetadataError, NotMemmapError, NotSupportedError
+from ._futex import Futex
 
-_SUFFIX_LOCK = ".tdshare.lock"
-_SUFFIX_GEN = ".tdshare.gen"
+__all__ = [
+    "SharedRegistry",
+    "control_paths",
+    "reap_trees",
+    "remove_control_files",
+    "runtime_root",
+    "tree_root",
+    "unchanged_since",
+]
+
+_TREES = ".trees"  # a dot name: the reaper of anonymous stores passes it over
 _LOCK_KW: dict[str, Any] = (
     {"preserve_lock_file": True} if "preserve_lock_file" in inspect.signature(FileLock.__init__).parameters else {}
 )
 
 
+def runtime_root() -> str:
+    """This user's private runtime folder (created with mode 0700, checked to be ours).
+
+    ``$XDG_RUNTIME_DIR/tdshare-<uid>``, else ``/dev/shm/tdshare-<uid>``, else the temp folder's.
+
+    Raises:
+        MemmapError: the folder exists but is not a private directory of this user.
+    """
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if not base or not os.access(base, os.W_OK):
+        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    root = os.path.join(base, f"tdshare-{os.getuid()}")
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise MemmapError(
+            f"The runtime folder {root!r} is not a private directory owned by this user; remove it and retry."
+        )
+    return root
+
+
+_TREES_DIR: dict[int, str] = {}  # pid -> the folder, checked once per process
+
+
+def _trees_dir() -> str:
+    path = _TREES_DIR.get(os.getpid())
+    if path is None:
+        path = os.path.join(runtime_root(), _TREES)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        _TREES_DIR[os.getpid()] = path
+    return path
+
+
+def _identity(root: str) -> str:
+    """The file-name key of the tree at ``root``: its parent folder's device and inode, its name's hash."""
+    real = os.path.realpath(root)
+    parent, name = os.path.split(real)
+    st = os.stat(parent)
+    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    return f"{st.st_dev:x}-{st.st_ino:x}-{digest}"
+
+
 def control_paths(root: str) -> tuple[str, str]:
-    """The lock file and the counter file of the tree saved at ``root``."""
-    head, name = os.path.split(os.path.abspath(root).rstrip(os.sep))
-    return os.path.join(head, f".{name}{_SUFFIX_LOCK}"), os.path.join(head, f".{name}{_SUFFIX_GEN}")
+    """The lock file and the counter file of the tree at ``root`` (in the runtime folder)."""
+    base = os.path.join(_trees_dir(), _identity(root))
+    return base + ".lock", base + ".gen"
 
 
 def remove_control_files(root: str) -> None:
-    """Remove the lock and counter files of the tree at ``root`` (a tree nobody uses any more)."""
-    for control in control_paths(root):
+    """Remove the control files of the tree at ``root`` (a tree nobody uses any more)."""
+    try:
+        base = os.path.join(_trees_dir(), _identity(root))
+    except FileNotFoundError:
+        return  # its parent folder is gone: gc finds the files by their recorded path
+    _remove_base(base)
+
+
+def _remove_base(base: str) -> None:
+    for suffix in (".gen", ".lock", ".path"):
         try:
-            os.unlink(control)
+            os.unlink(base + suffix)
         except FileNotFoundError:
             pass
 
@@ -81,8 +157,67 @@ def tree_root(directory: str) -> str:
         current = parent
 
 
+def _mapped_paths() -> set[str]:
+    """Every file that a live process of this user maps (from ``/proc/*/maps``)."""
+    found: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                for line in f:
+                    parts = line.split(None, 5)
+                    if len(parts) == 6:
+                        found.add(os.fsdecode(parts[5].rstrip(b"\n")).removesuffix(" (deleted)"))
+        except OSError:
+            continue  # gone, or another user's
+    return found
+
+
+def reap_trees() -> list[str]:
+    """Remove the control files of trees that no longer exist and that no live process maps.
+
+    Returns the paths of the trees whose files were removed.
+    """
+    folder = _trees_dir()
+    mapped = _mapped_paths()
+    removed = []
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".path"):
+            continue
+        base = os.path.join(folder, name[: -len(".path")])
+        try:
+            with open(base + ".path", encoding="utf-8", errors="surrogateescape") as f:
+                tree = f.read()
+        except OSError:
+            continue
+        try:
+            alive = os.path.isdir(tree) and _identity(tree) == os.path.basename(base)
+        except OSError:
+            alive = False
+        if alive or base + ".gen" in mapped:
+            continue
+        _remove_base(base)
+        removed.append(tree)
+    return removed
+
+
 class SharedRegistry:
-    """The lock and generation counter of one saved tree, shared by every process mapping it."""
+    """The lock and the generation counter of one shared tree, the same object for every caller
+    in a process.
+
+    Get it with :meth:`for_path` (a saved folder, or any level in it) or :meth:`for_tensordict`
+    (a memory-mapped tensordict, folder-backed or anonymous).
+
+    >>> import tempfile, torch
+    >>> from tdshare import TensorDict, SharedRegistry
+    >>> td = TensorDict(a=torch.zeros(2), batch_size=[2]).memmap_(tempfile.mkdtemp())
+    >>> reg = SharedRegistry.for_tensordict(td)
+    >>> before = reg.generation
+    >>> _ = td.make_memmap("b", [2])           # a committed change bumps the generation
+    >>> reg.wait_for_change(before, timeout=1.0) == before + 1
+    True
+    """
 
     # weak: a registry (and its mapped counter's descriptor) lives only while something holds it
     _instances: ClassVar[weakref.WeakValueDictionary[str, SharedRegistry]] = weakref.WeakValueDictionary()
@@ -90,11 +225,13 @@ class SharedRegistry:
 
     def __init__(self, root: str) -> None:
         self.root = root
-        self.lock_path, self.gen_path = control_paths(root)
+        self._paths: tuple[str, str] | None = None  # found on first use: loads pay one stat, not more
         self._lock: FileLock | None = None  # made on first use: loads and refreshes never lock
         self._lock_pid = os.getpid()
         self._map: mmap.mmap | None = None
+        self._futex: Futex | None = None
 
+    # -- finding the registry -------------------------------------------------------------------
     @classmethod
     def for_directory(cls, directory: str) -> SharedRegistry:
         """The registry of the tree that holds ``directory`` (one object per tree per process)."""
@@ -106,22 +243,84 @@ class SharedRegistry:
                 cls._instances[root] = reg
             return reg
 
+    @classmethod
+    def for_path(cls, prefix: str | os.PathLike) -> SharedRegistry:
+        """The registry of the saved tree at ``prefix`` (or of the tree a nested level belongs to).
+
+        Raises:
+            MissingMetadataError: ``prefix`` holds no saved tensordict.
+        """
+        path = os.path.abspath(os.fspath(prefix))
+        if not os.path.isfile(os.path.join(path, "meta.json")):
+            raise MissingMetadataError(
+                f"No saved tensordict in {path!r}: meta.json is missing. Save one there first (td.memmap_(prefix))."
+            )
+        return cls.for_directory(path)
+
+    @classmethod
+    def for_tensordict(cls, td: Any) -> SharedRegistry:
+        """The registry of a memory-mapped tensordict: its folder's tree, or its anonymous store.
+
+        Raises:
+            NotMemmapError: ``td`` is not memory-mapped (``memmap_()`` it first).
+        """
+        prefix = getattr(td, "_memmap_prefix", None)
+        anon = getattr(td, "_anon_store", None)
+        if getattr(td, "_is_memmap", False) and prefix is not None:
+            return cls.for_directory(prefix)
+        if getattr(td, "_is_memmap", False) and anon is not None:
+            return cls.for_directory(anon[0])
+        raise NotMemmapError(
+            "This tensordict is not memory-mapped, so no other process shares it: call memmap_() first."
+        )
+
+    # -- the control files ----------------------------------------------------------------------
+    def _control_paths(self) -> tuple[str, str]:
+        if self._paths is None:
+            self._paths = control_paths(self.root)
+        return self._paths
+
+    @property
+    def lock_path(self) -> str:
+        """The lock file (in the runtime folder)."""
+        return self._control_paths()[0]
+
+    @property
+    def gen_path(self) -> str:
+        """The counter file (in the runtime folder)."""
+        return self._control_paths()[1]
+
+    def _ours(self) -> bool:
+        """Whether this user owns the tree (another user's writes would never bump our counter)."""
+        try:
+            owner = os.stat(self.root).st_uid
+        except FileNotFoundError:
+            return True  # an anonymous store not created yet, or a tree being created
+        return owner == os.geteuid()
+
     def _counter(self, create: bool) -> mmap.mmap | None:
         if self._map is None:
+            if not self._ours():
+                return None
             try:
-                fd = os.open(self.gen_path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDWR, 0o666)
+                gen_path = self.gen_path
+                fd = os.open(gen_path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDWR, 0o600)
             except OSError:
-                return None  # read-only location, or not created yet
+                return None  # not created yet
             try:
                 if os.fstat(fd).st_size < 16:
                     os.ftruncate(fd, 16)  # zero-extends: safe if two processes race to create it
+                    with open(gen_path[: -len(".gen")] + ".path", "w", encoding="utf-8", errors="surrogateescape") as f:
+                        f.write(os.path.realpath(self.root))
                 self._map = mmap.mmap(fd, 16)
+                self._futex = Futex(self._map, 0)
             except OSError:
                 return None
             finally:
                 os.close(fd)
         return self._map
 
+    # -- reading and waiting --------------------------------------------------------------------
     def state(self, create: bool = False) -> tuple[int, int] | None:
         """(generation, file epoch), or None when the counters do not exist (yet) or cannot be read.
 
@@ -134,18 +333,71 @@ class SharedRegistry:
         raw = m[:16]
         return int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
 
+    @property
+    def generation(self) -> int:
+        """The number of metadata changes committed to the tree so far (0 before the first).
+
+        For a tree owned by another user (no counter here) it is always 0.
+        """
+        state = self.state(create=True)
+        return 0 if state is None else state[0]
+
+    def wait_for_change(self, since: int | None = None, timeout: float | None = None) -> int:
+        """Block until a process commits a change after generation ``since`` (default: now).
+
+        Returns the new generation, or ``since`` when ``timeout`` seconds passed first.  The
+        wait sleeps in the kernel (a futex on the counter) and wakes within microseconds of the
+        commit; where futexes are not available it polls every millisecond at most.
+
+        Raises:
+            NotSupportedError: the tree has no counter here (owned by another user).
+        """
+        if self._counter(create=True) is None or self._futex is None:
+            raise NotSupportedError(
+                f"The tree {self.root!r} belongs to another user, so this process has no generation counter to "
+                "wait on: poll with memmap_refresh_() instead."
+            )
+        current = self.generation
+        since = current if since is None else since
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while current == since:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self._futex.wait(since, left)
+            current = self.generation
+        return current
+
+    def describe(self) -> dict[str, Any]:
+        """Where the tree's control files are and what they hold (for ``python -m tdshare status``)."""
+        state = self.state()
+        return {
+            "tree": self.root,
+            "lock": self.lock_path,
+            "counter": self.gen_path,
+            "generation": None if state is None else state[0],
+            "file_epoch": None if state is None else state[1],
+            "owned": self._ours(),
+        }
+
+    # -- writing --------------------------------------------------------------------------------
     def lock(self) -> FileLock:
-        """The inter-process lock for metadata changes (a context manager, reentrant)."""
+        """The inter-process lock for metadata changes (a context manager, reentrant).
+
+        It survives ``fork`` (a child never inherits a held lock: it makes its own), threads, and
+        the death of its holder (the kernel releases a dead process's ``flock``).
+        """
         if self._lock is None or self._lock_pid != os.getpid():  # a forked child never reuses the parent's
-            self._lock = FileLock(self.lock_path, **_LOCK_KW)
+            self._lock = FileLock(self.lock_path, mode=0o600, **_LOCK_KW)
             self._lock_pid = os.getpid()
         return self._lock
 
     def bump(self, files_replaced: bool = False) -> tuple[int, int] | None:
-        """Advance the generation after a commit (call with the lock held).
+        """Advance the generation after a commit (writers call it with the lock held).
 
         ``files_replaced``: existing leaf files got new content (a re-save), so readers must
-        check every leaf, not only the new ones.  The epoch is written before the generation.
+        check every leaf, not only the new ones.  The epoch is written before the generation,
+        then every waiter is woken.
         """
         m = self._counter(create=True)
         if m is None:
@@ -155,6 +407,8 @@ class SharedRegistry:
             m[8:16] = epoch.to_bytes(8, "little")
         value = (int.from_bytes(m[:8], "little") + 1) & 0xFFFFFFFFFFFFFFFF
         m[:8] = value.to_bytes(8, "little")
+        if self._futex is not None:
+            self._futex.wake()
         return self.state()
 
 

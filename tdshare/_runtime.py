@@ -27,15 +27,13 @@ import json
 import os
 import secrets
 import shutil
-import stat
-import tempfile
 import time
 from typing import Any
 
 import psutil
 
-from ._coordination import remove_control_files
-from ._errors import CorruptDataError, MemmapError
+from ._coordination import remove_control_files, runtime_root
+from ._errors import CorruptDataError
 from ._files import replace_file
 
 __all__ = [
@@ -50,24 +48,6 @@ __all__ = [
 
 _USERS = "users"
 _MANIFEST = "manifest.json"
-
-
-def runtime_root() -> str:
-    """This user's private runtime folder (created with mode 0700, checked to be ours)."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    if not base or not os.access(base, os.W_OK):
-        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-    root = os.path.join(base, f"tdshare-{os.getuid()}")
-    try:
-        os.mkdir(root, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(root)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise MemmapError(
-            f"The runtime folder {root!r} is not a private directory owned by this user; remove it and retry."
-        )
-    return root
 
 
 def new_store_path() -> str:

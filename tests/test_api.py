@@ -32,6 +32,7 @@ PUBLIC = [
     "NotMemmapError",
     "NotSupportedError",
     "PickleRefusedError",
+    "SharedRegistry",
     "TdshareError",
     "TensorDict",
     "TensorDictFuture",

@@ -29,6 +29,7 @@ LAYERS: dict[str, list[str]] = {
     "storage": [
         "_files",
         "_segments",
+        "_futex",
         "_memmap",
         "_leaf_files",
         "_leaf_handle",

@@ -16,6 +16,8 @@ import os
 import pickle
 import queue
 import signal
+import subprocess
+import sys
 import time
 import traceback
 import warnings
@@ -623,10 +625,18 @@ def test_refresh_of_a_tensordict_that_is_not_memory_mapped_raises(tmp_path: Path
 
 
 # -- share_non_tensor=True ----------------------------------------------------------------------
-def _shared(folder: Path) -> TensorDict:
+BACKENDS = ["folder", "anonymous"]
+
+
+def _shared(folder: Path | None) -> TensorDict:
+    """Shared non-tensor values in ``folder``, or in anonymous memory (the runtime store) for None."""
     return TensorDict(a=torch.zeros(4), s="short", j=NonTensorData({"k": [1, 2]}), o={1, 2}, batch_size=[4]).memmap_(
         folder, share_non_tensor=True
     )
+
+
+def _shared_on(backend: str, tmp_path: Path) -> TensorDict:
+    return _shared(tmp_path / "td" if backend == "folder" else None)
 
 
 NESTED_JSON = {"n": {"m": [1, [2, 3.5]], "z": None, "t": True}, "list": [{"a": "b"}]}
@@ -643,9 +653,9 @@ def _check_shared_round_trip(td: TensorDict, read: Callable[[], dict[str, Any]],
     assert td["s"] == "from the other process"
 
 
-@pytest.mark.parametrize("how", ["queue", "pickle"])
-def test_shared_non_tensor_through_a_queue_or_pickle(peer: Peer, how: str, tmp_path: Path) -> None:
-    td = _shared(tmp_path / "td")
+@pytest.mark.parametrize(("backend", "how"), [("folder", "queue"), ("folder", "pickle"), ("anonymous", "queue")])
+def test_shared_non_tensor_through_a_queue_or_pickle(peer: Peer, backend: str, how: str, tmp_path: Path) -> None:
+    td = _shared_on(backend, tmp_path)
     if how == "queue":
         peer.call(_p_take, "td", td)
     else:
@@ -653,7 +663,8 @@ def test_shared_non_tensor_through_a_queue_or_pickle(peer: Peer, how: str, tmp_p
     _check_shared_round_trip(
         td, lambda: peer.call(_p_nontensor, "td"), lambda key, value: peer.call(_p_set_, "td", key, value)
     )
-    assert TensorDict.load(tmp_path / "td", allow_pickle=True)["o"] == {3, 4}  # on disk as well
+    if backend == "folder":
+        assert TensorDict.load(tmp_path / "td", allow_pickle=True)["o"] == {3, 4}  # on disk as well
 
 
 def test_shared_non_tensor_stays_shared_across_refreshes(peer: Peer, tmp_path: Path) -> None:
@@ -685,10 +696,11 @@ def _shared_child(td: TensorDict, replies: Any, wrote: Any, child_wrote: Any) ->
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method", METHODS)
-def test_shared_non_tensor_as_process_arguments(method: str, tmp_path: Path) -> None:
+def test_shared_non_tensor_as_process_arguments(method: str, backend: str, tmp_path: Path) -> None:
     ctx = _ctx(method)
-    td = _shared(tmp_path / "td")
+    td = _shared_on(backend, tmp_path)
     replies, wrote, child_wrote = ctx.Queue(), ctx.Event(), ctx.Event()
     proc = ctx.Process(target=_shared_child, args=(td, replies, wrote, child_wrote), daemon=True)
     proc.start()
@@ -920,15 +932,17 @@ def test_sigkill_mid_commit_leaves_a_loadable_folder_and_a_free_lock(method: str
     assert TensorDict.load(folder)["new", "k"].tolist() == [0.0] * 4
 
 
-def test_control_files_sit_beside_the_folder(tmp_path: Path) -> None:
+def test_control_files_live_in_the_runtime_folder(tmp_path: Path) -> None:
     folder = tmp_path / "td"
     td = _base().memmap_(folder)
     lock_path, gen_path = control_paths(str(folder))
-    assert os.path.dirname(lock_path) == os.path.dirname(gen_path) == str(tmp_path)
+    runtime = os.path.dirname(lock_path)
+    assert os.path.dirname(gen_path) == runtime and not runtime.startswith(str(tmp_path))
+    assert os.path.basename(os.path.dirname(runtime)).startswith("tdshare-")
     # a plain save coordinates with nobody: no control files until someone refreshes or adds
-    assert sorted(os.listdir(tmp_path)) == ["td"]
+    assert sorted(os.listdir(tmp_path)) == ["td"] and not os.path.exists(gen_path)
     TensorDict.load(folder)
-    assert sorted(os.listdir(tmp_path)) == ["td"]
+    assert not os.path.exists(gen_path)
     td.memmap_refresh_()
     assert os.path.getsize(gen_path) == 16
     registry = SharedRegistry.for_directory(str(folder))
@@ -940,3 +954,33 @@ def test_control_files_sit_beside_the_folder(tmp_path: Path) -> None:
     assert registry.state() == (gen + 1, epoch)  # a new entry replaces no file
     _base().memmap(folder, atomic=True)
     assert registry.state() == (gen + 2, epoch + 1)  # a re-save does
+    assert control_paths(str(folder)) == (lock_path, gen_path)  # the swapped folder: the same files
+    assert sorted(os.listdir(tmp_path)) == ["td"]  # nothing was ever written beside the folder
+
+
+def test_anonymous_shared_values_live_in_the_runtime_store() -> None:
+    td = _shared(None)
+    store = td._anon_store[0]
+    assert os.path.isdir(os.path.join(store, "values", "s")) and "data" in _meta(Path(store) / "values" / "s")
+    td.set_("s", BIG)
+    assert _meta(Path(store) / "values" / "s")["data"] == BIG
+    td["a"][0] = 5.0
+    assert isinstance(td["a"], MemoryMappedTensor) and td["a"]._segment is not None  # leaves stay in the segment
+    other = TensorDict(a=torch.zeros(4), s="x", batch_size=[4]).memmap_(share_non_tensor=True)
+    assert other._anon_store[0] != store  # one store per tree
+    td.make_memmap("added", (4,))  # entries published through the same store
+    assert td["s"] == BIG
+
+
+@pytest.mark.timeout(120)
+def test_anonymous_store_is_removed_with_its_last_user() -> None:
+    code = (
+        "import os, torch\n"
+        "from tdshare import TensorDict\n"
+        "td = TensorDict(a=torch.zeros(2), s='v', batch_size=[2]).memmap_(share_non_tensor=True)\n"
+        "print(td._anon_store[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT)
+    assert out.returncode == 0, out.stderr
+    store = out.stdout.strip()
+    assert store and not os.path.exists(store)  # a clean exit of its only user removes it
