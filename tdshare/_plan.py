@@ -68,6 +68,7 @@ class PlannedValue:
     path: str | None
     meta: bytes = b""
     pickled: bytes | None = None
+    store: str | None = None  # the runtime store of an anonymous tree sharing the value (path is in it)
 
 
 @dataclass

@@ -20,18 +20,28 @@ from ._errors import CorruptDataError, PickleRefusedError
 from ._format import META_FILE, PICKLE_FILE, loads_json
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor, write_nontensor
+from ._runtime import register_user
 
 __all__ = ["SharedNonTensorData"]
 
 
 class SharedNonTensorData(NonTensorData):
-    """A non-tensor leaf whose value is read from, and written to, its folder on every change."""
+    """A non-tensor leaf whose value is read from, and written to, its folder on every change.
 
-    __slots__ = ("_allow_pickle", "_folder", "_registry", "_state", "_value")
+    ``folder`` holds the value (``meta.json``, and ``other.pickle`` when JSON cannot hold it).
+    ``store``: the runtime store of an anonymous tree whose value this is (its registry
+    coordinates the writes, and every process that holds the value keeps the store alive); None
+    for a value inside a saved folder, coordinated by that folder's tree.
+    """
 
-    def __init__(self, value: Any, folder: str, allow_pickle: bool | None = None) -> None:
+    __slots__ = ("_allow_pickle", "_folder", "_registry", "_state", "_store", "_value")
+
+    def __init__(self, value: Any, folder: str, allow_pickle: bool | None = None, store: str | None = None) -> None:
         self._folder = folder
-        self._registry = SharedRegistry.for_directory(folder)
+        self._store = store
+        if store is not None:
+            register_user(store)  # the store lives as long as a process that reads through it
+        self._registry = SharedRegistry.for_directory(folder if store is None else store)
         self._allow_pickle = allow_pickle
         self._state = self._registry.state()
         self._value = value
@@ -80,10 +90,10 @@ class SharedNonTensorData(NonTensorData):
         return f"SharedNonTensorData(data={self.data!r}, folder={self._folder!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self._value, self._folder, self._allow_pickle))
+        return (_rebuild, (self._value, self._folder, self._allow_pickle, self._store))
 
 
-def _rebuild(value: Any, folder: str, allow_pickle: bool | None) -> SharedNonTensorData:
-    out = SharedNonTensorData(value, folder, allow_pickle)
+def _rebuild(value: Any, folder: str, allow_pickle: bool | None, store: str | None = None) -> SharedNonTensorData:
+    out = SharedNonTensorData(value, folder, allow_pickle, store)
     out._state = None  # unknown: read the committed value at first use
     return out

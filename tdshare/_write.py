@@ -23,17 +23,18 @@ import torch
 
 from ._atomic import atomic_directory
 from ._coordination import SharedRegistry, unchanged_since
-from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
+from ._errors import InvalidArgumentError, MemmapError
 from ._files import check_not_symlink, replace_file
 from ._format import META_FILE, WRAPPED_DIR, dumps_level, level_meta
 from ._future import TensorDictFuture
+from ._keys import encode_key
 from ._leaf_files import Listing, write_batch, write_leaf
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
-from ._nontensor_files import replace_if_changed, write_nontensor
+from ._nontensor_files import encode_nontensor, replace_if_changed, write_nontensor
 from ._options import SaveOptions
 from ._plan import PlannedLeaf, PlannedLevel, TreeWriter, plan_tree
-from ._runtime import new_store_path
+from ._runtime import ensure_store, new_store_path
 from ._segments import Segment, align
 from ._shared_nontensor import SharedNonTensorData
 from ._tensordict_base import TensorDictBase, is_collection
@@ -181,7 +182,9 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
         assert leaf.result is not None
         values[leaf.key] = leaf.result
     for nt in level.nontensors:
-        if share and final_path is not None and nt.path is not None:
+        if share and nt.store is not None and nt.path is not None:  # an anonymous tree's, in its store
+            values[nt.key] = SharedNonTensorData(nt.value.data, nt.path, allow_pickle=True, store=nt.store)
+        elif share and final_path is not None and nt.path is not None:
             # the writer made these files, so it may read its own pickles back
             folder = os.path.join(final_path, os.path.basename(nt.path))
             values[nt.key] = SharedNonTensorData(nt.value.data, folder, allow_pickle=True)
@@ -267,21 +270,43 @@ class AnonymousWriter(TreeWriter):
     name = "anonymous memory"
     unsupported: ClassVar[dict[str, tuple[type[Exception], str]]] = {
         "atomic": (InvalidArgumentError, "atomic=True needs a prefix to write the directory to."),
-        "share_non_tensor": (
-            NotSupportedError,
-            "share_non_tensor=True needs a folder in this version of tdshare (its store is the folder): "
-            "memory-map to a prefix, or keep share_non_tensor=False for anonymous memory.",
-        ),
     }
 
     def save(self, td: T, opts: SaveOptions, *, inplace: bool) -> T:
+        """Write every new leaf into one segment; with ``share_non_tensor``, every non-tensor value
+        into the tree's runtime store (``values/<key path>/``), shared by every process."""
         root = plan_tree(td, None, opts.robust_key, opts.copy_existing, opts.existsok)
+        store = td._anon_store[0] if inplace and td._anon_store is not None else new_store_path()
+        if opts.share_non_tensor:
+            root.share = True
+            ensure_store(store)
+            registry = SharedRegistry.for_directory(store)
+            with registry.lock():
+                if _write_shared_values(root, store, os.path.join(store, _VALUES)):
+                    registry.bump()  # other processes holding the values read them again
         _write_anonymous(root)
         dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
         _install(root, dest, None)
-        store = td._anon_store[0] if inplace and td._anon_store is not None else new_store_path()
         _assign_store(dest, store, ())
         return dest
+
+
+_VALUES = "values"  # the folder of an anonymous tree's shared non-tensor values, in its runtime store
+
+
+def _write_shared_values(level: PlannedLevel, store: str, folder: str) -> bool:
+    """Write the non-tensor values of an anonymous tree into its store, one folder per key path;
+    return whether any file changed (the caller holds the store's lock)."""
+    changed = False
+    for nt in level.nontensors:
+        nt.path, nt.store = os.path.join(folder, encode_key(nt.key)), store
+        nt.meta, nt.pickled = encode_nontensor(nt.value.data, f"key {nt.key!r}")
+        changed = write_nontensor(nt.path, nt.meta, nt.pickled) or changed
+    for key, child in level.children:
+        changed = _write_shared_values(child, store, os.path.join(folder, encode_key(key))) or changed
+    for w in level.wrapped:
+        changed = _write_shared_values(w.inner, store, os.path.join(folder, encode_key(w.key), WRAPPED_DIR)) or changed
+    return changed
 
 
 class FolderWriter(TreeWriter):

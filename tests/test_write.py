@@ -910,11 +910,11 @@ def test_field_named_keys_are_refused(tmp_path: Path, key: str, where: str) -> N
     assert not (tmp_path / "td").exists()
 
 
-def test_share_non_tensor_needs_a_folder() -> None:
+def test_share_non_tensor_in_anonymous_memory() -> None:
     td = _make()
-    with pytest.raises(NotImplementedError, match="share_non_tensor"):
-        td.memmap_(share_non_tensor=True)
-    assert not td.is_memmap() and not isinstance(td["a"], MemoryMappedTensor)
+    td.memmap_(share_non_tensor=True)
+    assert td.is_memmap() and isinstance(td["a"], MemoryMappedTensor) and td["a"]._segment is not None
+    assert td._anon_store is not None and os.path.isdir(os.path.join(td._anon_store[0], "values"))
 
 
 # -- data round trips -----------------------------------------------------------------------------
