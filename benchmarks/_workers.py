@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import torch
 
-__all__ = ["loader_worker", "noop", "read_one"]
+__all__ = ["loader_worker", "noop", "pipe_waiter", "read_one", "registry_waiter"]
 
 
 def noop(conn: Connection) -> None:
@@ -111,4 +111,24 @@ def loader_worker(payload: Any, raw: bool, batch: int, seed: int, conn: Connecti
             conn.send(_memory())
         else:
             break
+    conn.close()
+
+
+def registry_waiter(module: Any, folder: str, rounds: int, conn: Connection) -> None:
+    """Wake-up latency: wait for each commit to the tree at ``folder``, reply with the wake time."""
+    registry = module.SharedRegistry.for_path(folder)
+    seen = registry.generation
+    conn.send(seen)
+    for _ in range(rounds):
+        seen = registry.wait_for_change(seen, timeout=30.0)
+        conn.send(time.perf_counter())
+    conn.close()
+
+
+def pipe_waiter(wake: int, rounds: int, conn: Connection) -> None:
+    """The raw limit: block in read() on a pipe, reply with the wake time."""
+    conn.send(0)
+    for _ in range(rounds):
+        os.read(wake, 1)
+        conn.send(time.perf_counter())
     conn.close()

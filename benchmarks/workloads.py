@@ -325,11 +325,67 @@ def refresh(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]
             limit_name=f"stat + parse {n:,}-entry JSON + map 1 file",
         )
     )
+    rows.append(_wakeup_row(cfg, backends, scratch))
     for _, _, folder in state.values():
         scratch.remove(folder)
     state.clear()
     scratch.remove(raw)
     return rows
+
+
+def _wakeup_row(cfg: Config, backends: list[Backend], scratch: Scratch) -> Row:
+    """How long after a commit a process blocked in ``SharedRegistry.wait_for_change`` wakes up.
+
+    tensordict has no way to wait for another process's commit (a reader polls
+    ``memmap_refresh_``); the limit is a process blocked in ``read()`` on a pipe.
+    """
+    log("  refresh: wake-up of a process waiting for a commit")
+    rounds = cfg.reps + cfg.warmup
+    ctx = mp.get_context("fork")
+    cells: dict[str, Cell] = {}
+    for b in backends:
+        if not hasattr(b.module, "SharedRegistry"):
+            cells[b.name] = Cell(error="n/a")
+            continue
+        folder = scratch.fresh(f"wake-{b.name}")
+        b.TensorDict({"a": torch.zeros(2)}, batch_size=[2]).memmap_(folder)
+        registry = b.module.SharedRegistry.for_path(folder)
+        here, there = ctx.Pipe()
+        proc = ctx.Process(target=_workers.registry_waiter, args=(b.module, folder, rounds, there))
+        proc.start()
+        here.recv()
+        values = []
+        for _ in range(rounds):
+            time.sleep(0.02)  # let the waiter block in the kernel again
+            with registry.lock():
+                t0 = time.perf_counter()
+                registry.bump()
+            values.append(here.recv() - t0)
+        proc.join(30)
+        cells[b.name] = Cell(values=values[cfg.warmup :])
+        scratch.remove(folder)
+    r, w = os.pipe()
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_workers.pipe_waiter, args=(r, rounds, there))
+    proc.start()
+    here.recv()
+    values = []
+    for _ in range(rounds):
+        time.sleep(0.02)
+        t0 = time.perf_counter()
+        os.write(w, b"x")
+        values.append(here.recv() - t0)
+    proc.join(30)
+    os.close(r)
+    os.close(w)
+    cells[LIMIT] = Cell(values=values[cfg.warmup :])
+    return Row(
+        "refresh",
+        "wait_for_change: wake-up after a commit in another process",
+        "time",
+        cells,
+        limit_name="wake from read() on a pipe",
+    )
 
 
 # -- make_memmap* -------------------------------------------------------------------------------
