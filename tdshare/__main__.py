@@ -13,14 +13,18 @@ longer exist.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 
 from ._archive import pack_memmap, unpack_memmap
+from ._atomic import STAGING_PREFIX
 from ._crc import crc32_threaded
-from ._errors import CorruptDataError, TdshareError
+from ._errors import CorruptDataError, FileExistsRuntimeError, TdshareError
 from ._format import META_FILE, VALUE, VALUE_STACK, layout_of, loads_json
 from ._keys import encode_key
 from ._tdz import Archive
@@ -85,21 +89,31 @@ def _verify(path: str, allow_pickle: bool) -> str:
     return f"ok: {path} ({leaves} leaves{crcs}; batch size {list(td.batch_size)})"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tdshare", description="tdshare command line.")
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tdshare")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="tdshare command line.")
+    parser.add_argument("--version", action="version", version=f"tdshare {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     pack = commands.add_parser("pack", help="pack a saved folder into a .tdz archive")
-    pack.add_argument("folder")
-    pack.add_argument("archive")
+    pack.add_argument("folder", help="the saved folder (it holds a meta.json)")
+    pack.add_argument("archive", help="the archive file to write (refused if it exists, unless --force)")
     pack.add_argument("--compression", default=None, help="stored (default), deflate, bzip2 or lzma")
     pack.add_argument("--level", type=int, default=None, help="compression level")
+    pack.add_argument("--force", action="store_true", help="replace an existing archive")
     unpack = commands.add_parser("unpack", help="extract a .tdz archive into a folder")
-    unpack.add_argument("archive")
-    unpack.add_argument("folder")
+    unpack.add_argument("archive", help="the .tdz archive to extract")
+    unpack.add_argument("folder", help="the folder to extract into (refused if it holds files, unless --force)")
+    unpack.add_argument("--force", action="store_true", help="replace an existing folder whole")
     info = commands.add_parser("info", help="print the keys, dtypes and shapes of a saved folder or archive")
-    info.add_argument("path")
+    info.add_argument("path", help="a saved folder or .tdz archive (only its metadata is read)")
     verify = commands.add_parser("verify", help="load a saved folder or archive with every check, CRCs included")
-    verify.add_argument("path")
+    verify.add_argument("path", help="a saved folder or .tdz archive")
     verify.add_argument("--allow-pickle", action="store_true", help="also unpickle pickled values (trusted data only)")
     commands.add_parser(
         "gc",
@@ -108,33 +122,68 @@ def main(argv: list[str] | None = None) -> int:
     )
     status = commands.add_parser("status", help="print where a saved folder's lock and generation counter are")
     status.add_argument("path", help="a saved folder (or a level in it)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _unpack(archive: str, folder: str, force: bool) -> str:
+    """Extract ``archive`` into ``folder``; with ``force`` an existing folder is replaced whole."""
+    target = os.path.abspath(folder)
+    if os.path.lexists(target) and not (os.path.isdir(target) and not os.listdir(target)):
+        if not force:
+            raise FileExistsRuntimeError(f"{target!r} already exists and is not empty: pass --force to replace it.")
+        work = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=os.path.dirname(target))
+        try:
+            unpack_memmap(archive, os.path.join(work, "new"))  # the old folder stays until this succeeds
+            os.rename(target, os.path.join(work, "old"))
+            os.rename(os.path.join(work, "new"), target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return target
+    return unpack_memmap(archive, target)
+
+
+def _command_line_words(message: str) -> str:
+    """A library message in the words of the command line (its arguments are flags here)."""
+    return message.replace("allow_pickle=True", "--allow-pickle")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit status.
+
+    >>> main(["gc"])  # doctest: +SKIP
+    nothing to clean
+    0
+    """
+    prog = "tdshare" if os.path.basename(sys.argv[0]) == "tdshare" else "python -m tdshare"
+    args = _parser(prog).parse_args(argv)
     try:
         if args.command == "pack":
+            if os.path.lexists(args.archive) and not args.force:
+                where = os.path.abspath(args.archive)
+                raise FileExistsRuntimeError(f"{where!r} already exists: pass --force to replace it.")
             print(pack_memmap(args.folder, args.archive, compression=args.compression, compresslevel=args.level))
         elif args.command == "unpack":
-            print(unpack_memmap(args.archive, args.folder))
+            print(_unpack(args.archive, args.folder, args.force))
         elif args.command == "verify":
             print(_verify(os.path.abspath(args.path), args.allow_pickle))
         elif args.command == "gc":
             from ._coordination import reap_trees
             from ._runtime import reap
 
-            for path in reap():
-                print(f"removed the runtime store {path}")
-            for path in reap_trees():
-                print(f"removed the control files of {path} (the tree no longer exists)")
+            lines = [f"removed the runtime store {path}" for path in reap()]
+            lines += [f"removed the control files of {path} (the tree no longer exists)" for path in reap_trees()]
+            print("\n".join(lines) if lines else "nothing to clean")
         elif args.command == "status":
             from ._coordination import SharedRegistry
 
             for name, value in SharedRegistry.for_path(os.path.abspath(args.path)).describe().items():
                 print(f"{name}: {value}")
         else:
-            lines: list[str] = []
+            lines = []
             _describe(_reader(os.path.abspath(args.path)), "", "", lines)
             print("\n".join(lines))
     except (TdshareError, OSError, json.JSONDecodeError) as err:
-        print(f"python -m tdshare {args.command}: error: {err}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {_command_line_words(str(err))}", file=sys.stderr)
         return 1
     return 0
 

@@ -20,6 +20,7 @@ __all__ = [
     "CorruptDataError",
     "UnsupportedFormatError",
     "InvalidArgumentError",
+    "NotAFolderError",
     "AtomicTargetError",
     "NotSupportedError",
     "KeyTypeError",
@@ -73,7 +74,11 @@ class InvalidArgumentError(TdshareError, ValueError):
     """An argument with a value outside what the function accepts."""
 
 
-class AtomicTargetError(TdshareError, NotADirectoryError):
+class NotAFolderError(TdshareError, NotADirectoryError, FileExistsError):
+    """A prefix that exists and is not a folder, where a folder is written."""
+
+
+class AtomicTargetError(NotAFolderError):
     """``atomic=True`` was asked to replace something that is not a directory."""
 
 

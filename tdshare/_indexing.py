@@ -3,6 +3,7 @@ dimensions, and the names and sizes they produce (pure functions of shapes and i
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -69,15 +70,35 @@ def index_names(names: list | None, idx: tuple, ndim: int) -> list | None:
     return out
 
 
-def as_size(value: Any) -> torch.Size:
+def as_size(value: Any, name: str = "batch_size") -> torch.Size:
+    """``value`` (None, an int, or a sequence of ints) as a ``torch.Size``.
+
+    Raises:
+        InvalidArgumentError: a string, a bool, a float or another non-integer (a ``ValueError``,
+            as the reference raises for strings), or a negative dimension.
+    """
     if value is None:
         return torch.Size([])
-    if isinstance(value, int):
-        return torch.Size([value])
+    if isinstance(value, (str, bytes)):
+        raise InvalidArgumentError(
+            f"{name} must be an int or a sequence of ints (for example [3] or [3, 4]), got the string {value!r}."
+        )
+    items = [value] if isinstance(value, int) or (isinstance(value, torch.Tensor) and value.ndim == 0) else value
     try:
-        return torch.Size([int(v) for v in value])
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"batch_size must be a sequence of integers, got {value!r}.") from None
+        dims = [_dim(v) for v in items]
+    except TypeError:
+        raise InvalidArgumentError(
+            f"{name} must be an int or a sequence of ints (for example [3] or [3, 4]), got {value!r}."
+        ) from None
+    if any(d < 0 for d in dims):
+        raise InvalidArgumentError(f"{name} must not have negative dimensions, got {dims}.")
+    return torch.Size(dims)
+
+
+def _dim(v: Any) -> int:
+    if isinstance(v, bool):
+        raise TypeError("a bool is not a dimension")
+    return operator.index(v)
 
 
 def check_dim(dim: int, ndim: int) -> int:

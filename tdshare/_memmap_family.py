@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import torch
 
@@ -55,6 +55,34 @@ class MemmapFamily(TensorDictBase):
     """
 
     # -- memory-mapping -----------------------------------------------------------------------
+    @overload
+    def memmap_(
+        self: T,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: Literal[False] = False,
+        share_non_tensor: bool = False,
+        existsok: bool = True,
+        robust_key: bool | None = True,
+        atomic: bool = False,
+    ) -> T: ...
+
+    @overload
+    def memmap_(
+        self: T,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: bool,
+        share_non_tensor: bool = False,
+        existsok: bool = True,
+        robust_key: bool | None = True,
+        atomic: bool = False,
+    ) -> T | TensorDictFuture[T]: ...
+
     def memmap_(
         self: T,
         prefix: PathLike | None = None,
@@ -67,12 +95,48 @@ class MemmapFamily(TensorDictBase):
         robust_key: bool | None = True,
         atomic: bool = False,
     ) -> T | TensorDictFuture[T]:
-        """Write every leaf to a memory-mapped file (or anonymous shared memory) in place; lock.
+        """Write every leaf to a memory-mapped file in place, lock the tensordict, and return it.
 
-        ``prefix=None`` writes into the tensordict's own directory if it has one, otherwise into
-        anonymous shared memory that the kernel frees with the last process using it.  Leaves
-        become :class:`MemoryMappedTensor`, the device becomes cpu, and ``is_memmap()`` is True
-        until ``unlock_()``.  Every argument is the reference's; see the README.
+        Each leaf becomes a :class:`MemoryMappedTensor` (its ``data_ptr()`` changes), the device
+        becomes cpu, and the tensordict is locked: in-place writes work, adding, removing or
+        replacing an entry does not (except through ``make_memmap*``).  ``is_memmap()`` is True
+        until ``unlock_()``.
+
+        Args:
+            prefix: the folder to write. None (the default) writes into the tensordict's own
+                folder if it is memory-mapped there, else into anonymous shared memory, which has
+                no file name and is freed with the last process using it.
+            copy_existing: False (the default) refuses a leaf already memory-mapped to a file at
+                another path; True copies it.
+            num_threads: threads that write the files (0 and 1: the calling thread).
+            return_early: with ``num_threads > 1``, return a :class:`TensorDictFuture` at once.
+            share_non_tensor: non-tensor values written in place in one process are seen by the
+                others at their next read.
+            existsok: False refuses a file that exists at a leaf's path (its own file included);
+                True (the default) overwrites it.
+            robust_key: True (the default; None too) percent-encodes keys in file names; False
+                uses keys as file names unchanged (the legacy layout).
+            atomic: write next to ``prefix`` and rename into place, so a crash leaves the old
+                folder.
+
+        Returns:
+            ``self``, or a :class:`TensorDictFuture` of it for ``return_early=True`` with
+            ``num_threads > 1``.
+
+        Raises:
+            RuntimeError: a leaf mapped elsewhere with ``copy_existing=False``, an existing file
+                with ``existsok=False``, a tensordict in shared memory; with ``atomic=True`` a
+                non-empty folder and ``existsok=False``, or a folder with no saved tensordict.
+            NotADirectoryError: ``prefix`` is a file.
+            ValueError: a key that cannot be saved; ``atomic=True`` with nowhere to write.
+            NotImplementedError: ``return_early=True`` with ``atomic=True``.
+            TypeError: an argument of the wrong type (named in the message).
+
+        >>> import tempfile, torch
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(obs=torch.zeros(3, 4), batch_size=[3])
+        >>> td.memmap_(tempfile.mkdtemp()) is td, td.is_memmap(), td.is_locked
+        (True, True, True)
         """
         opts = SaveOptions.of(
             prefix,
@@ -86,6 +150,38 @@ class MemmapFamily(TensorDictBase):
             archive=False,
         )
         return save_tree(self, prefix, opts, inplace=True)
+
+    @overload
+    def memmap(
+        self: T,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: Literal[False] = False,
+        share_non_tensor: bool = False,
+        existsok: bool = True,
+        robust_key: bool | None = True,
+        archive: bool | None = None,
+        compression: str | int | None = None,
+        atomic: bool = False,
+    ) -> T: ...
+
+    @overload
+    def memmap(
+        self: T,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: bool,
+        share_non_tensor: bool = False,
+        existsok: bool = True,
+        robust_key: bool | None = True,
+        archive: bool | None = None,
+        compression: str | int | None = None,
+        atomic: bool = False,
+    ) -> T | TensorDictFuture[T]: ...
 
     def memmap(
         self: T,
@@ -101,11 +197,33 @@ class MemmapFamily(TensorDictBase):
         compression: str | int | None = None,
         atomic: bool = False,
     ) -> T | TensorDictFuture[T]:
-        """Like :meth:`memmap_`, but returns a new memory-mapped tensordict; ``self`` is unchanged.
+        """Write the files :meth:`memmap_` writes and return a new memory-mapped tensordict.
 
-        A prefix ending with ``.tdz`` (or ``archive=True``) writes one archive file instead, always
-        atomically, with the tensor entries compressed as ``compression`` says; the result then maps
-        the archive and is unlocked, and ``is_memmap()`` is False.
+        ``self`` is unchanged.  A prefix ending with ``.tdz`` (or ``archive=True``) writes one
+        archive file instead, always atomically, its tensor entries compressed as
+        ``compression`` says (None, ``"stored"``, ``"deflate"``, ``"bzip2"``, ``"lzma"``); the
+        result then maps the archive, is unlocked, and ``is_memmap()`` is False.
+
+        Args:
+            prefix, copy_existing, num_threads, return_early, share_non_tensor, existsok,
+            robust_key, atomic: as for :meth:`memmap_`.
+            archive: True writes an archive; None (the default) when ``prefix`` ends with ``.tdz``.
+            compression: the archive entries' compression (archives only).
+
+        Returns:
+            The new tensordict, or a :class:`TensorDictFuture` of it (see :meth:`memmap_`).
+
+        Raises:
+            The errors of :meth:`memmap_`; ``ValueError`` for ``compression`` without an archive
+            or a folder at an archive's path; ``NotImplementedError`` for ``return_early`` or
+            ``share_non_tensor`` with an archive.
+
+        >>> import tempfile, torch
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(obs=torch.zeros(3), batch_size=[3])
+        >>> out = td.memmap(tempfile.mkdtemp())
+        >>> out is td, out.is_memmap(), td.is_memmap()
+        (False, True, False)
         """
         opts = SaveOptions.of(
             prefix,
@@ -121,6 +239,36 @@ class MemmapFamily(TensorDictBase):
         )
         return save_tree(self, prefix, opts, inplace=False)
 
+    @overload
+    def save(
+        self: T,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: Literal[False] = False,
+        share_non_tensor: bool = False,
+        robust_key: bool | None = True,
+        archive: bool | None = None,
+        compression: str | int | None = None,
+        atomic: bool = False,
+    ) -> T: ...
+
+    @overload
+    def save(
+        self: T,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        num_threads: int = 0,
+        return_early: bool,
+        share_non_tensor: bool = False,
+        robust_key: bool | None = True,
+        archive: bool | None = None,
+        compression: str | int | None = None,
+        atomic: bool = False,
+    ) -> T | TensorDictFuture[T]: ...
+
     def save(
         self: T,
         prefix: PathLike | None = None,
@@ -134,7 +282,26 @@ class MemmapFamily(TensorDictBase):
         compression: str | int | None = None,
         atomic: bool = False,
     ) -> T | TensorDictFuture[T]:
-        """Save to ``prefix`` and return a memory-mapped copy: ``memmap(existsok=True)``."""
+        """Save the tensordict to ``prefix`` and return a memory-mapped copy (``dumps`` is the same).
+
+        It is :meth:`memmap` with ``existsok=True``: existing files are overwritten.
+
+        Args:
+            prefix, copy_existing, num_threads, return_early, share_non_tensor, robust_key,
+            archive, compression, atomic: as for :meth:`memmap`.
+
+        Returns:
+            The memory-mapped copy, or a :class:`TensorDictFuture` of it.
+
+        Raises:
+            The errors of :meth:`memmap`.
+
+        >>> import tempfile, torch
+        >>> from tdshare import TensorDict
+        >>> saved = TensorDict(obs=torch.ones(2), batch_size=[2]).save(tempfile.mkdtemp())
+        >>> saved["obs"].tolist(), saved.is_memmap()
+        ([1.0, 1.0], True)
+        """
         return self.memmap(
             prefix,
             copy_existing,

@@ -76,6 +76,11 @@ def read_meta(directory: str, *, nofollow: bool = False) -> dict:
     try:
         raw = _read_file(path, _NOFOLLOW) if nofollow else _read_file(path)
     except FileNotFoundError:
+        if not os.path.isdir(directory):
+            raise MissingMetadataError(
+                f"{directory!r} does not exist: there is no saved tensordict (folder or .tdz archive) there. "
+                "Check the path, or save one there first (td.memmap(prefix) or td.save(prefix))."
+            ) from None
         raise MissingMetadataError(
             f"No saved tensordict in {directory!r}: {META_FILE} is missing. Save one there first "
             "(td.memmap(prefix) or td.save(prefix))."

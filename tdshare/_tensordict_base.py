@@ -39,7 +39,9 @@ T = TypeVar("T", bound="TensorDictBase")
 _NO_DEFAULT = object()
 _LOCKED_MSG = (
     "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
-    "method and make sure the key is present."
+    "method and make sure the key is present. To add or remove an entry, unlock it first "
+    "(td.unlock_(), or `with td.unlock_(): ...`); a memory-mapped tensordict also takes new entries "
+    "through make_memmap(), make_memmap_from_tensor() or make_memmap_from_storage() while locked."
 )
 
 

@@ -23,7 +23,7 @@ import torch
 
 from ._atomic import atomic_directory
 from ._coordination import SharedRegistry, unchanged_since
-from ._errors import InvalidArgumentError, MemmapError
+from ._errors import InvalidArgumentError, MemmapError, NotAFolderError
 from ._files import check_not_symlink, replace_file
 from ._format import META_FILE, WRAPPED_DIR, dumps_level, level_meta
 from ._future import TensorDictFuture
@@ -327,6 +327,11 @@ class FolderWriter(TreeWriter):
 
     def save(self, td: T, opts: SaveOptions, *, inplace: bool) -> T | TensorDictFuture[T]:
         path = self.path
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise NotAFolderError(
+                f"The prefix {path!r} is a file, but a folder is written there (one file per leaf): remove the "
+                "file or choose another prefix, or end the prefix with '.tdz' to write one archive file."
+            )
         fresh = not os.path.exists(os.path.join(path, META_FILE))
         registry = None if fresh else SharedRegistry.for_directory(path)
         if opts.atomic:

@@ -29,6 +29,7 @@ PUBLIC = [
     "MissingKeyError",
     "MissingMetadataError",
     "NonTensorData",
+    "NotAFolderError",
     "NotMemmapError",
     "NotSupportedError",
     "PickleRefusedError",

@@ -155,3 +155,63 @@ def _raise_all_in_child(names: list[str], queue: mp.Queue) -> None:
     for name in names:
         cls = getattr(tdshare, name)
         _raise_in_child(name, _message(cls), queue)
+
+
+# -- arguments are checked before anything is created, with messages that say the fix ----------
+@pytest.mark.parametrize("bad", ["3", "34", b"3", True, 2.5, [2, "x"], [1.0]])
+def test_batch_size_must_be_ints(bad: object) -> None:
+    import torch
+
+    with pytest.raises(ValueError, match="batch_size must be an int or a sequence of ints") as info:
+        tdshare.TensorDict({}, batch_size=bad)  # type: ignore[arg-type]
+    assert isinstance(info.value, tdshare.InvalidArgumentError)  # a ValueError, as the reference's for strings
+    assert tdshare.TensorDict({}, batch_size=torch.tensor(3)).batch_size == (3,)
+
+
+def test_batch_size_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="negative"):
+        tdshare.TensorDict({}, batch_size=[2, -1])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [({"num_threads": "2"}, "num_threads"), ({"num_threads": -1}, "num_threads"), ({"existsok": "no"}, "existsok")],
+)
+def test_save_arguments_are_checked_before_anything_is_created(tmp_path: Path, kwargs: dict, name: str) -> None:
+    import torch
+
+    td = tdshare.TensorDict(a=torch.zeros(2), batch_size=[2])
+    with pytest.raises((TypeError, ValueError), match=name) as info:
+        td.memmap(tmp_path / "td", **kwargs)
+    assert isinstance(info.value, tdshare.TdshareError)
+    assert not (tmp_path / "td").exists()
+
+
+def test_memmap_onto_a_file_names_the_prefix_and_the_fix(tmp_path: Path) -> None:
+    import torch
+
+    target = tmp_path / "plain.bin"
+    target.write_bytes(b"keep")
+    td = tdshare.TensorDict(a=torch.zeros(2), batch_size=[2])
+    for call in (td.memmap_, td.memmap, td.save):
+        with pytest.raises(NotADirectoryError, match=r"'\.tdz'") as info:
+            call(target)
+        assert isinstance(info.value, FileExistsError) and str(target) in str(info.value)
+    assert target.read_bytes() == b"keep" and not td.is_memmap()
+
+
+def test_the_locked_error_says_how_to_add_an_entry() -> None:
+    import torch
+
+    td = tdshare.TensorDict(a=torch.zeros(2), batch_size=[2]).lock_()
+    with pytest.raises(RuntimeError, match="set_") as info:
+        td["b"] = torch.zeros(2)
+    assert "unlock_()" in str(info.value) and "make_memmap" in str(info.value)
+
+
+def test_loading_a_missing_folder_says_it_does_not_exist(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        tdshare.TensorDict.load(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"meta\.json is missing"):
+        tdshare.TensorDict.load(tmp_path / "empty")
