@@ -21,9 +21,23 @@ class TensorDictFuture(Generic[T]):
         self.resulting_td = resulting_td
 
     def done(self) -> bool:
+        """Whether every write has finished (successfully or not); never blocks."""
         return all(f.done() for f in self.futures)
 
     def result(self, timeout: float | None = None) -> T:
+        """Wait for every write (at most ``timeout`` seconds), re-raise the first error, and return
+        the tensordict.
+
+        Args:
+            timeout: seconds to wait; None waits as long as it takes.
+
+        Returns:
+            The memory-mapped tensordict.
+
+        Raises:
+            TimeoutError: the writes did not finish within ``timeout``.
+            Exception: the first error a write raised.
+        """
         concurrent.futures.wait(self.futures, timeout=timeout)
         for f in self.futures:
             f.result(timeout=0 if timeout is not None else None)

@@ -507,20 +507,73 @@ class MemoryMappedTensor(torch.Tensor):
 
     @classmethod
     def empty_like(cls, input: torch.Tensor, *, filename: str | os.PathLike | None = None) -> MemoryMappedTensor:
+        """A new memory-mapped tensor of ``input``'s shape and dtype (zero-filled: a fresh file or
+        segment never holds stale bytes).
+
+        Args:
+            input: the tensor whose shape and dtype are copied (its data is not).
+            filename: the file to create; None maps anonymous shared memory.
+
+        Returns:
+            The new :class:`MemoryMappedTensor`.
+
+        Raises:
+            MemmapError: ``filename`` is a symbolic link.
+
+        >>> MemoryMappedTensor.empty_like(torch.ones(2, 3)).shape
+        torch.Size([2, 3])
+        """
         return cls._factory((), input.shape, input.dtype, None, filename, False, None)
 
     @classmethod
     def zeros_like(cls, input: torch.Tensor, *, filename: str | os.PathLike | None = None) -> MemoryMappedTensor:
+        """A new memory-mapped tensor of ``input``'s shape and dtype, filled with zeros.
+
+        Args:
+            input: the tensor whose shape and dtype are copied (its data is not).
+            filename: the file to create; None maps anonymous shared memory.
+
+        Returns:
+            The new :class:`MemoryMappedTensor`.
+
+        >>> MemoryMappedTensor.zeros_like(torch.ones(2)).tolist()
+        [0.0, 0.0]
+        """
         return cls._factory((), input.shape, input.dtype, None, filename, False, None)
 
     @classmethod
     def ones_like(cls, input: torch.Tensor, *, filename: str | os.PathLike | None = None) -> MemoryMappedTensor:
+        """A new memory-mapped tensor of ``input``'s shape and dtype, filled with ones.
+
+        Args:
+            input: the tensor whose shape and dtype are copied (its data is not).
+            filename: the file to create; None maps anonymous shared memory.
+
+        Returns:
+            The new :class:`MemoryMappedTensor`.
+
+        >>> MemoryMappedTensor.ones_like(torch.zeros(2, dtype=torch.int64)).tolist()
+        [1, 1]
+        """
         return cls._factory((), input.shape, input.dtype, None, filename, False, 1)
 
     @classmethod
     def full_like(
         cls, input: torch.Tensor, fill_value: Any, *, filename: str | os.PathLike | None = None
     ) -> MemoryMappedTensor:
+        """A new memory-mapped tensor of ``input``'s shape and dtype, filled with ``fill_value``.
+
+        Args:
+            input: the tensor whose shape and dtype are copied (its data is not).
+            fill_value: the value of every element.
+            filename: the file to create; None maps anonymous shared memory.
+
+        Returns:
+            The new :class:`MemoryMappedTensor`.
+
+        >>> MemoryMappedTensor.full_like(torch.zeros(2), 7.0).tolist()
+        [7.0, 7.0]
+        """
         return cls._factory((), input.shape, input.dtype, None, filename, False, fill_value)
 
     # -- properties ---------------------------------------------------------------------------
@@ -534,6 +587,11 @@ class MemoryMappedTensor(torch.Tensor):
 
     @property
     def is_anonymous(self) -> bool:
+        """Whether the tensor lives in anonymous shared memory (no file) rather than in a file.
+
+        >>> MemoryMappedTensor.zeros(2).is_anonymous()
+        True
+        """
         return self._filename is None
 
     @property

@@ -28,6 +28,7 @@ class NonTensorData:
         self.data = data
 
     def tolist(self) -> Any:
+        """The value (a NonTensorData holds one value, whatever the batch size)."""
         return self.data
 
     def __eq__(self, other: object) -> bool:

@@ -113,6 +113,11 @@ class TensorDictBase(CombineOps):
     # -- batch size, names, device ------------------------------------------------------------
     @property
     def batch_size(self) -> torch.Size:
+        """The leading dimensions every entry shares (a ``torch.Size``).
+
+        Setting it checks every entry first (``BatchSizeError`` naming the key when one does not
+        start with the new size); dim names are dropped when the number of dims changes.
+        """
         return self._batch_size
 
     @batch_size.setter
@@ -126,22 +131,31 @@ class TensorDictBase(CombineOps):
 
     @property
     def shape(self) -> torch.Size:
+        """The batch size (``td.shape == td.batch_size``)."""
         return self._batch_size
 
     @property
     def batch_dims(self) -> int:
+        """The number of batch dimensions (``ndim`` is the same)."""
         return len(self._batch_size)
 
     ndim = batch_dims
 
     def dim(self) -> int:
+        """The number of batch dimensions."""
         return len(self._batch_size)
 
     def numel(self) -> int:
+        """The number of elements of the batch size (its product; 1 for ``[]``)."""
         return self._batch_size.numel()
 
     @property
     def names(self) -> list:
+        """The batch dimensions' names (None for an unnamed dimension).
+
+        Setting them names every nested level's leading dims the same way; names must be unique
+        (``ValueError`` otherwise) and one per batch dimension.
+        """
         return list(self._names) if self._names is not None else [None] * self.batch_dims
 
     @names.setter
@@ -164,6 +178,7 @@ class TensorDictBase(CombineOps):
 
     @property
     def device(self) -> torch.device | None:
+        """The device every leaf is on, or None when the tensordict sets none."""
         return self._device
 
     def __len__(self) -> int:
@@ -172,6 +187,7 @@ class TensorDictBase(CombineOps):
     # -- locking ------------------------------------------------------------------------------
     @property
     def is_locked(self) -> bool:
+        """Whether structural changes are refused (see :meth:`lock_`)."""
         return self._is_locked
 
     def lock_(self: T) -> T:
@@ -238,6 +254,7 @@ class TensorDictBase(CombineOps):
         return leaf.data if isinstance(leaf, NonTensorData) else leaf
 
     def get_non_tensor(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
+        """The value of the non-tensor entry ``key`` (as :meth:`get`)."""
         return self.get(key, default)
 
     def __getitem__(self, idx: Any) -> Any:
@@ -255,10 +272,22 @@ class TensorDictBase(CombineOps):
         return [k for k, _ in self._iter_items(include_nested, leaves_only)]
 
     def items(self, include_nested: bool = False, leaves_only: bool = False) -> Iterator[tuple[Any, Any]]:
+        """Iterate over ``(key, value)`` pairs; a non-tensor leaf gives its value.
+
+        Args:
+            include_nested: also yield the entries of nested tensordicts, under tuple keys.
+            leaves_only: leave out nested tensordicts themselves.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), n={"b": torch.ones(2)}, batch_size=[2])
+        >>> [k for k, _ in td.items(include_nested=True, leaves_only=True)]
+        ['a', ('n', 'b')]
+        """
         for key, leaf in self._iter_items(include_nested, leaves_only):
             yield key, leaf.data if isinstance(leaf, NonTensorData) else leaf
 
     def values(self, include_nested: bool = False, leaves_only: bool = False) -> Iterator[Any]:
+        """Iterate over the values (as :meth:`items`, without the keys)."""
         for _, value in self.items(include_nested, leaves_only):
             yield value
 
@@ -373,6 +402,16 @@ class TensorDictBase(CombineOps):
         leaf.data = value
 
     def update(self: T, input: Mapping[Any, Any] | TensorDictBase, inplace: bool = False) -> T:
+        """Set every entry of ``input`` (a mapping or a tensordict), merging nested levels; return self.
+
+        Args:
+            input: the entries to set.
+            inplace: write into existing entries instead of replacing them.
+
+        Raises:
+            LockedError: a new entry on a locked tensordict.
+            BatchSizeError: a value whose leading dims disagree with the batch size.
+        """
         for key, value in _items_of(input):
             parts = unravel_key(key)
             current = self._get_leaf(parts, None)
@@ -412,6 +451,12 @@ class TensorDictBase(CombineOps):
             leaf[idx] = value
 
     def pop(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
+        """Remove the entry ``key`` and return its value (``default`` if given and the key is missing).
+
+        Raises:
+            MissingKeyError: a missing key and no default.
+            LockedError: the tensordict is locked.
+        """
         parts = unravel_key(key)
         leaf = self._get_leaf(parts, default)
         if leaf is default and default is not _NO_DEFAULT:
@@ -422,6 +467,7 @@ class TensorDictBase(CombineOps):
         return leaf.data if isinstance(leaf, NonTensorData) else leaf
 
     def del_(self: T, key: NestedKey) -> T:
+        """Remove the entry ``key`` and return self (``LockedError`` on a locked tensordict)."""
         self.pop(key)
         return self
 
@@ -429,6 +475,12 @@ class TensorDictBase(CombineOps):
         self.pop(key)
 
     def rename_key_(self: T, old: NestedKey, new: NestedKey) -> T:
+        """Move the entry ``old`` to ``new``; return self.
+
+        Raises:
+            MissingKeyError: ``old`` is missing.
+            LockedError: the tensordict is locked.
+        """
         value = self._get_leaf(unravel_key(old))
         self._check_unlocked(str(old))
         if unravel_key(old) == unravel_key(new):
@@ -496,6 +548,12 @@ class TensorDictBase(CombineOps):
         return out
 
     def apply_(self: T, fn: Callable[[torch.Tensor], torch.Tensor]) -> T:
+        """Replace every tensor leaf's values with ``fn(leaf)``, in place; return self.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.ones(2), batch_size=[2]).apply_(lambda t: t * 3)["a"].tolist()
+        [3.0, 3.0]
+        """
         for _, leaf in self._iter_items(True, True):
             if isinstance(leaf, torch.Tensor):
                 leaf.copy_(fn(leaf))
@@ -516,6 +574,7 @@ class TensorDictBase(CombineOps):
         return out
 
     def cpu(self: T) -> T:
+        """A copy on the cpu (``to("cpu")``); self when already there."""
         return self.to("cpu")
 
     def clone(self: T, recurse: bool = True) -> T:
@@ -525,33 +584,48 @@ class TensorDictBase(CombineOps):
         return self._map(lambda t: t)
 
     def contiguous(self: T) -> T:
+        """A copy whose tensor leaves are contiguous."""
         return self._map(lambda t: t.contiguous())
 
     def empty(self: T) -> T:
+        """A tensordict with the same batch size, device and names, and no entries."""
         return type(self)._from_leaves({}, self._batch_size, self._device, self._names)
 
     def select(self: T, *keys: NestedKey) -> T:
+        """A new tensordict with only the entries ``keys`` (the leaves are shared, not copied).
+
+        Raises:
+            MissingKeyError: a key that is missing.
+        """
         out = self.empty()
         for key in keys:
             _put(out, unravel_key(key), self._get_leaf(unravel_key(key)))
         return out
 
     def exclude(self: T, *keys: NestedKey) -> T:
+        """A new tensordict without the entries ``keys`` (missing keys are ignored; leaves shared)."""
         out = self.clone(recurse=False)
         for key in keys:
             out.pop(key, None)
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        """A plain (nested) dict of the entries; non-tensor leaves give their values."""
         return {k: (v.to_dict() if isinstance(v, TensorDictBase) else v) for k, v in self.items()}
 
     def zero_(self: T) -> T:
+        """Fill every tensor leaf with zeros, in place; return self."""
         for _, leaf in self._iter_items(True, True):
             if isinstance(leaf, torch.Tensor):
                 leaf.zero_()
         return self
 
     def fill_(self: T, key: NestedKey, value: float | bool) -> T:
+        """Fill the tensor leaf (or every leaf of the nested tensordict) ``key`` with ``value``.
+
+        Raises:
+            InvalidArgumentError: ``key`` holds a non-tensor value.
+        """
         leaf = self._get_leaf(unravel_key(key))
         if isinstance(leaf, TensorDictBase):
             leaf.apply_(lambda t: t.fill_(value))
@@ -564,6 +638,11 @@ class TensorDictBase(CombineOps):
         return self
 
     def unbind(self, dim: int = 0) -> tuple[Any, ...]:
+        """The tensordicts along batch dimension ``dim`` (views of the leaves where torch gives views).
+
+        Raises:
+            IndexError: ``dim`` is out of range.
+        """
         dim = check_dim(dim, self.batch_dims)
         return tuple(self._index((slice(None),) * dim + (i,)) for i in range(self._batch_size[dim]))
 
@@ -579,6 +658,7 @@ class TensorDictBase(CombineOps):
         return self.lock_()
 
     def is_shared(self) -> bool:
+        """Whether the leaves are in shared memory (``share_memory_()`` was called)."""
         return self._is_shared
 
     # -- representation and pickling ----------------------------------------------------------

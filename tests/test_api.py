@@ -222,3 +222,32 @@ def test_public_names_say_tdshare() -> None:
     assert tdshare.TensorDict.__module__ == "tdshare"
     assert repr(tdshare.MemmapError) == "<class 'tdshare.MemmapError'>"
     assert tdshare.load.__module__ == "tdshare"
+
+
+def _public_callables() -> list[tuple[str, object]]:
+    """Every public name, and every public method and property tdshare defines on a public class."""
+    import inspect
+
+    out: list[tuple[str, object]] = []
+    for name in PUBLIC:
+        obj = getattr(tdshare, name)
+        if name.startswith("__"):
+            continue
+        out.append((name, obj))
+        if not inspect.isclass(obj) or issubclass(obj, BaseException):
+            continue
+        for attr in dir(obj):
+            if attr.startswith("_"):
+                continue
+            static = inspect.getattr_static(obj, attr)
+            target = static.fget if isinstance(static, property) else getattr(static, "__func__", static)
+            if callable(target) and (getattr(target, "__module__", "") or "").startswith("tdshare"):
+                out.append((f"{name}.{attr}", target))
+    return out
+
+
+def test_every_public_callable_has_a_docstring() -> None:
+    import inspect
+
+    missing = [name for name, obj in _public_callables() if not (inspect.getdoc(obj) or "").strip()]
+    assert missing == [], f"public names without a docstring: {missing}"
