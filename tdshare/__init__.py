@@ -26,6 +26,7 @@ from ._errors import (
 from ._future import TensorDictFuture
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
+from ._progress import TerminalProgress
 from ._tensordict import TensorDict, load, load_memmap, memmap, save
 
 __version__ = "0.1.0"
@@ -53,6 +54,7 @@ __all__ = [
     "TdshareError",
     "TensorDict",
     "TensorDictFuture",
+    "TerminalProgress",
     "UnsupportedFormatError",
     "__version__",
     "load",

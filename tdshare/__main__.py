@@ -27,6 +27,7 @@ from ._crc import crc32_threaded
 from ._errors import CorruptDataError, FileExistsRuntimeError, TdshareError
 from ._format import META_FILE, VALUE, VALUE_STACK, layout_of, loads_json
 from ._keys import encode_key
+from ._progress import TerminalProgress
 from ._tdz import Archive
 from ._tensordict import TensorDict
 
@@ -79,10 +80,15 @@ def _verify(path: str, allow_pickle: bool) -> str:
     checked = 0
     if os.path.isfile(path):
         ar = Archive(path, "r")
-        for name, e in ar.entries.items():
-            if e.method == 0 and crc32_threaded(ar.payload(e), 2) != e.crc:
-                raise CorruptDataError(f"{path}: the entry {name!r} fails its CRC-32 check; the archive is corrupt.")
-            checked += 1
+        bar = TerminalProgress("checking CRCs")
+        try:
+            for name, e in ar.entries.items():
+                if e.method == 0 and crc32_threaded(ar.payload(e), 2) != e.crc:
+                    raise CorruptDataError(f"{path}: the entry {name!r} fails its CRC-32 check; the archive is corrupt")
+                checked += 1
+                bar(checked, len(ar.entries))
+        finally:
+            bar.close()
     td = TensorDict.load(path, allow_pickle=allow_pickle)
     leaves = sum(1 for _ in td.keys(include_nested=True, leaves_only=True))
     crcs = f", {checked} entry CRCs" if checked else ""
@@ -133,13 +139,21 @@ def _unpack(archive: str, folder: str, force: bool) -> str:
             raise FileExistsRuntimeError(f"{target!r} already exists and is not empty: pass --force to replace it.")
         work = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=os.path.dirname(target))
         try:
-            unpack_memmap(archive, os.path.join(work, "new"))  # the old folder stays until this succeeds
+            _unpack_with_progress(archive, os.path.join(work, "new"))  # the old folder stays until this succeeds
             os.rename(target, os.path.join(work, "old"))
             os.rename(os.path.join(work, "new"), target)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return target
-    return unpack_memmap(archive, target)
+    return _unpack_with_progress(archive, target)
+
+
+def _unpack_with_progress(archive: str, folder: str) -> str:
+    bar = TerminalProgress("extracting entries")
+    try:
+        return unpack_memmap(archive, folder, progress=bar)
+    finally:
+        bar.close()
 
 
 def _command_line_words(message: str) -> str:
@@ -161,7 +175,14 @@ def main(argv: list[str] | None = None) -> int:
             if os.path.lexists(args.archive) and not args.force:
                 where = os.path.abspath(args.archive)
                 raise FileExistsRuntimeError(f"{where!r} already exists: pass --force to replace it.")
-            print(pack_memmap(args.folder, args.archive, compression=args.compression, compresslevel=args.level))
+            bar = TerminalProgress("packing files")
+            try:
+                out = pack_memmap(
+                    args.folder, args.archive, compression=args.compression, compresslevel=args.level, progress=bar
+                )
+            finally:
+                bar.close()
+            print(out)
         elif args.command == "unpack":
             print(_unpack(args.archive, args.folder, args.force))
         elif args.command == "verify":

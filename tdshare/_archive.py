@@ -32,6 +32,7 @@ from ._files import TMP_MARK, tmp_name
 from ._format import LEAF_SUFFIX, META_FILE, PICKLE_FILE, dumps_level
 from ._options import SaveOptions
 from ._plan import PlannedLevel, PlannedWrapper, TreeWriter, plan_tree
+from ._progress import ProgressCallback, counted
 from ._read import load_tree
 from ._tdz import Archive, Entry, Source, inflate, parse_compression, pwrite_all, write_archive
 from ._tensordict_base import TensorDictBase
@@ -101,8 +102,16 @@ class ArchiveWriter(TreeWriter):
             plan = plan_tree(td, "", opts.robust_key, opts.copy_existing, True)
         except MemmapError as err:  # a leaf mapped to another file, with copy_existing=False
             raise type(err)(f"{err} (saving the archive {path!r})") from None
-        write_archive(path, _tree_entries(plan), method)
+        entries: Iterator[tuple[str, Any]] = _tree_entries(plan)
+        if opts.progress is not None:
+            total = sum(sum(1 for leaf in lvl.leaves if leaf.src.numel()) + len(lvl.plain) for lvl in plan.walk())
+            entries = counted(entries, total, opts.progress, _is_leaf_entry)
+        write_archive(path, entries, method)
         return load_tree(type(td), path, robust_key=opts.robust_key, allow_pickle=True, num_threads=opts.num_threads)
+
+
+def _is_leaf_entry(entry: tuple[str, Any]) -> bool:
+    return entry[0].endswith(LEAF_SUFFIX)
 
 
 def pack_memmap(
@@ -112,21 +121,30 @@ def pack_memmap(
     compression: str | int | None = None,
     compresslevel: int | None = None,
     existsok: bool = True,
+    progress: ProgressCallback | None = None,
 ) -> str:
-    """Pack a saved folder into a ``.tdz`` archive (every file, in archive order); return the archive path."""
+    """Pack a saved folder into a ``.tdz`` archive (every file, in archive order); return the archive path.
+
+    ``progress(done, total)`` is called after each file packed."""
     root = os.path.realpath(os.fspath(folder))
     if not os.path.isfile(os.path.join(root, META_FILE)):
         raise MissingMetadataError(f"No saved tensordict in {root!r}: {META_FILE} is missing.")
     method = parse_compression(compression)
     path = _check_target(archive, existsok)
-    write_archive(path, _folder_entries(root), method, compresslevel)
+    entries: Iterator[tuple[str, Source]] = _folder_entries(root)
+    if progress is not None:
+        files = list(entries)
+        entries = counted(files, len(files), progress)
+    write_archive(path, entries, method, compresslevel)
     return path
 
 
-def unpack_memmap(archive: PathLike, folder: PathLike) -> str:
-    """Extract an archive into ``folder`` (created if needed), checking every CRC; return the folder."""
+def unpack_memmap(archive: PathLike, folder: PathLike, *, progress: ProgressCallback | None = None) -> str:
+    """Extract an archive into ``folder`` (created if needed), checking every CRC; return the folder.
+
+    ``progress(done, total)`` is called after each entry extracted."""
     root = os.path.abspath(os.fspath(folder))
-    _extract(os.path.abspath(os.fspath(archive)), root)
+    _extract(os.path.abspath(os.fspath(archive)), root, progress)
     return root
 
 
@@ -235,12 +253,13 @@ def _make_parents(root: str, real_root: str, parts: list[str], name: str) -> Non
                 )
 
 
-def _extract(path: str, root: str) -> None:
+def _extract(path: str, root: str, progress: ProgressCallback | None = None) -> None:
     """Extract every entry of the archive under ``root``, checking every CRC."""
     ar = Archive(path, "r")
     os.makedirs(root, exist_ok=True)
     real_root = os.path.realpath(root)
-    for e in ar.entries.values():
+    entries = list(ar.entries.values())
+    for e in counted(entries, len(entries), progress):
         parts = e.name.split("/")
         target = os.path.join(root, *parts)
         _make_parents(root, real_root, parts[:-1], e.name)

@@ -33,6 +33,7 @@ from ._keys import NestedKey
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
 from ._options import SaveOptions
+from ._progress import ProgressCallback
 from ._read import load_into, load_tree
 from ._refresh import refresh
 from ._save import save_tree
@@ -67,6 +68,7 @@ class MemmapFamily(TensorDictBase):
         existsok: bool = True,
         robust_key: bool | None = True,
         atomic: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> T: ...
 
     @overload
@@ -81,6 +83,7 @@ class MemmapFamily(TensorDictBase):
         existsok: bool = True,
         robust_key: bool | None = True,
         atomic: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> T | TensorDictFuture[T]: ...
 
     def memmap_(
@@ -94,6 +97,7 @@ class MemmapFamily(TensorDictBase):
         existsok: bool = True,
         robust_key: bool | None = True,
         atomic: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> T | TensorDictFuture[T]:
         """Write every leaf to a memory-mapped file in place, lock the tensordict, and return it.
 
@@ -118,6 +122,8 @@ class MemmapFamily(TensorDictBase):
                 uses keys as file names unchanged (the legacy layout).
             atomic: write next to ``prefix`` and rename into place, so a crash leaves the old
                 folder.
+            progress: a callable ``progress(done, total)``, called as leaf files are written
+                (not with ``return_early``); :class:`tdshare.TerminalProgress` draws it on a terminal.
 
         Returns:
             ``self``, or a :class:`TensorDictFuture` of it for ``return_early=True`` with
@@ -148,6 +154,7 @@ class MemmapFamily(TensorDictBase):
             robust_key=robust_key,
             atomic=atomic,
             archive=False,
+            progress=progress,
         )
         return save_tree(self, prefix, opts, inplace=True)
 
@@ -165,6 +172,7 @@ class MemmapFamily(TensorDictBase):
         archive: bool | None = None,
         compression: str | int | None = None,
         atomic: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> T: ...
 
     @overload
@@ -181,6 +189,7 @@ class MemmapFamily(TensorDictBase):
         archive: bool | None = None,
         compression: str | int | None = None,
         atomic: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> T | TensorDictFuture[T]: ...
 
     def memmap(
@@ -196,6 +205,7 @@ class MemmapFamily(TensorDictBase):
         archive: bool | None = None,
         compression: str | int | None = None,
         atomic: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> T | TensorDictFuture[T]:
         """Write the files :meth:`memmap_` writes and return a new memory-mapped tensordict.
 
@@ -206,7 +216,7 @@ class MemmapFamily(TensorDictBase):
 
         Args:
             prefix, copy_existing, num_threads, return_early, share_non_tensor, existsok,
-            robust_key, atomic: as for :meth:`memmap_`.
+            robust_key, atomic, progress: as for :meth:`memmap_`.
             archive: True writes an archive; None (the default) when ``prefix`` ends with ``.tdz``.
             compression: the archive entries' compression (archives only).
 
@@ -236,6 +246,7 @@ class MemmapFamily(TensorDictBase):
             atomic=atomic,
             archive=archive,
             compression=compression,
+            progress=progress,
         )
         return save_tree(self, prefix, opts, inplace=False)
 
@@ -252,6 +263,7 @@ class MemmapFamily(TensorDictBase):
         archive: bool | None = None,
         compression: str | int | None = None,
         atomic: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> T: ...
 
     @overload
@@ -267,6 +279,7 @@ class MemmapFamily(TensorDictBase):
         archive: bool | None = None,
         compression: str | int | None = None,
         atomic: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> T | TensorDictFuture[T]: ...
 
     def save(
@@ -281,6 +294,7 @@ class MemmapFamily(TensorDictBase):
         archive: bool | None = None,
         compression: str | int | None = None,
         atomic: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> T | TensorDictFuture[T]:
         """Save the tensordict to ``prefix`` and return a memory-mapped copy (``dumps`` is the same).
 
@@ -288,7 +302,7 @@ class MemmapFamily(TensorDictBase):
 
         Args:
             prefix, copy_existing, num_threads, return_early, share_non_tensor, robust_key,
-            archive, compression, atomic: as for :meth:`memmap`.
+            archive, compression, atomic, progress: as for :meth:`memmap`.
 
         Returns:
             The memory-mapped copy, or a :class:`TensorDictFuture` of it.
@@ -313,6 +327,7 @@ class MemmapFamily(TensorDictBase):
             archive=archive,
             compression=compression,
             atomic=atomic,
+            progress=progress,
         )
 
     dumps = save

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ._errors import ArgumentTypeError, InvalidArgumentError, NotSupportedError
+from ._progress import ProgressCallback, check_progress
 
 __all__ = ["SaveOptions"]
 
@@ -36,7 +37,7 @@ class SaveOptions:
     ``share_non_tensor`` makes non-tensor values shared, ``existsok`` allows overwriting existing
     leaf files, ``robust_key`` percent-encodes keys into file names (None means True), ``atomic``
     writes next to the folder and swaps it in, ``archive`` and ``compression`` select a ``.tdz``
-    archive.
+    archive, ``progress`` is called as ``progress(done, total)`` with the leaf files written.
 
     >>> SaveOptions.of(num_threads=2).num_threads
     2
@@ -55,6 +56,7 @@ class SaveOptions:
     atomic: bool = False
     archive: bool = False
     compression: str | int | None = None
+    progress: ProgressCallback | None = None
 
     @classmethod
     def of(
@@ -70,6 +72,7 @@ class SaveOptions:
         atomic: object = False,
         archive: object = None,
         compression: object = None,
+        progress: object = None,
     ) -> SaveOptions:
         """Check the arguments of a save to ``prefix`` and return them as one value.
 
@@ -110,6 +113,7 @@ class SaveOptions:
             atomic=_flag("atomic", atomic),
             archive=is_archive,
             compression=compression,  # type: ignore[arg-type]  # parsed by the archive writer
+            progress=check_progress(progress),
         )
         if opts.atomic and opts.return_early:
             raise NotSupportedError("return_early is not supported with atomic=True.")

@@ -34,6 +34,7 @@ from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor, replace_if_changed, write_nontensor
 from ._options import SaveOptions
 from ._plan import PlannedLeaf, PlannedLevel, TreeWriter, plan_tree
+from ._progress import ProgressCallback
 from ._runtime import ensure_store, new_store_path
 from ._segments import Segment, align
 from ._shared_nontensor import SharedNonTensorData
@@ -285,6 +286,9 @@ class AnonymousWriter(TreeWriter):
                 if _write_shared_values(root, store, os.path.join(store, _VALUES)):
                     registry.bump()  # other processes holding the values read them again
         _write_anonymous(root)
+        if opts.progress is not None:
+            total = sum(len(level.leaves) for level in root.walk())
+            opts.progress(total, total)  # one copy into one segment: done at once
         dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
         _install(root, dest, None)
         _assign_store(dest, store, ())
@@ -343,7 +347,7 @@ class FolderWriter(TreeWriter):
         _make_dirs(root)
         if opts.return_early and opts.num_threads > 1:
             return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen)
-        _run_writes(root, opts.num_threads, opts.existsok)
+        _run_writes(root, opts.num_threads, opts.existsok, opts.progress)
         gen = _commit_metadata(root, registry, seen)
         _install(root, dest, path)
         dest._generation = gen
@@ -359,7 +363,7 @@ class FolderWriter(TreeWriter):
                     raise type(err)(str(err).replace(staging, path)) from None
                 root.share = opts.share_non_tensor
                 _make_dirs(root)
-                _run_writes(root, opts.num_threads, existsok=True)
+                _run_writes(root, opts.num_threads, existsok=True, progress=opts.progress)
                 _write_metadata(root, fresh=True)
             gen = registry.bump(files_replaced=True) if registry is not None else None
         _rebase(root, staging, path)
@@ -369,18 +373,32 @@ class FolderWriter(TreeWriter):
         return dest
 
 
-def _run_writes(root: PlannedLevel, num_threads: int, existsok: bool) -> None:
-    if num_threads > 1 and sum(len(lvl.leaves) + len(lvl.plain) for lvl in root.walk()) > 1:  # only when asked
+def _run_writes(
+    root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None
+) -> None:
+    """Write every leaf file of the tree; ``progress(done, total)`` after each level (each leaf
+    with threads), from the calling thread."""
+    levels = root.walk()
+    total = sum(len(lvl.leaves) + len(lvl.plain) for lvl in levels)
+    if num_threads > 1 and total > 1:  # only when asked
         _as_records(root)
-        leaves = [leaf for lvl in root.walk() for leaf in lvl.leaves]
+        leaves = [leaf for lvl in levels for leaf in lvl.leaves]
         futures = [_executor(num_threads).submit(_write_leaf, leaf, existsok) for leaf in leaves]
-        concurrent.futures.wait(futures)  # no thread may still write once the error is raised
+        done = 0
+        for _ in concurrent.futures.as_completed(futures):  # every one finishes before an error is raised
+            done += 1
+            if progress is not None:
+                progress(done, total)
         for f in futures:
             f.result()
     else:
         listing = Listing()
-        for level in root.walk():
+        done = 0
+        for level in levels:
             _write_level(level, existsok, listing)
+            if progress is not None and (level.leaves or level.plain):
+                done += len(level.leaves) + len(level.plain)
+                progress(done, total)
 
 
 def _write_in_background(

@@ -37,6 +37,7 @@ PUBLIC = [
     "TdshareError",
     "TensorDict",
     "TensorDictFuture",
+    "TerminalProgress",
     "UnsupportedFormatError",
     "__version__",
     "load",
