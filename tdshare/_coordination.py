@@ -8,7 +8,7 @@ survives an atomic re-save (which swaps the tree folder itself, not its parent),
 ever written beside or inside the tree for coordination:
 
 ``<key>.lock``
-    A :mod:`filelock` lock that serialises metadata changes (``make_memmap*``, non-tensor
+    An ``flock`` (:mod:`tdshare._flock`) that serialises metadata changes (``make_memmap*``, non-tensor
     writes, re-saves).  Readers never take it.
 ``<key>.gen``
     Two 8-byte little-endian counters, mapped by every process.  The *generation* is bumped after
@@ -35,7 +35,6 @@ trees that no longer exist and that no live process maps.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import mmap
 import os
 import stat
@@ -45,9 +44,8 @@ import time
 import weakref
 from typing import Any, ClassVar
 
-from filelock import FileLock
-
 from ._errors import MemmapError, MissingMetadataError, NotMemmapError, NotSupportedError
+from ._flock import InterProcessLock
 from ._futex import Futex
 
 __all__ = [
@@ -61,9 +59,6 @@ __all__ = [
 ]
 
 _TREES = ".trees"  # a dot name: the reaper of anonymous stores passes it over
-_LOCK_KW: dict[str, Any] = (
-    {"preserve_lock_file": True} if "preserve_lock_file" in inspect.signature(FileLock.__init__).parameters else {}
-)
 
 
 def runtime_root() -> str:
@@ -226,7 +221,7 @@ class SharedRegistry:
     def __init__(self, root: str) -> None:
         self.root = root
         self._paths: tuple[str, str] | None = None  # found on first use: loads pay one stat, not more
-        self._lock: FileLock | None = None  # made on first use: loads and refreshes never lock
+        self._lock: InterProcessLock | None = None  # made on first use: loads and refreshes never lock
         self._lock_pid = os.getpid()
         self._map: mmap.mmap | None = None
         self._futex: Futex | None = None
@@ -381,14 +376,16 @@ class SharedRegistry:
         }
 
     # -- writing --------------------------------------------------------------------------------
-    def lock(self) -> FileLock:
+    def lock(self) -> InterProcessLock:
         """The inter-process lock for metadata changes (a context manager, reentrant).
 
-        It survives ``fork`` (a child never inherits a held lock: it makes its own), threads, and
-        the death of its holder (the kernel releases a dead process's ``flock``).
+        An ``flock`` on a descriptor kept open (:mod:`tdshare._flock`): it serialises threads and
+        processes, survives ``fork`` (a child never inherits a held lock), and the death of its
+        holder (the kernel releases a dead process's ``flock``).
         """
         if self._lock is None or self._lock_pid != os.getpid():  # a forked child never reuses the parent's
-            self._lock = FileLock(self.lock_path, mode=0o600, **_LOCK_KW)
+            os.makedirs(os.path.dirname(self.lock_path), mode=0o700, exist_ok=True)
+            self._lock = InterProcessLock(self.lock_path)
             self._lock_pid = os.getpid()
         return self._lock
 
