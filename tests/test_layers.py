@@ -30,6 +30,7 @@ LAYERS: dict[str, list[str]] = {
         "_files",
         "_segments",
         "_futex",
+        "_flock",
         "_memmap",
         "_leaf_files",
         "_leaf_handle",
