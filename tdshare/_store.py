@@ -198,8 +198,9 @@ class Store(ABC):
             )
         if self.allow_pickle is None:
             warnings.warn(
-                f"Loading the pickled non-tensor data {where!r}. This is only safe for trusted data; pass "
-                "allow_pickle=True to silence this warning, or allow_pickle=False to refuse pickles.",
+                f"Running the code of a pickle: loading the pickled non-tensor data {where!r} executes whatever it "
+                "holds, which is only safe for data you trust. Pass allow_pickle=False to refuse pickles, or "
+                "allow_pickle=True to load them without this warning.",
                 FutureWarning,
                 stacklevel=user_stacklevel(),
             )
