@@ -23,8 +23,9 @@ from ._errors import (
     UnsupportedFormatError,
 )
 from ._future import TensorDictFuture
+from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
-from ._nontensor import NonTensorData
+from ._nontensor import NonTensorData, NonTensorStack
 from ._tensordict import TensorDict, load, load_memmap, memmap, save
 
 __version__ = "0.1.0"
@@ -38,12 +39,14 @@ __all__ = [
     "FormatError",
     "InvalidArgumentError",
     "KeyTypeError",
+    "LazyStackedTensorDict",
     "LockedError",
     "MemmapError",
     "MemoryMappedTensor",
     "MissingKeyError",
     "MissingMetadataError",
     "NonTensorData",
+    "NonTensorStack",
     "NotMemmapError",
     "NotSupportedError",
     "PickleRefusedError",

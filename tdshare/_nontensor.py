@@ -42,7 +42,7 @@ class NonTensorData:
     ['a', 'a']
     """
 
-    __slots__ = ("data", "_batch_size", "_device")
+    __slots__ = ("_batch_size", "_device", "data")
     data: Any
 
     def __init__(
@@ -144,6 +144,7 @@ class NonTensorStack(NonTensorData):
     """
 
     __slots__ = ("_values",)
+    _values: list[Any]
 
     def __init__(self, *values: Any, stack_dim: int = 0) -> None:
         if not values:
@@ -182,7 +183,7 @@ class NonTensorStack(NonTensorData):
         return cls._make(_flatten(data, batch, "the list"), batch)
 
     # -- the value --------------------------------------------------------------------------
-    @property  # type: ignore[override]
+    @property
     def data(self) -> Any:
         """The values as nested lists (what ``tolist()`` gives)."""
         return self.tolist()
