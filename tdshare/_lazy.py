@@ -75,9 +75,7 @@ class LazyStackedTensorDict(MemmapFamily):
     _stack_dim: int
     _stack_dim_name: str | None
 
-    def __init__(
-        self, *tensordicts: TensorDictBase, stack_dim: int = 0, stack_dim_name: str | None = None
-    ) -> None:
+    def __init__(self, *tensordicts: TensorDictBase, stack_dim: int = 0, stack_dim_name: str | None = None) -> None:
         members = list(tensordicts)
         if not members:
             raise InvalidArgumentError("A LazyStackedTensorDict needs at least one member tensordict.")
@@ -435,9 +433,7 @@ class LazyStackedTensorDict(MemmapFamily):
         if batch_size is not None:
             raise NotSupportedError("A LazyStackedTensorDict cannot change its batch size through apply().")
         split = [o.unbind(self._stack_dim) for o in others]
-        return self._like(
-            [td.apply(fn, *(s[i] for s in split)) for i, td in enumerate(self._members)]
-        )
+        return self._like([td.apply(fn, *(s[i] for s in split)) for i, td in enumerate(self._members)])
 
     def select(self: T, *keys: NestedKey) -> T:
         return self._like([td.select(*keys) for td in self._members])
@@ -594,9 +590,7 @@ class LazyStackedTensorDict(MemmapFamily):
         def fields(td: TensorDictBase, keys: list[str]) -> str:
             return ", ".join(f"{k}: {_short(td._get_leaf((k,)))}" for k in keys)
 
-        exclusive = {
-            i: [k for k in td.keys() if k not in shared] for i, td in enumerate(self._members)
-        }
+        exclusive = {i: [k for k in td.keys() if k not in shared] for i, td in enumerate(self._members)}
         extra = ", ".join(f"{i}: {{{fields(self._members[i], ks)}}}" for i, ks in exclusive.items() if ks)
         return (
             f"{type(self).__name__}(batch_size={list(self.batch_size)}, stack_dim={self._stack_dim}, "

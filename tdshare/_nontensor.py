@@ -251,9 +251,7 @@ class NonTensorStack(NonTensorData):
 
     # -- stacking ---------------------------------------------------------------------------
     @classmethod
-    def _combine(
-        cls, values: Sequence[Any], batches: Sequence[torch.Size], dim: int, new_dim: bool
-    ) -> NonTensorStack:
+    def _combine(cls, values: Sequence[Any], batches: Sequence[torch.Size], dim: int, new_dim: bool) -> NonTensorStack:
         """Stack (``new_dim``) or concatenate non-tensor values, each broadcast over its batch."""
         if not values:
             raise InvalidArgumentError("Cannot stack an empty sequence of non-tensor values.")
