@@ -24,8 +24,9 @@ from ._errors import (
     UnsupportedFormatError,
 )
 from ._future import TensorDictFuture
+from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
-from ._nontensor import NonTensorData
+from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
 from ._tensordict import TensorDict, load, load_memmap, memmap, save
 
@@ -40,12 +41,14 @@ __all__ = [
     "FormatError",
     "InvalidArgumentError",
     "KeyTypeError",
+    "LazyStackedTensorDict",
     "LockedError",
     "MemmapError",
     "MemoryMappedTensor",
     "MissingKeyError",
     "MissingMetadataError",
     "NonTensorData",
+    "NonTensorStack",
     "NotAFolderError",
     "NotMemmapError",
     "NotSupportedError",

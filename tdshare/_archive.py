@@ -29,7 +29,7 @@ from ._errors import (
     NotSupportedError,
 )
 from ._files import TMP_MARK, tmp_name
-from ._format import LEAF_SUFFIX, META_FILE, PICKLE_FILE, dumps_level
+from ._format import LEAF_SUFFIX, META_FILE, dumps_level
 from ._options import SaveOptions
 from ._plan import PlannedLevel, PlannedWrapper, TreeWriter, plan_tree
 from ._progress import ProgressCallback, counted
@@ -52,6 +52,11 @@ PathLike = str | os.PathLike
 def _tree_entries(level: PlannedLevel) -> Any:
     """The files of a planned tree (:func:`tdshare._plan.plan_tree` with the root ``""``) in archive order."""
     rel = "" if not level.path else level.path.replace(os.sep, "/") + "/"
+    if level.stack is not None:  # a lazy stack: its meta.json, then its members 0/, 1/...
+        yield rel + META_FILE, level.stack_meta
+        for _, member in level.children:
+            yield from _tree_entries(member)
+        return
     yield rel + META_FILE, dumps_level(level.entries, level.texts, level.src.batch_size, level.names)
     files = [(leaf.path or "", leaf.src) for leaf in level.leaves if leaf.src.numel()]  # zero elements: no file
     files += [(path, src) for src, path, _ in level.plain]
@@ -69,7 +74,7 @@ def _tree_entries(level: PlannedLevel) -> Any:
         else:
             yield f"{path}/{META_FILE}".replace(os.sep, "/"), item.meta
             if item.pickled is not None:
-                yield f"{path}/{PICKLE_FILE}".replace(os.sep, "/"), item.pickled
+                yield f"{path}/{item.pickle_name}".replace(os.sep, "/"), item.pickled
 
 
 class ArchiveWriter(TreeWriter):

@@ -20,7 +20,7 @@ from ._errors import CorruptDataError, InvalidArgumentError, MemmapError, Missin
 from ._format import LEAF_SUFFIX, META_FILE, LeafInfo, loads_json
 from ._keys import encode_key
 from ._memmap import MemoryMappedTensor
-from ._store import Deferred, Store, empty_leaf
+from ._store import Deferred, Store, checked_members, empty_leaf
 from ._tdz import METHOD_NAMES, Archive
 
 __all__ = ["ArchiveStore"]
@@ -99,12 +99,13 @@ class ArchiveStore(Store):
         return None
 
     def members(self, level: str) -> Iterator[str]:
-        i = 0
-        while self.has_level(f"{level}{i}/"):
-            yield f"{level}{i}/"
-            i += 1
-        if self.has_level(f"{level}{i + 1}/"):
-            raise CorruptDataError(f"{self.where(level)!r}: the stacked member folder {i!r} is missing.")
+        found: set[int] = set()
+        for name in self.ar.entries:
+            if name.startswith(level) and "/" in name[len(level) :]:
+                first = name[len(level) :].split("/", 1)[0]
+                if first.isdigit() and str(int(first)) == first:
+                    found.add(int(first))
+        yield from checked_members(self, level, found, lambda i: f"{level}{i}/")
 
     def _read_pickle(self, level: str, name: str) -> Any:
         if level + name not in self.ar.entries:

@@ -11,7 +11,7 @@ import torch
 
 from ._errors import BatchSizeError, InvalidArgumentError, MissingKeyError, NotSupportedError
 from ._indexing import check_dim
-from ._nontensor import NonTensorData
+from ._nontensor import NonTensorData, stack_non_tensor
 
 __all__ = ["CombineOps"]
 
@@ -50,8 +50,11 @@ class CombineOps:
             if isinstance(leaf, CombineOps):
                 leaves[key] = leaf._compare(theirs, op)
             elif isinstance(leaf, NonTensorData):
-                equal = leaf == theirs
-                leaves[key] = torch.full(self._batch_size, bool(op(equal, True)))
+                equal = leaf == theirs  # a NonTensorStack compares element-wise
+                if isinstance(equal, torch.Tensor):
+                    leaves[key] = op(equal, True)
+                else:
+                    leaves[key] = torch.full(self._batch_size, bool(op(equal, True)))
             else:
                 leaves[key] = op(leaf, theirs.data if isinstance(theirs, NonTensorData) else theirs)
         return type(self)._from_leaves(leaves, self._batch_size, self._device, self._names)
@@ -124,9 +127,9 @@ class CombineOps:
         for key, leaf in first._tensordict.items():
             values = [td._tensordict[key] for td in tds]
             if isinstance(leaf, CombineOps):
-                leaves[key] = cls._combine(values, dim, new_dim)
+                leaves[key] = type(leaf)._combine(values, dim, new_dim)  # a lazy stack combines its own way
             elif isinstance(leaf, NonTensorData):
-                leaves[key] = _same_non_tensor(key, values)
+                leaves[key] = _combine_non_tensor(key, values, [td._batch_size for td in tds], dim, new_dim)
             else:
                 leaves[key] = op([torch.Tensor.as_subclass(v, torch.Tensor) for v in values], dim)
         return cls._from_leaves(leaves, torch.Size(batch), first._device, names)
@@ -151,10 +154,10 @@ def _check_same(tds: Sequence[CombineOps], what: str, same_batch: bool = True) -
     return first
 
 
-def _same_non_tensor(key: str, values: list[Any]) -> NonTensorData:
-    first = values[0]
-    if not all(first == v for v in values[1:]):
+def _combine_non_tensor(key: str, values: list[Any], batches: list[torch.Size], dim: int, new_dim: bool) -> Any:
+    """Equal values stay one NonTensorData; values that differ become a NonTensorStack."""
+    if not all(isinstance(v, NonTensorData) for v in values):
         raise InvalidArgumentError(
-            f"Cannot combine the non-tensor entry {key!r}: its values differ across the tensordicts."
+            f"Cannot combine the entry {key!r}: it is a non-tensor value in some tensordicts and not in others."
         )
-    return NonTensorData(first.data)
+    return stack_non_tensor(values, batches, dim, new_dim)

@@ -55,6 +55,11 @@ __all__ = [
     "TD_CLASS",
     "NONTENSOR_TYPE",
     "NONTENSOR_STACK_TYPE",
+    "LAZY_STACK_TYPE",
+    "STACK_PICKLE_FILE",
+    "lazy_stack_meta",
+    "nontensor_stack_meta",
+    "dumps_compact_json",
     "RESERVED_KEYS",
     "NO_FILE_FIELD",
     "dtype_to_str",
@@ -92,6 +97,8 @@ TD_CLASS = "tensordict:TensorDict"
 NONTENSOR_TYPE = "<class 'tensordict.tensorclass.NonTensorData'>"
 NONTENSOR_STACK_TYPE = "<class 'tensordict.tensorclass.NonTensorStack'>"
 LAZY_STACK_TYPE = "<class 'tensordict._lazy.LazyStackedTensorDict'>"
+#: the pickle of a NonTensorStack whose values JSON cannot hold (its meta.json "data" names it)
+STACK_PICKLE_FILE = "pickle.pkl"
 #: Marks a leaf entry whose data has no file (added from a file-less storage): readers drop it.
 NO_FILE_FIELD = "_tdshare_no_file"
 #: Level fields of meta.json: a user key with one of these names would be overwritten by them.
@@ -290,6 +297,38 @@ def nontensor_meta(data: Any, json_ok: bool) -> dict:
 
 def dumps_json(obj: Any) -> bytes:
     return json.dumps(obj).encode("utf-8")
+
+
+def dumps_compact_json(obj: Any) -> bytes:
+    """JSON without spaces after separators: how the reference writes a NonTensorStack's meta.json."""
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+
+
+def lazy_stack_meta(stack_dim: int, stack_dim_name: str | None) -> dict:
+    """A lazy stack's meta.json (no batch size, no device: the members carry them).
+
+    >>> list(lazy_stack_meta(1, None))
+    ['_type', '_format_version', '_class', 'stack_dim', 'stack_dim_name']
+    """
+    return {
+        "_type": LAZY_STACK_TYPE,
+        "_format_version": FORMAT_VERSION,
+        "_class": "tensordict:LazyStackedTensorDict",
+        "stack_dim": stack_dim,
+        "stack_dim_name": stack_dim_name,
+    }
+
+
+def nontensor_stack_meta(data: Any) -> dict:
+    """A NonTensorStack's meta.json: ``data`` is the nested list, or :data:`STACK_PICKLE_FILE`."""
+    return {
+        "_type": NONTENSOR_STACK_TYPE,
+        "_format_version": FORMAT_VERSION,
+        "_class": "tensordict:NonTensorStack",
+        "stack_dim": 0,
+        "device": None,
+        "data": data,
+    }
 
 
 def loads_json(raw: bytes, where: str) -> dict:

@@ -1,35 +1,93 @@
-"""NonTensorData: a non-tensor value (a string, a number, a JSON document, any object) as a leaf.
+"""Non-tensor leaves: :class:`NonTensorData` (one value) and :class:`NonTensorStack` (one per element).
 
 ``td["label"] = "cat"`` stores ``NonTensorData("cat")``; reading ``td["label"]`` gives back
 ``"cat"``.  On disk the value is JSON inside the leaf's ``meta.json`` when JSON can hold it
 exactly enough (the reference's rule, :func:`tdshare._format.is_json_value`), otherwise
 pickled, and pickles are only ever loaded when the caller allows it.
+
+Stacking values that differ (``torch.stack`` of ``NonTensorData``, or of tensordicts whose
+non-tensor entries differ) gives a :class:`NonTensorStack`: one value per batch element, read as
+nested lists (``tolist()``), indexed like a tensor (an element is a ``NonTensorData``).  It is
+saved as the reference saves it: a folder whose ``meta.json`` holds the list (or names a pickle).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ._format import NONTENSOR_TYPE, VALUE
+import torch
+
+from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
+from ._format import NONTENSOR_STACK_TYPE, NONTENSOR_TYPE, VALUE, VALUE_STACK
+from ._indexing import as_size, check_dim, normalize_index
 from ._nodes import NodeKind, register
 
-__all__ = ["NonTensorData", "NONTENSOR"]
+__all__ = ["NonTensorData", "NonTensorStack", "NONTENSOR", "NONTENSOR_STACK", "stack_non_tensor", "nested_shape"]
+
+_SCALAR = torch.Size([])
 
 
 class NonTensorData:
-    """A non-tensor leaf of a TensorDict: holds ``data``, shared by the views of its tensordict."""
+    """A non-tensor leaf of a TensorDict: holds ``data``, shared by the views of its tensordict.
 
-    __slots__ = ("data",)
+    Args:
+        data: the value (a ``NonTensorData`` is unwrapped).
+        batch_size: the batch the value stands for (the reference's argument; ``[]`` by default).
+            Only stacking looks at it: ``torch.stack`` broadcasts the value over it.
+        device: kept for the reference's signature; a non-tensor value lives on no device.
+
+    >>> NonTensorData("a", batch_size=[2]).tolist()
+    ['a', 'a']
+    """
+
+    __slots__ = ("_batch_size", "_device", "data")
     data: Any
 
-    def __init__(self, data: Any) -> None:
+    def __init__(
+        self,
+        data: Any,
+        _metadata: Any = None,
+        _is_non_tensor: bool = True,
+        *,
+        batch_size: Sequence[int] | torch.Size | int | None = None,
+        device: torch.device | str | int | None = None,
+    ) -> None:
         if isinstance(data, NonTensorData):
             data = data.data
         self.data = data
+        self._batch_size = as_size(batch_size)
+        self._device = None if device is None else torch.device(device)
+
+    @property
+    def batch_size(self) -> torch.Size:
+        """The batch the value is broadcast over (``torch.Size([])`` unless given)."""
+        return getattr(self, "_batch_size", _SCALAR)  # SharedNonTensorData sets none
+
+    shape = batch_size
+
+    @property
+    def batch_dims(self) -> int:
+        """The number of batch dimensions."""
+        return len(self.batch_size)
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device the value is said to be on (None: none given)."""
+        return getattr(self, "_device", None)
 
     def tolist(self) -> Any:
-        """The value (a NonTensorData holds one value, whatever the batch size)."""
-        return self.data
+        """The value, broadcast over ``batch_size`` as nested lists (the value itself without a batch)."""
+        return _nest([self.data] * self.batch_size.numel(), self.batch_size)
+
+    def clone(self) -> NonTensorData:
+        """A new, unshared ``NonTensorData`` with the same value and batch size."""
+        return NonTensorData(self.data, batch_size=self.batch_size, device=self.device)
+
+    def _index(self, idx: Any) -> NonTensorData:
+        """Indexing a tensordict keeps its non-tensor values (the same object)."""
+        return self
 
     def __eq__(self, other: object) -> bool:
         other_data = other.data if isinstance(other, NonTensorData) else other
@@ -42,10 +100,229 @@ class NonTensorData:
         return id(self)
 
     def __repr__(self) -> str:
+        if self.batch_size:
+            return f"NonTensorData(data={self.data!r}, batch_size={self.batch_size})"
         return f"NonTensorData(data={self.data!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self.batch_size or self.device is not None:
+            return (_rebuild_data, (self.data, tuple(self.batch_size), self.device))
         return (NonTensorData, (self.data,))
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """``torch.stack``/``torch.cat`` of non-tensor values give a :class:`NonTensorStack`."""
+        kwargs = kwargs or {}
+        if func in (torch.stack, torch.cat):
+            values = list(args[0])
+            dim = kwargs.get("dim", args[1] if len(args) > 1 else 0)
+            return NonTensorStack._combine(values, [v.batch_size for v in values], dim, func is torch.stack)
+        return NotImplemented
+
+
+def _rebuild_data(data: Any, batch: tuple[int, ...], device: torch.device | None) -> NonTensorData:
+    return NonTensorData(data, batch_size=batch, device=device)
+
+
+class NonTensorStack(NonTensorData):
+    """Non-tensor values with a batch shape: one value per element, like the reference's class.
+
+    Args:
+        *values: the members, stacked along ``stack_dim``: ``NonTensorData``, ``NonTensorStack``
+            or plain values (a plain value is one element), all of one batch size.
+        stack_dim: where the new batch dimension goes.
+
+    Returns a stack whose ``tolist()`` is the nested list of the values and whose ``data`` is
+    the same list; indexing gives a ``NonTensorData`` for one element, a ``NonTensorStack``
+    otherwise; ``==`` compares element-wise into a bool tensor.
+
+    Raises:
+        InvalidArgumentError: no values.
+        BatchSizeError: members with different batch sizes (the message names the member).
+
+    >>> s = NonTensorStack("a", "b")
+    >>> s.tolist(), s[1].data, s.batch_size
+    (['a', 'b'], 'b', torch.Size([2]))
+    """
+
+    __slots__ = ("_values",)
+    _values: list[Any]
+
+    def __init__(self, *values: Any, stack_dim: int = 0) -> None:
+        if not values:
+            raise InvalidArgumentError("NonTensorStack needs at least one value.")
+        members = [v if isinstance(v, NonTensorData) else NonTensorData(v) for v in values]
+        first = members[0].batch_size
+        for i, m in enumerate(members):
+            if m.batch_size != first:
+                raise BatchSizeError(
+                    f"Cannot stack the non-tensor value {i} of batch size {list(m.batch_size)} with value 0 of "
+                    f"batch size {list(first)}: every member must have the same batch size."
+                )
+        built = NonTensorStack._combine(members, [first] * len(members), stack_dim, True)
+        self._values, self._batch_size, self._device = built._values, built._batch_size, None
+
+    @classmethod
+    def _make(cls, values: list[Any], batch: torch.Size) -> NonTensorStack:
+        out = cls.__new__(cls)
+        out._values, out._batch_size, out._device = values, batch, None
+        return out
+
+    @classmethod
+    def from_list(cls, data: list, batch_size: Sequence[int] | torch.Size | None = None) -> NonTensorStack:
+        """A stack from nested lists: ``batch_size`` levels of them (found by nesting when None).
+
+        Raises:
+            ArgumentTypeError: ``data`` is not a list.
+            BatchSizeError: the nesting does not match ``batch_size``.
+
+        >>> NonTensorStack.from_list([["a", "b"], ["c", "d"]]).batch_size
+        torch.Size([2, 2])
+        """
+        if not isinstance(data, list):
+            raise ArgumentTypeError(f"NonTensorStack.from_list expects a list, got {type(data).__name__}.")
+        batch = nested_shape(data) if batch_size is None else as_size(batch_size)
+        return cls._make(_flatten(data, batch, "the list"), batch)
+
+    # -- the value --------------------------------------------------------------------------
+    @property
+    def data(self) -> Any:
+        """The values as nested lists (what ``tolist()`` gives)."""
+        return self.tolist()
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        self._values = _flatten(value, self._batch_size, "the new value")
+
+    def tolist(self) -> Any:
+        """The values as nested lists, one level per batch dimension."""
+        return _nest(list(self._values), self._batch_size)
+
+    def clone(self) -> NonTensorStack:
+        """A new stack of the same values (the values themselves are not copied)."""
+        return NonTensorStack._make(list(self._values), self._batch_size)
+
+    # -- indexing and shape -----------------------------------------------------------------
+    def _index(self, idx: Any) -> NonTensorData:
+        positions = torch.arange(len(self._values)).reshape(self._batch_size)[normalize_index(idx, self.batch_dims)]
+        picked = [self._values[i] for i in positions.reshape(-1).tolist()]
+        if positions.dim() == 0:
+            return NonTensorData(picked[0])
+        return NonTensorStack._make(picked, positions.shape)
+
+    def __getitem__(self, idx: Any) -> NonTensorData:
+        return self._index(idx)
+
+    def __len__(self) -> int:
+        return self._batch_size[0] if self._batch_size else 0
+
+    def __iter__(self) -> Iterator[NonTensorData]:
+        for i in range(len(self)):
+            yield self._index(i)
+
+    def unbind(self, dim: int = 0) -> tuple[NonTensorData, ...]:
+        """The slices along ``dim`` (``NonTensorData`` when one dimension is left)."""
+        dim = check_dim(dim, self.batch_dims)
+        return tuple(self._index((slice(None),) * dim + (i,)) for i in range(self._batch_size[dim]))
+
+    # -- comparison, representation, pickling ---------------------------------------------
+    def __eq__(self, other: object) -> torch.Tensor:  # type: ignore[override]
+        """Element-wise equality: a bool tensor of the batch shape."""
+        if isinstance(other, NonTensorStack):
+            if other.batch_size != self._batch_size:
+                raise BatchSizeError(
+                    f"Cannot compare NonTensorStacks of batch sizes {list(self._batch_size)} and "
+                    f"{list(other.batch_size)}."
+                )
+            pairs = list(zip(self._values, other._values, strict=True))
+        else:
+            theirs = other.data if isinstance(other, NonTensorData) else other
+            pairs = [(v, theirs) for v in self._values]
+        return torch.tensor([NonTensorData(a) == b for a, b in pairs], dtype=torch.bool).reshape(self._batch_size)
+
+    def __ne__(self, other: object) -> torch.Tensor:  # type: ignore[override]
+        return ~self.__eq__(other)
+
+    __hash__ = NonTensorData.__hash__
+
+    def __repr__(self) -> str:
+        return f"NonTensorStack(\n    {self.tolist()!r},\n    batch_size={self._batch_size},\n    device=None)"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_stack, (list(self._values), tuple(self._batch_size)))
+
+    # -- stacking ---------------------------------------------------------------------------
+    @classmethod
+    def _combine(cls, values: Sequence[Any], batches: Sequence[torch.Size], dim: int, new_dim: bool) -> NonTensorStack:
+        """Stack (``new_dim``) or concatenate non-tensor values, each broadcast over its batch."""
+        if not values:
+            raise InvalidArgumentError("Cannot stack an empty sequence of non-tensor values.")
+        flat: list[Any] = []
+        positions = []
+        for value, batch in zip(values, batches, strict=True):
+            batch = torch.Size(batch)
+            if isinstance(value, NonTensorStack) and value.batch_size == batch:
+                own = list(value._values)
+            else:
+                own = [value.data if isinstance(value, NonTensorData) else value] * batch.numel()
+            positions.append(torch.arange(len(flat), len(flat) + len(own)).reshape(batch))
+            flat.extend(own)
+        ndim = positions[0].dim() + new_dim
+        if ndim == 0:
+            raise InvalidArgumentError("Cannot concatenate non-tensor values that have no batch dimension.")
+        dim = check_dim(dim, ndim)
+        joined = torch.stack(positions, dim) if new_dim else torch.cat(positions, dim)
+        return NonTensorStack._make([flat[i] for i in joined.reshape(-1).tolist()], joined.shape)
+
+
+def _rebuild_stack(values: list[Any], batch: tuple[int, ...]) -> NonTensorStack:
+    return NonTensorStack._make(values, torch.Size(batch))
+
+
+def stack_non_tensor(values: Sequence[NonTensorData], batches: Sequence[torch.Size], dim: int, new_dim: bool) -> Any:
+    """The non-tensor entry of stacked (or concatenated) tensordicts of the given batch sizes.
+
+    Equal plain values stay one ``NonTensorData``; values that differ (or stacks) become a
+    :class:`NonTensorStack` of the combined batch shape."""
+    first = values[0]
+    plain = all(type(v) is not NonTensorStack and not isinstance(v, NonTensorStack) for v in values)
+    if plain and all(first == v for v in values[1:]):
+        return NonTensorData(first.data)
+    return NonTensorStack._combine(list(values), list(batches), dim, new_dim)
+
+
+def nested_shape(data: Any) -> torch.Size:
+    """The batch shape of nested lists: descend while every element is a list of one common length."""
+    shape: list[int] = []
+    level = [data]
+    while all(isinstance(x, list) for x in level) and len({len(x) for x in level}) == 1:
+        n = len(level[0])
+        shape.append(n)
+        level = [y for x in level for y in x]
+        if n == 0:
+            break
+    return torch.Size(shape)
+
+
+def _nest(values: list[Any], batch: torch.Size) -> Any:
+    if not batch:
+        return values[0]
+    step = math.prod(batch[1:])
+    return [_nest(values[i * step : (i + 1) * step], batch[1:]) for i in range(batch[0])]
+
+
+def _flatten(data: Any, batch: torch.Size, what: str) -> list[Any]:
+    if not batch:
+        return [data]
+    if not isinstance(data, (list, tuple)) or len(data) != batch[0]:
+        raise BatchSizeError(
+            f"{what} does not match the batch size {list(batch)}: expected a list of {batch[0]} elements, "
+            f"got {type(data).__name__}{f' of {len(data)}' if isinstance(data, (list, tuple)) else ''}."
+        )
+    return [v for item in data for v in _flatten(item, batch[1:], what)]
 
 
 NONTENSOR = register(NodeKind("NonTensorData", VALUE, "NonTensorData", NonTensorData, NONTENSOR_TYPE))
+NONTENSOR_STACK = register(
+    NodeKind("NonTensorStack", VALUE_STACK, "NonTensorStack", NonTensorStack, NONTENSOR_STACK_TYPE)
+)

@@ -14,9 +14,18 @@ from typing import Any
 
 from ._errors import InvalidArgumentError
 from ._files import check_not_symlink, replace_file
-from ._format import META_FILE, PICKLE_FILE, dumps_json, is_json_value, nontensor_meta
+from ._format import (
+    META_FILE,
+    PICKLE_FILE,
+    STACK_PICKLE_FILE,
+    dumps_compact_json,
+    dumps_json,
+    is_json_value,
+    nontensor_meta,
+    nontensor_stack_meta,
+)
 
-__all__ = ["encode_nontensor", "write_nontensor", "replace_if_changed"]
+__all__ = ["encode_nontensor", "encode_nontensor_stack", "write_nontensor", "replace_if_changed"]
 
 
 def encode_nontensor(value: Any, where: str) -> tuple[bytes, bytes | None]:
@@ -37,21 +46,39 @@ def encode_nontensor(value: Any, where: str) -> tuple[bytes, bytes | None]:
         ) from err
 
 
-def write_nontensor(path: str, meta: bytes, pickled: bytes | None) -> bool:
-    """Write one non-tensor folder: ``other.pickle`` first (if any), then ``meta.json``.
+def encode_nontensor_stack(values: list, where: str) -> tuple[bytes, bytes | None]:
+    """The ``meta.json`` bytes of a NonTensorStack (its nested list of values) and, if JSON cannot
+    hold them, the pickle of the list (``pickle.pkl``), as the reference writes them."""
+    if is_json_value(values):
+        try:
+            return dumps_compact_json(nontensor_stack_meta(values)), None
+        except (TypeError, ValueError):
+            pass
+    try:
+        pickled = pickle.dumps(values)
+    except Exception as err:
+        raise InvalidArgumentError(
+            f"The non-tensor stack at {where} is neither JSON nor picklable ({err}); convert it before saving."
+        ) from err
+    return dumps_compact_json(nontensor_stack_meta(STACK_PICKLE_FILE)), pickled
+
+
+def write_nontensor(path: str, meta: bytes, pickled: bytes | None, pickle_name: str = PICKLE_FILE) -> bool:
+    """Write one non-tensor folder: its pickle ``pickle_name`` first (if any), then ``meta.json``.
 
     Returns whether anything changed on disk.
     """
     os.makedirs(path, exist_ok=True)
     check_not_symlink(path)
-    pickle_path = os.path.join(path, PICKLE_FILE)
     changed = False
     if pickled is not None:
-        changed = replace_if_changed(pickle_path, pickled)
+        changed = replace_if_changed(os.path.join(path, pickle_name), pickled)
     changed = replace_if_changed(os.path.join(path, META_FILE), meta) or changed
-    if pickled is None and os.path.exists(pickle_path):
-        os.unlink(pickle_path)  # stale: the value is JSON now
-        changed = True
+    for name in (PICKLE_FILE, STACK_PICKLE_FILE):
+        stale = os.path.join(path, name)
+        if (pickled is None or name != pickle_name) and os.path.exists(stale):
+            os.unlink(stale)  # stale: the value is JSON now, or another kind of value
+            changed = True
     return changed
 
 

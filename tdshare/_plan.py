@@ -25,24 +25,29 @@ from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
 from ._format import (
     LEAF_SUFFIX,
     LEVEL,
+    PICKLE_FILE,
     PLAIN_KEY_MAX,
     RESERVED_KEYS,
+    STACK,
+    STACK_PICKLE_FILE,
     VALUE,
+    VALUE_STACK,
     WRAPPED,
     WRAPPED_DIR,
     dumps_json,
     entry_file_name,
+    lazy_stack_meta,
     shared_leaf_entry,
 )
 from ._leaf_files import LeafPlan, plain_leaf
 from ._memmap import MemoryMappedTensor
 from ._nodes import NodeKind, kind_of
 from ._nontensor import NonTensorData
-from ._nontensor_files import encode_nontensor
+from ._nontensor_files import encode_nontensor, encode_nontensor_stack
 from ._options import SaveOptions
 from ._tensordict_base import TensorDictBase
 
-__all__ = ["PlannedLeaf", "PlannedValue", "PlannedWrapper", "PlannedLevel", "plan_tree", "TreeWriter"]
+__all__ = ["PlannedLeaf", "PlannedValue", "PlannedWrapper", "PlannedLevel", "plan_tree", "encode_value", "TreeWriter"]
 
 _STRIDED = torch.strided
 _Tensor = torch.Tensor
@@ -69,6 +74,7 @@ class PlannedValue:
     meta: bytes = b""
     pickled: bytes | None = None
     store: str | None = None  # the runtime store of an anonymous tree sharing the value (path is in it)
+    pickle_name: str = PICKLE_FILE  # a NonTensorStack's pickle is pickle.pkl
 
 
 @dataclass
@@ -104,6 +110,9 @@ class PlannedLevel:
     share: bool = False  # install non-tensor leaves as SharedNonTensorData (share_non_tensor=True)
     names: list | None = None  # the dim names written to meta.json (see _inherit_names)
     empty: bool = False  # its folder held nothing when this write began (made by it, or found empty)
+    # a lazy stack (a STACK kind): ``children`` are its members "0", "1"..., ``stack_meta`` its meta.json
+    stack: NodeKind | None = None
+    stack_meta: bytes = b""
 
     def walk(self) -> list[PlannedLevel]:
         """Every level, children before their parent."""
@@ -147,6 +156,9 @@ def plan_tree(
             with ``existsok=False``.
         NotSupportedError: a nested or sparse tensor, a kind of node that cannot be saved.
     """
+    own = kind_of(td)
+    if own is not None and own.layout == STACK:
+        return _plan_stack(td, own, path, robust, copy_existing, existsok, where)
     level = PlannedLevel(td, path, names=_inherit_names(td, parent_names))
     used: dict[str, str] = {}  # file name -> key: a leaf "a" and a folder "a.memmap" would collide
     head = path + os.sep if path and robust and existsok else None
@@ -190,10 +202,12 @@ def plan_tree(
         if kind.layout == LEVEL:
             child = plan_tree(value, sub, robust, copy_existing, existsok, here, level.names)
             level.children.append((key, child))
-        elif kind.layout == VALUE:
+        elif kind.layout == STACK:
+            level.children.append((key, plan_tree(value, sub, robust, copy_existing, existsok, here)))
+        elif kind.layout in (VALUE, VALUE_STACK):
             nt = PlannedValue(key, value, sub)
             if path is not None:
-                nt.meta, nt.pickled = encode_nontensor(value.data, here)
+                nt.meta, nt.pickled, nt.pickle_name = encode_value(value, here)
             level.nontensors.append(nt)
         elif kind.layout == WRAPPED and kind.unwrap is not None and kind.type_tag is not None:
             inner, fields = kind.unwrap(value)
@@ -207,6 +221,33 @@ def plan_tree(
             raise NotSupportedError(f"The entry {here} is a {kind.name}, which tdshare cannot save yet.")
         entries[key] = kind.entry
     return level
+
+
+def _plan_stack(
+    td: Any, kind: NodeKind, path: str | None, robust: bool, copy_existing: bool, existsok: bool, where: str
+) -> PlannedLevel:
+    """Plan a lazy stack: its members as the levels ``0/``, ``1/``... and its own ``meta.json``."""
+    if kind.unwrap is None:
+        raise NotSupportedError(f"{where} is a {kind.name}, which tdshare cannot save yet.")
+    members, fields = kind.unwrap(td)
+    level = PlannedLevel(td, path, stack=kind)
+    for i, member in enumerate(members):
+        sub = None if path is None else (path + os.sep + str(i) if path else str(i))
+        here = f"member {i}" if where == "the tensordict" else f"{where} member {i}"
+        level.children.append((str(i), plan_tree(member, sub, robust, copy_existing, existsok, here)))
+    if path is not None:
+        level.stack_meta = dumps_json(lazy_stack_meta(fields["stack_dim"], fields.get("stack_dim_name")))
+    return level
+
+
+def encode_value(value: NonTensorData, where: str) -> tuple[bytes, bytes | None, str]:
+    """The ``meta.json`` bytes, the pickle (or None) and the pickle's file name of a non-tensor node."""
+    kind = kind_of(value)
+    if kind is not None and kind.layout == VALUE_STACK:
+        meta, pickled = encode_nontensor_stack(value.tolist(), where)
+        return meta, pickled, STACK_PICKLE_FILE
+    meta, pickled = encode_nontensor(value.data, where)
+    return meta, pickled, PICKLE_FILE
 
 
 def _inherit_names(td: TensorDictBase, parent_names: list | None) -> list | None:

@@ -20,12 +20,21 @@ import torch
 from ._archive_store import ArchiveStore
 from ._bulk import bulk
 from ._coordination import SharedRegistry
-from ._errors import ArgumentTypeError, CorruptDataError, InvalidArgumentError, LockedError, UnsupportedFormatError
+from ._errors import (
+    ArgumentTypeError,
+    BatchSizeError,
+    CorruptDataError,
+    InvalidArgumentError,
+    LockedError,
+    UnsupportedFormatError,
+)
 from ._format import (
+    LAZY_STACK_TYPE,
     LEVEL,
     META_FILE,
     PICKLE_FILE,
     STACK,
+    STACK_PICKLE_FILE,
     VALUE,
     VALUE_STACK,
     WRAPPED,
@@ -36,7 +45,7 @@ from ._format import (
 )
 from ._keys import encode_key, unravel_key
 from ._nodes import kind_for_tag
-from ._nontensor import NonTensorData
+from ._nontensor import NonTensorData, NonTensorStack, nested_shape
 from ._store import Deferred, DirectoryStore, Store, check_load_args, read_meta, user_stacklevel
 from ._tdz import Archive
 from ._tensordict_base import TensorDictBase, is_collection
@@ -44,7 +53,6 @@ from ._tensordict_base import TensorDictBase, is_collection
 __all__ = ["load_tree", "load_into", "load_level", "open_checked_leaf", "check_load_args", "read_meta"]
 
 T = TypeVar("T", bound=TensorDictBase)
-_STACK_PICKLE = "pickle.pkl"
 
 
 def open_checked_leaf(
@@ -83,20 +91,58 @@ def _load_value(cls: type[T], store: Store, level: str, meta: dict, out: Any, pa
 def _load_value_stack(
     cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any
 ) -> Any:
-    """A NonTensorStack: its values inline, in a pickle, or (older writers) as member folders."""
+    """A NonTensorStack: its values inline, in a pickle, or (older writers) as member folders.
+
+    Its batch size is the parent's (a stack holds one value per element of its tensordict), or,
+    saved on its own, the nesting of its lists."""
     data = meta.get("data")
-    if data == _STACK_PICKLE:
-        data = store.unpickle(level, _STACK_PICKLE)
+    where = store.where(level, META_FILE)
+    if data == STACK_PICKLE_FILE:
+        data = store.unpickle(level, STACK_PICKLE_FILE)
     elif isinstance(data, str):
-        raise CorruptDataError(f"{store.where(level, META_FILE)}: invalid pickled NonTensorStack file name {data!r}.")
+        raise CorruptDataError(f"{where}: invalid pickled NonTensorStack file name {data!r}.")
     elif data is None:  # older writers: no "data", one NonTensorData folder per member
         return _load_nontensor_members(cls, store, level, meta, device)
-    return NonTensorData(data)
+    if not isinstance(data, list):
+        raise CorruptDataError(f"{where}: a NonTensorStack's data must be a list, found {type(data).__name__}.")
+    batch = tuple(parent_batch) if parent_batch is not None else tuple(nested_shape(data))
+    try:
+        return NonTensorStack.from_list(data, batch)
+    except BatchSizeError as err:
+        raise CorruptDataError(
+            f"{where}: the stacked values do not match the batch size {list(batch)}: {err}"
+        ) from None
 
 
 def _load_stack(cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any) -> Any:
-    """A lazy stack: its members ``0/``, ``1/``..., stacked along ``stack_dim``."""
-    return cls.stack(_load_members(cls, store, level, device), int(meta.get("stack_dim", 0)))
+    """A lazy stack: its members ``0/``, ``1/``... along ``stack_dim``, as a LazyStackedTensorDict.
+
+    The members must agree on their batch size (and, nested, start with the parent's)."""
+    where = store.where(level, META_FILE)
+    members = _load_members(cls, store, level, device)
+    dim = meta.get("stack_dim", 0)
+    ndim = members[0].batch_dims + 1
+    if type(dim) is not int or not -ndim <= dim < ndim:
+        raise CorruptDataError(f"{where}: stack_dim must be an integer below {ndim}, found {dim!r}.")
+    for i, member in enumerate(members):
+        if member.batch_size != members[0].batch_size:
+            raise CorruptDataError(
+                f"{where}: member {i} has batch size {list(member.batch_size)}, member 0 has "
+                f"{list(members[0].batch_size)}; the members of a stack must agree."
+            )
+    kind = kind_for_tag(LAZY_STACK_TYPE)
+    if kind is None or kind.wrap is None:  # no lazy class registered: a dense stack
+        return cls.stack(members, dim)
+    name = meta.get("stack_dim_name")
+    result = kind.wrap(members, {"stack_dim": dim, "stack_dim_name": name if isinstance(name, str) else None})
+    batch = tuple(result.batch_size)
+    if parent_batch is not None and batch[: len(parent_batch)] != tuple(parent_batch):
+        raise CorruptDataError(
+            f"{where}: batch size {list(batch)} does not start with the parent's {list(parent_batch)}."
+        )
+    store.annotate(result, level, meta)
+    result._is_memmap = False
+    return result
 
 
 def _load_wrapped(
@@ -171,7 +217,7 @@ def _load_collection(
 
 
 def _load_nontensor_members(cls: type[T], store: Store, level: str, meta: dict, device: Any) -> NonTensorData:
-    """A NonTensorStack saved as member folders ``0/``, ``1/``...: a NonTensorData of their values."""
+    """A NonTensorStack saved as member folders ``0/``, ``1/``...: a NonTensorStack of their values."""
     if meta.get("stack_dim", 0) != 0:
         raise UnsupportedFormatError(
             f"{store.where(level, META_FILE)}: a NonTensorStack stored as member folders with stack_dim "
@@ -181,8 +227,8 @@ def _load_nontensor_members(cls: type[T], store: Store, level: str, meta: dict, 
     for member in _load_members(cls, store, level, device):
         if not isinstance(member, NonTensorData):
             raise CorruptDataError(f"{store.where(level)!r}: a NonTensorStack member is not non-tensor data.")
-        values.append(member.data)
-    return NonTensorData(values)
+        values.append(member)
+    return NonTensorStack(*values)
 
 
 def _load_members(cls: type[T], store: Store, level: str, device: Any) -> list:
@@ -249,6 +295,7 @@ def load_tree(
     A file is read through an :class:`ArchiveStore`, a folder through a :class:`DirectoryStore`;
     the same walker (:func:`_load_level`) reads both."""
     check_load_args(mode, allow_pickle)
+    cls = cls._level_class()  # type: ignore[assignment]  # a lazy stack's levels are TensorDicts
     path = os.path.abspath(os.fspath(prefix))
     robust = True if robust_key is None else bool(robust_key)
     folder = None if os.path.isfile(path) else DirectoryStore(path, robust, mode, allow_pickle)
@@ -289,13 +336,22 @@ def _check_out(out: Any, device: Any) -> None:
         raise InvalidArgumentError(
             f"Cannot load a tensordict on device {torch.device(device)} into a tensordict on device {out.device}."
         )
-    for key, level in [("", out), *((k, v) for k, v in out._iter_items(True, False) if is_collection(v))]:
+    for key, level in _levels(out):
         if level._is_locked:
             where = "" if key == "" else f" (at {key!r})"
             raise LockedError(
                 f"Cannot load into a locked TensorDict{where}: unlock it first (td.unlock_()), or load a new one "
                 "and write it in place with td.update_(TensorDict.load_memmap(prefix))."
             )
+
+
+def _levels(td: TensorDictBase, key: Any = "") -> list[tuple[Any, TensorDictBase]]:
+    """``td`` and its nested collection levels, with their keys (no lazy stack's entries are read)."""
+    out: list[tuple[Any, TensorDictBase]] = [(key, td)]
+    for name, value in td._tensordict.items():
+        if is_collection(value):
+            out.extend(_levels(value, name if key == "" else (*((key,) if isinstance(key, str) else key), name)))
+    return out
 
 
 def _transplant(loaded: TensorDictBase, out: TensorDictBase) -> None:

@@ -19,7 +19,7 @@ import stat
 import sys
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +40,7 @@ from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor
 from ._tdz import Entry
 
-__all__ = ["Store", "DirectoryStore", "empty_leaf", "Deferred", "check_load_args", "read_meta"]
+__all__ = ["Store", "DirectoryStore", "empty_leaf", "Deferred", "check_load_args", "read_meta", "checked_members"]
 
 
 def check_load_args(mode: object, allow_pickle: object) -> None:
@@ -215,6 +215,19 @@ class Store(ABC):
 
 
 # -- a saved folder ------------------------------------------------------------------------------
+def checked_members(store: Store, level: str, found: set[int], path_of: Callable[[int], str]) -> list[str]:
+    """The member levels ``0``...``n-1`` of a stack whose numbered folders are ``found``: a gap in the
+    numbering, or a member folder without ``meta.json``, raises naming it (never a shorter stack)."""
+    for i in range(len(found)):
+        if i not in found:
+            raise CorruptDataError(
+                f"{store.where(level)!r}: the stacked member folder {i!r} is missing (found {sorted(found)})."
+            )
+        if not store.has_level(path_of(i)):
+            raise CorruptDataError(f"{store.where(level)!r}: the stacked member folder {i!r} has no {META_FILE}.")
+    return [path_of(i) for i in range(len(found))]
+
+
 class DirectoryStore(Store):
     """A saved folder: leaves are mapped files; nothing outside the folder's real path is read."""
 
@@ -315,12 +328,12 @@ class DirectoryStore(Store):
         return self._entering(level) if level in self._links or os.path.islink(level) else nullcontext()
 
     def members(self, level: str) -> Iterator[str]:
-        i = 0
-        while os.path.isdir(os.path.join(level, str(i))):
-            yield os.path.join(level, str(i))
-            i += 1
-        if os.path.exists(os.path.join(level, str(i + 1))):
-            raise CorruptDataError(f"{level!r}: the stacked member folder {i!r} is missing.")
+        try:
+            names = os.listdir(level)
+        except OSError:
+            names = []
+        found = {int(n) for n in names if n.isdigit() and str(int(n)) == n and os.path.isdir(os.path.join(level, n))}
+        yield from checked_members(self, level, found, lambda i: os.path.join(level, str(i)))
 
     def _read_pickle(self, level: str, name: str) -> Any:
         path = os.path.join(level, name)

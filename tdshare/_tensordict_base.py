@@ -30,7 +30,7 @@ from ._format import LEVEL, TD_TYPE
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._keys import NestedKey, unravel_key
 from ._nodes import NodeKind, kind_of, register
-from ._nontensor import NonTensorData
+from ._nontensor import NonTensorData, NonTensorStack
 from ._reductions import decode_leaf, encode_leaf
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict"]
@@ -94,6 +94,11 @@ class TensorDictBase(CombineOps):
         self._registry: Any = None  # (folder, SharedRegistry) held while this tensordict lives
         self._last_op: list[str | None] = []  # the latest lock_/unlock_ (None: it changed nothing)
         self._op_queue: list[str | None] = []  # the ops of the open ``with`` blocks
+
+    @classmethod
+    def _level_class(cls) -> type[TensorDictBase]:
+        """The class a loader builds this family's levels with (a lazy stack's are TensorDicts)."""
+        return cls
 
     @classmethod
     def _from_leaves(
@@ -237,6 +242,8 @@ class TensorDictBase(CombineOps):
     def _get_leaf(self, key: tuple[str, ...], default: Any = _NO_DEFAULT) -> Any:
         node: Any = self
         for depth, part in enumerate(key):
+            if depth and isinstance(node, TensorDictBase) and not is_collection(node):
+                return node._get_leaf(key[depth:], default)  # a lazy stack reads its members
             if not isinstance(node, TensorDictBase) or part not in node._tensordict:
                 if default is not _NO_DEFAULT:
                     return default
@@ -269,7 +276,25 @@ class TensorDictBase(CombineOps):
 
     def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list:
         """The keys, in insertion order; nested keys are tuples when ``include_nested``."""
-        return [k for k, _ in self._iter_items(include_nested, leaves_only)]
+        return list(self._iter_keys(include_nested, leaves_only))
+
+    def _iter_keys(self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()) -> Iterator[Any]:
+        """The keys of :meth:`_iter_items`, without reading any value (a lazy stack's would be stacked)."""
+        for key, leaf in self._tensordict.items():
+            full = (*prefix, key)
+            is_td = isinstance(leaf, TensorDictBase)
+            if not (is_td and leaves_only):
+                yield full if prefix else key
+            if is_td and include_nested:
+                yield from leaf._iter_keys(True, leaves_only, full)
+
+    def _stored_tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor this tree stores (a lazy stack's members' own), for in-place work on them."""
+        for leaf in self._tensordict.values():
+            if isinstance(leaf, TensorDictBase):
+                yield from leaf._stored_tensors()
+            elif isinstance(leaf, torch.Tensor):
+                yield leaf
 
     def items(self, include_nested: bool = False, leaves_only: bool = False) -> Iterator[tuple[Any, Any]]:
         """Iterate over ``(key, value)`` pairs; a non-tensor leaf gives its value.
@@ -311,7 +336,7 @@ class TensorDictBase(CombineOps):
     # -- writing ------------------------------------------------------------------------------
     def _check_batch(self, key: str, value: Any, batch: torch.Size | None = None) -> None:
         batch = self._batch_size if batch is None else batch
-        if isinstance(value, TensorDictBase):
+        if isinstance(value, (TensorDictBase, NonTensorStack)):
             shape = value.batch_size
         elif isinstance(value, torch.Tensor) and value.is_nested:
             # a nested tensor has no fixed shape: only its first (number of elements) dimension counts
@@ -332,6 +357,7 @@ class TensorDictBase(CombineOps):
         elif isinstance(value, Mapping):
             value = type(self)(value, batch_size=self._batch_size, device=self._device)
         elif isinstance(value, NonTensorData):
+            self._check_batch(key, value)  # a NonTensorStack holds one value per batch element
             return value
         elif isinstance(value, (bool, int, float, complex)) or type(value).__module__ == "numpy":
             value = torch.as_tensor(value)
@@ -350,8 +376,11 @@ class TensorDictBase(CombineOps):
 
     def _set(self, key: tuple[str, ...], value: Any, inplace: bool = False) -> None:
         node = self
-        for part in key[:-1]:
+        for depth, part in enumerate(key[:-1]):
             child = node._tensordict.get(part)
+            if isinstance(child, TensorDictBase) and not is_collection(child):
+                child._set(key[depth + 1 :], value, inplace)  # a lazy stack writes into its members
+                return
             if child is None:
                 node._check_unlocked(part)
                 child = type(self)._from_leaves({}, node._batch_size, node._device, node._names)
@@ -381,6 +410,9 @@ class TensorDictBase(CombineOps):
         """Write ``value`` into the existing entry ``key`` (allowed while locked)."""
         parts = unravel_key(key)
         parent = self._get_leaf(parts[:-1]) if len(parts) > 1 else self
+        if parent is not self and isinstance(parent, TensorDictBase) and not is_collection(parent):
+            parent.set_(parts[-1], value)  # a lazy stack writes into its members
+            return self
         if not isinstance(parent, TensorDictBase) or parts[-1] not in parent._tensordict:
             raise MissingKeyError(f"key {key!r} not found: set_() writes into existing entries; use set() to add one.")
         parent._set_inplace(parts[-1], value)
@@ -462,6 +494,8 @@ class TensorDictBase(CombineOps):
         if leaf is default and default is not _NO_DEFAULT:
             return default
         parent = self._get_leaf(parts[:-1]) if len(parts) > 1 else self
+        if parent is not self and isinstance(parent, TensorDictBase) and not is_collection(parent):
+            return parent.pop(parts[-1], default)  # a lazy stack removes it from its members
         parent._check_unlocked(parts[-1])
         del parent._tensordict[parts[-1]]
         return leaf.data if isinstance(leaf, NonTensorData) else leaf
@@ -498,7 +532,7 @@ class TensorDictBase(CombineOps):
             if isinstance(leaf, TensorDictBase):
                 leaves[key] = leaf._index(idx)
             elif isinstance(leaf, NonTensorData):
-                leaves[key] = leaf
+                leaves[key] = leaf._index(idx)  # the same value; a NonTensorStack's elements
             else:
                 leaves[key] = leaf[idx]
         out = type(self)._from_leaves(leaves, batch, self._device, index_names(self._names, idx, len(batch)))
@@ -522,7 +556,7 @@ class TensorDictBase(CombineOps):
                     leaves[key]._batch_size = batch_size + leaf._batch_size[self.batch_dims :]
             elif isinstance(leaf, NonTensorData):
                 if keep_non_tensor:
-                    leaves[key] = NonTensorData(leaf.data)
+                    leaves[key] = leaf.clone()
             else:
                 result = fn(leaf)
                 if result is not None:
@@ -554,9 +588,8 @@ class TensorDictBase(CombineOps):
         >>> TensorDict(a=torch.ones(2), batch_size=[2]).apply_(lambda t: t * 3)["a"].tolist()
         [3.0, 3.0]
         """
-        for _, leaf in self._iter_items(True, True):
-            if isinstance(leaf, torch.Tensor):
-                leaf.copy_(fn(leaf))
+        for leaf in self._stored_tensors():
+            leaf.copy_(fn(leaf))
         return self
 
     def to(self: T, *args: Any, **kwargs: Any) -> T:
@@ -615,9 +648,8 @@ class TensorDictBase(CombineOps):
 
     def zero_(self: T) -> T:
         """Fill every tensor leaf with zeros, in place; return self."""
-        for _, leaf in self._iter_items(True, True):
-            if isinstance(leaf, torch.Tensor):
-                leaf.zero_()
+        for leaf in self._stored_tensors():
+            leaf.zero_()
         return self
 
     def fill_(self: T, key: NestedKey, value: float | bool) -> T:
@@ -651,9 +683,8 @@ class TensorDictBase(CombineOps):
         """Move every leaf to shared memory (in place) and lock the tensordict."""
         if self._is_memmap:
             raise MemmapError("memmap and shared memory are mutually exclusive features.")
-        for _, leaf in self._iter_items(True, True):
-            if isinstance(leaf, torch.Tensor):
-                leaf.share_memory_()
+        for leaf in self._stored_tensors():
+            leaf.share_memory_()
         self._propagate(lambda td: setattr(td, "_is_shared", True))
         return self.lock_()
 

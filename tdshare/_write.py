@@ -25,15 +25,15 @@ from ._atomic import atomic_directory
 from ._coordination import SharedRegistry, unchanged_since
 from ._errors import InvalidArgumentError, MemmapError, NotAFolderError
 from ._files import check_not_symlink, replace_file
-from ._format import META_FILE, WRAPPED_DIR, dumps_level, level_meta
+from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR, dumps_level, level_meta
 from ._future import TensorDictFuture
 from ._keys import encode_key
 from ._leaf_files import Listing, write_batch, write_leaf
 from ._memmap import MemoryMappedTensor
-from ._nontensor import NonTensorData
-from ._nontensor_files import encode_nontensor, replace_if_changed, write_nontensor
+from ._nodes import kind_of
+from ._nontensor_files import replace_if_changed, write_nontensor
 from ._options import SaveOptions
-from ._plan import PlannedLeaf, PlannedLevel, TreeWriter, plan_tree
+from ._plan import PlannedLeaf, PlannedLevel, TreeWriter, encode_value, plan_tree
 from ._progress import ProgressCallback
 from ._runtime import ensure_store, new_store_path
 from ._segments import Segment, align
@@ -107,10 +107,18 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
         assert level.path is not None
         for nt in level.nontensors:
             assert nt.path is not None
-            changed = write_nontensor(nt.path, nt.meta, nt.pickled) or changed
+            changed = write_nontensor(nt.path, nt.meta, nt.pickled, nt.pickle_name) or changed
         for w in level.wrapped:  # after its collection (walk() lists it first)
             assert w.path is not None
             changed = write_nontensor(w.path, w.meta, None) or changed
+        if level.stack is not None:  # a lazy stack: its members are written (walk() lists them first)
+            target = level.path + os.sep + META_FILE
+            if fresh:
+                replace_file(target, level.stack_meta)
+                changed = True
+            else:
+                changed = replace_if_changed(target, level.stack_meta) or changed
+            continue
         src = level.src
         meta = level_meta(level.entries, src.batch_size, level.names)
         if src._meta_seen is not None and meta == src._meta_seen and src._memmap_prefix == level.path:
@@ -174,8 +182,33 @@ def _write_anonymous(root: PlannedLevel) -> None:
 
 
 # -- phase 3: install -------------------------------------------------------------------------
+def _blank(td: T) -> T:
+    """An empty tensordict of ``td``'s shape and class for ``memmap()`` to install into; a lazy
+    stack's has one blank member per member."""
+    kind = kind_of(td)
+    if kind is not None and kind.layout == STACK and kind.unwrap is not None and kind.wrap is not None:
+        members, fields = kind.unwrap(td)
+        return cast(T, kind.wrap([_blank(m) for m in members], fields))
+    return type(td)._from_leaves({}, td.batch_size, None, td._names)
+
+
+def _install_stack(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool) -> None:
+    """Install a lazy stack's members into ``dest``'s members (its own, for ``memmap_``)."""
+    assert level.stack is not None and level.stack.unwrap is not None
+    members, _ = level.stack.unwrap(dest)
+    for (key, child), member in zip(level.children, members, strict=True):
+        _install(child, member, None if final_path is None else os.path.join(final_path, key), share)
+    dest._is_memmap = True
+    dest._is_shared = False
+    dest._memmap_prefix = final_path
+    dest._is_locked = True
+
+
 def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool | None = None) -> None:
     share = level.share if share is None else share
+    if level.stack is not None:
+        _install_stack(level, dest, final_path, share)
+        return
     in_place = dest is level.src
     values = dict(dest._tensordict) if in_place else {}
     values.update(zip(level.plain_keys, level.plain_out, strict=True))
@@ -183,14 +216,16 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
         assert leaf.result is not None
         values[leaf.key] = leaf.result
     for nt in level.nontensors:
-        if share and nt.store is not None and nt.path is not None:  # an anonymous tree's, in its store
+        if kind_of(nt.value).layout == VALUE_STACK:  # type: ignore[union-attr]
+            values[nt.key] = nt.value if in_place else nt.value.clone()  # a stack is not shared live
+        elif share and nt.store is not None and nt.path is not None:  # an anonymous tree's, in its store
             values[nt.key] = SharedNonTensorData(nt.value.data, nt.path, allow_pickle=True, store=nt.store)
         elif share and final_path is not None and nt.path is not None:
             # the writer made these files, so it may read its own pickles back
             folder = os.path.join(final_path, os.path.basename(nt.path))
             values[nt.key] = SharedNonTensorData(nt.value.data, folder, allow_pickle=True)
         else:
-            values[nt.key] = nt.value if in_place else NonTensorData(nt.value.data)
+            values[nt.key] = nt.value if in_place else nt.value.clone()
     for w in level.wrapped:
         wrapper_dir = None
         if final_path is not None and w.path is not None:
@@ -216,7 +251,12 @@ def _install_child(
     """Install a child level: into its source (``memmap_``) or a new ``cls`` (``memmap``), mapped
     under ``parent``/basename(``name``)."""
     src = child.src
-    dest = src if in_place else cls._from_leaves({}, src.batch_size, None, src._names)
+    if in_place:
+        dest = src
+    elif child.stack is not None:
+        dest = _blank(src)
+    else:
+        dest = cls._from_leaves({}, src.batch_size, None, src._names)
     path = None if parent is None or name is None else os.path.join(parent, os.path.basename(name))
     _install(child, dest, path, share)
     return dest
@@ -225,8 +265,14 @@ def _install_child(
 def _assign_store(td: TensorDictBase, store: str, key: tuple[str, ...]) -> None:
     """Give every level of an anonymous tree the runtime store through which entries are shared."""
     td._anon_store = (store, key)
+    kind = kind_of(td)
+    if kind is not None and kind.layout == STACK and kind.unwrap is not None:
+        for i, member in enumerate(kind.unwrap(td)[0]):
+            _assign_store(member, store, (*key, str(i)))
+        return
     for name, value in td._tensordict.items():
-        if is_collection(value):
+        child = kind_of(value)
+        if (child is not None and child.layout == STACK) or is_collection(value):
             _assign_store(value, store, (*key, name))
 
 
@@ -289,7 +335,7 @@ class AnonymousWriter(TreeWriter):
         if opts.progress is not None:
             total = sum(len(level.leaves) for level in root.walk())
             opts.progress(total, total)  # one copy into one segment: done at once
-        dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
+        dest = td if inplace else _blank(td)
         _install(root, dest, None)
         _assign_store(dest, store, ())
         return dest
@@ -304,8 +350,8 @@ def _write_shared_values(level: PlannedLevel, store: str, folder: str) -> bool:
     changed = False
     for nt in level.nontensors:
         nt.path, nt.store = os.path.join(folder, encode_key(nt.key)), store
-        nt.meta, nt.pickled = encode_nontensor(nt.value.data, f"key {nt.key!r}")
-        changed = write_nontensor(nt.path, nt.meta, nt.pickled) or changed
+        nt.meta, nt.pickled, nt.pickle_name = encode_value(nt.value, f"key {nt.key!r}")
+        changed = write_nontensor(nt.path, nt.meta, nt.pickled, nt.pickle_name) or changed
     for key, child in level.children:
         changed = _write_shared_values(child, store, os.path.join(folder, encode_key(key))) or changed
     for w in level.wrapped:
@@ -343,7 +389,7 @@ class FolderWriter(TreeWriter):
         seen = td._generation if td._memmap_prefix == path else None
         root = plan_tree(td, path, opts.robust_key, opts.copy_existing, opts.existsok)
         root.share = opts.share_non_tensor
-        dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
+        dest = td if inplace else _blank(td)
         _make_dirs(root)
         if opts.return_early and opts.num_threads > 1:
             return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen)
@@ -367,7 +413,7 @@ class FolderWriter(TreeWriter):
                 _write_metadata(root, fresh=True)
             gen = registry.bump(files_replaced=True) if registry is not None else None
         _rebase(root, staging, path)
-        dest = td if inplace else type(td)._from_leaves({}, td.batch_size, None, td._names)
+        dest = td if inplace else _blank(td)
         _install(root, dest, path)
         dest._generation = gen
         return dest

@@ -608,8 +608,7 @@ def test_tdshare_refuses_to_write_nested_tensors(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("pickled", [False, True])
 def test_nontensor_stack_from_reference(tmp_path: Path, pickled: bool) -> None:
-    # Deliberate difference: tdshare has no NonTensorStack; it loads one as a NonTensorData holding
-    # the stack's list (nested lists for several dims), which is what the reference's tolist() gives.
+    # a NonTensorStack loads as tdshare's NonTensorStack; reading it gives the reference's tolist()
     if pickled:
         members = [RefTD(s={1}, x=torch.zeros(1)), RefTD(s={2}, x=torch.ones(1))]
         for m, v in zip(members, [{1}, {2}], strict=True):
@@ -639,10 +638,10 @@ def test_nontensor_stack_2d_and_top_level(tmp_path: Path) -> None:
     src.memmap(tmp_path / "in_td")
     assert TdsTD.load(tmp_path / "in_td")["s"] == [["a", "b", "c"], ["d", "e", "f"]]
     assert describe(TdsTD.load(tmp_path / "in_td")) == describe(src)
-    # a NonTensorStack saved on its own loads as a bare NonTensorData
+    # a NonTensorStack saved on its own loads as a NonTensorStack
     tensordict.NonTensorStack("x", "y").memmap(tmp_path / "alone")
     alone = TdsTD.load(tmp_path / "alone")
-    assert isinstance(alone, tdshare.NonTensorData) and alone.data == ["x", "y"]
+    assert isinstance(alone, tdshare.NonTensorStack) and alone.data == ["x", "y"] and alone.batch_size == (2,)
 
 
 def test_nontensor_stack_as_member_folders(tmp_path: Path) -> None:
@@ -698,32 +697,37 @@ def test_lazy_stack_from_reference(tmp_path: Path, dim: int) -> None:
     # one NonTensorData, so "s" is compared apart.
     expected = describe(lazy.to_tensordict().exclude("s"))
     alone = TdsTD.load(tmp_path / "alone")
+    assert isinstance(alone, tdshare.LazyStackedTensorDict) and alone.stack_dim == lazy.stack_dim
     assert alone["s"] == "same"
-    assert describe(alone.exclude("s")) == expected
+    assert describe(alone.to_tensordict().exclude("s")) == expected
     nested = TdsTD.load(tmp_path / "nested")
-    assert describe(nested["ls"].exclude("s")) == expected
+    assert isinstance(nested["ls"], tdshare.LazyStackedTensorDict)
+    assert describe(nested["ls"].to_tensordict().exclude("s")) == expected
     assert nested["ls", "s"] == "same" and nested["z"].shape == lazy.batch_size
 
 
-def test_lazy_stack_with_differing_nontensor_values_is_refused_clearly(tmp_path: Path) -> None:
-    # tdshare has no NonTensorStack type yet (the reference keeps these values as one); until it does,
-    # loading refuses the folder with an error naming the entry instead of picking one of the values.
+def test_lazy_stack_with_differing_nontensor_values(tmp_path: Path) -> None:
+    # the members' values differ: reading the entry gives a NonTensorStack, as in the reference
     members = [RefTD(a=torch.zeros(3), batch_size=[3]), RefTD(a=torch.ones(3), batch_size=[3])]
     members[0].set_non_tensor("s", "x")
     members[1].set_non_tensor("s", "y")
     tensordict.LazyStackedTensorDict.lazy_stack(members, 0).memmap(tmp_path)
-    with pytest.raises(ValueError, match=r"non-tensor entry 's'.*differ"):
-        TdsTD.load(tmp_path)
+    loaded = TdsTD.load(tmp_path)
+    assert loaded["s"] == [["x"] * 3, ["y"] * 3] == RefTD.load_memmap(tmp_path)["s"]
+    assert [m["s"] for m in loaded.tensordicts] == ["x", "y"]
 
 
 @pytest.mark.parametrize("second", [{"a": torch.ones(3, 4)}, {"b": torch.ones(3, 2)}])
-def test_heterogeneous_lazy_stack_raises(tmp_path: Path, second: dict) -> None:
-    # tdshare has no lazy stacks: members with different shapes or keys cannot be stacked into one
-    # TensorDict. Loading raises rather than dropping anything.
+def test_heterogeneous_lazy_stack_loads_as_one(tmp_path: Path, second: dict) -> None:
+    # members with different shapes or keys load as a lazy stack of those members, nothing dropped
     members = [RefTD(a=torch.zeros(3, 2), batch_size=[3]), RefTD(second, batch_size=[3])]
     tensordict.LazyStackedTensorDict.lazy_stack(members, 0).memmap(tmp_path)
-    with pytest.raises((RuntimeError, KeyError, ValueError)):
-        TdsTD.load(tmp_path)
+    loaded = TdsTD.load(tmp_path)
+    assert isinstance(loaded, tdshare.LazyStackedTensorDict) and loaded.batch_size == (2, 3)
+    for mine, ref in zip(loaded.tensordicts, members, strict=True):
+        assert describe(mine) == describe(ref)
+    with pytest.raises((tdshare.NotSupportedError, tdshare.MissingKeyError)):
+        loaded.to_tensordict()
 
 
 # -- deliberate strictness on damaged reference folders -----------------------------------

@@ -407,7 +407,6 @@ def test_cat(use_torch: bool) -> None:
     [
         (lambda: [make(), make()[:2]], tdshare.BatchSizeError),
         (lambda: [make(), make().exclude("a")], KeyError),
-        (lambda: [make(), make().set("s", "other")], ValueError),
         (lambda: [], ValueError),
     ],
 )

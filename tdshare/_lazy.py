@@ -1,0 +1,647 @@
+"""LazyStackedTensorDict: tensordicts stacked along a batch dimension without copying them.
+
+The members keep their own entries: they must agree on the batch size, but may differ in keys
+and in the shapes beyond the batch dimensions.  Reading an entry all members share stacks it
+(``ls["x"]``); indexing along the stack dimension gives a member itself (``ls[0] is member``);
+writes go into the members.  On disk it is the reference's layout (:mod:`tdshare._format`,
+``STACK``): a folder whose ``meta.json`` holds ``stack_dim`` and members in ``0/``, ``1/``...,
+each a full level; every method of :class:`tdshare._memmap_family.MemmapFamily` works on it.
+
+It derives from :class:`tdshare._tensordict_base.TensorDictBase`, so that a parent tensordict
+recurses into it as into any child (lock, index, map, compare, pickle); every method that would
+read the base class's single level of entries is overridden here, and the base class reaches a
+lazy child only through the hooks it overrides (``_get_leaf``, ``_set``, ``_iter_keys``,
+``_stored_tensors``, ``_index``, ``_map``, ``_propagate``, ``_compare``, ``_combine``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from ._errors import (
+    ArgumentTypeError,
+    BatchSizeError,
+    InvalidArgumentError,
+    LockedError,
+    MissingKeyError,
+    NotSupportedError,
+)
+from ._format import LAZY_STACK_TYPE, STACK
+from ._indexing import check_dim, index_dims, is_key, normalize_index
+from ._keys import NestedKey, unravel_key
+from ._memmap_family import MemmapFamily
+from ._nodes import NodeKind, register
+from ._nontensor import NonTensorData, NonTensorStack, stack_non_tensor
+from ._read import load_into
+from ._tensordict import TensorDict
+from ._tensordict_base import TensorDictBase
+
+__all__ = ["LazyStackedTensorDict", "LAZY_STACK"]
+
+T = TypeVar("T", bound="LazyStackedTensorDict")
+_NO_DEFAULT: Any = object()
+_FULL = slice(None)
+
+
+class LazyStackedTensorDict(MemmapFamily):
+    """Tensordicts stacked along ``stack_dim`` lazily: the members stay as they are.
+
+    Args:
+        *tensordicts: the members (``TensorDict`` or lazy stacks), all of one batch size.
+        stack_dim: the position of the new batch dimension (negative counts from the end).
+        stack_dim_name: the name of that dimension, if any.
+
+    Returns a stack whose batch size is the members' with ``len(tensordicts)`` inserted at
+    ``stack_dim``.
+
+    Raises:
+        InvalidArgumentError: no members, or ``stack_dim`` outside the batch dimensions.
+        ArgumentTypeError: a member that is not a tensordict (the message names it).
+        BatchSizeError: members whose batch sizes differ (the message names the member).
+
+    >>> import torch
+    >>> a = TensorDict(x=torch.zeros(3, 2), y=torch.ones(3), batch_size=[3])
+    >>> b = TensorDict(x=torch.ones(3, 5), batch_size=[3])
+    >>> ls = LazyStackedTensorDict(a, b)
+    >>> ls.batch_size, ls.keys(), ls[0] is a
+    (torch.Size([2, 3]), ['x'], True)
+    """
+
+    _members: list[TensorDictBase]
+    _stack_dim: int
+    _stack_dim_name: str | None
+
+    def __init__(self, *tensordicts: TensorDictBase, stack_dim: int = 0, stack_dim_name: str | None = None) -> None:
+        members = list(tensordicts)
+        if not members:
+            raise InvalidArgumentError("A LazyStackedTensorDict needs at least one member tensordict.")
+        for i, td in enumerate(members):
+            if not isinstance(td, TensorDictBase):
+                raise ArgumentTypeError(f"Member {i} of the lazy stack is a {type(td).__name__}, not a tensordict.")
+            if td.batch_size != members[0].batch_size:
+                raise BatchSizeError(
+                    f"Member {i} of the lazy stack has batch size {list(td.batch_size)}, member 0 has "
+                    f"{list(members[0].batch_size)}: the members must agree on the batch dimensions."
+                )
+        ndim = members[0].batch_dims + 1
+        if not -ndim <= stack_dim < ndim:
+            raise InvalidArgumentError(f"stack_dim {stack_dim} is out of range for {ndim} batch dimension(s).")
+        self._members = []  # before _init_empty: the batch size is computed from the members
+        self._init_empty(torch.Size([]), None)
+        self._members = members
+        self._stack_dim = stack_dim % ndim
+        self._stack_dim_name = stack_dim_name
+
+    @classmethod
+    def lazy_stack(cls: type[T], tds: Sequence[TensorDictBase], dim: int = 0) -> T:
+        """``LazyStackedTensorDict(*tds, stack_dim=dim)`` (the reference's spelling).
+
+        >>> LazyStackedTensorDict.lazy_stack([TensorDict(batch_size=[2])] * 3, 1).batch_size
+        torch.Size([2, 3])
+        """
+        return cls(*tds, stack_dim=dim)
+
+    @classmethod
+    def _level_class(cls) -> type[TensorDictBase]:
+        return TensorDict  # the members, and whatever a loader finds, are levels
+
+    @classmethod
+    def _from_leaves(cls, leaves: dict, batch_size: torch.Size, device: Any, names: list | None = None) -> Any:
+        raise NotSupportedError("A LazyStackedTensorDict has no single level of entries to build.")
+
+    # -- the members and the shape -----------------------------------------------------------
+    @property
+    def tensordicts(self) -> list[TensorDictBase]:
+        """The members, in stack order (the list itself: replacing one changes the stack)."""
+        return self._members
+
+    @property
+    def stack_dim(self) -> int:
+        """The batch dimension the members are stacked along (non-negative)."""
+        return self._stack_dim
+
+    @property
+    def _batch_size(self) -> torch.Size:
+        if not self._members:
+            return torch.Size([])
+        batch = list(self._members[0].batch_size)
+        batch.insert(self._stack_dim, len(self._members))
+        return torch.Size(batch)
+
+    @_batch_size.setter
+    def _batch_size(self, value: torch.Size) -> None:
+        if self._members and torch.Size(value) != self._batch_size:
+            raise NotSupportedError("The batch size of a LazyStackedTensorDict follows its members; set theirs.")
+
+    @property
+    def _tensordict(self) -> dict[str, Any]:
+        raise NotSupportedError(
+            "This operation reads a single level of entries, which a LazyStackedTensorDict does not have; "
+            "convert it with to_tensordict() first, or work on its members (ls.tensordicts)."
+        )
+
+    @_tensordict.setter
+    def _tensordict(self, value: dict[str, Any]) -> None:
+        if value:
+            raise NotSupportedError("A LazyStackedTensorDict keeps its entries in its members.")
+
+    @property
+    def batch_size(self) -> torch.Size:
+        """The members' batch size with the stack dimension inserted."""
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: Sequence[int] | torch.Size) -> None:
+        self._batch_size = torch.Size(value)
+
+    @property
+    def names(self) -> list:
+        """The dimension names: the members' with ``stack_dim_name`` at the stack dimension."""
+        names = list(self._members[0].names)
+        names.insert(self._stack_dim, self._stack_dim_name)
+        return names
+
+    @names.setter
+    def names(self, value: Sequence[str | None] | None) -> None:
+        if value is None:
+            self._stack_dim_name = None
+            for td in self._members:
+                td.names = None
+            return
+        value = list(value)
+        if len(value) != self.batch_dims:
+            raise InvalidArgumentError(
+                f"names has {len(value)} entries but the lazy stack has {self.batch_dims} batch dimensions."
+            )
+        self._stack_dim_name = value.pop(self._stack_dim)
+        for td in self._members:
+            td.names = value
+
+    @property
+    def device(self) -> torch.device | None:
+        """The members' common device (None when they differ or have none)."""
+        devices = {td.device for td in self._members}
+        return devices.pop() if len(devices) == 1 else None
+
+    def _propagate(self, fn: Callable[[TensorDictBase], None]) -> None:
+        fn(self)
+        for td in self._members:
+            td._propagate(fn)
+
+    def _stored_tensors(self) -> Iterator[torch.Tensor]:
+        for td in self._members:
+            yield from td._stored_tensors()
+
+    # -- reading -----------------------------------------------------------------------------
+    def _shared_keys(self) -> list[str]:
+        first = self._members[0]
+        others = [set(td.keys()) for td in self._members[1:]]
+        return [k for k in first.keys() if all(k in o for o in others)]
+
+    def _values_of(self, key: str) -> list[Any]:
+        return [td._get_leaf((key,)) for td in self._members]
+
+    def _stacked(self, key: str, values: list[Any]) -> Any:
+        """The members' values of ``key`` stacked along the stack dimension."""
+        d = self._stack_dim
+        if all(isinstance(v, TensorDictBase) for v in values):
+            return LazyStackedTensorDict(*values, stack_dim=d)
+        if all(isinstance(v, NonTensorData) for v in values):
+            return stack_non_tensor(values, [td.batch_size for td in self._members], d, True)
+        if all(isinstance(v, torch.Tensor) for v in values):
+            shapes = {tuple(v.shape) for v in values}
+            if len(shapes) > 1:
+                raise NotSupportedError(
+                    f"Cannot stack the entry {key!r} of the lazy stack: its shapes differ across the members "
+                    f"({[list(v.shape) for v in values]}). Read it with get({key!r}, as_list=True) or from "
+                    "ls.tensordicts[i]."
+                )
+            return torch.stack([torch.Tensor.as_subclass(v, torch.Tensor) for v in values], d)
+        raise NotSupportedError(
+            f"Cannot stack the entry {key!r} of the lazy stack: it holds different kinds of values across the "
+            f"members ({[type(v).__name__ for v in values]})."
+        )
+
+    def _get_leaf(self, key: tuple[str, ...], default: Any = _NO_DEFAULT) -> Any:
+        part = key[0]
+        missing = [i for i, td in enumerate(self._members) if part not in td.keys()]
+        if missing:
+            if default is not _NO_DEFAULT:
+                return default
+            raise MissingKeyError(
+                f"key {part!r} is not in every member of the LazyStackedTensorDict (members {missing} lack it); "
+                f"keys all members share: {self._shared_keys()}. Read it from ls.tensordicts[i]."
+            )
+        value = self._stacked(part, self._values_of(part))
+        if len(key) == 1:
+            return value
+        if not isinstance(value, TensorDictBase):
+            if default is not _NO_DEFAULT:
+                return default
+            raise MissingKeyError(f"Cannot read {key!r}: {part!r} is a leaf, not a nested tensordict.")
+        return value._get_leaf(key[1:], default)
+
+    def get(self, key: NestedKey, default: Any = _NO_DEFAULT, *, as_list: bool = False) -> Any:
+        """The entry ``key`` stacked across the members (a non-tensor entry gives its value).
+
+        Args:
+            key: a key or nested key that every member holds.
+            default: returned when a member lacks ``key``.
+            as_list: give the members' values as a list instead of stacking them.
+
+        Raises:
+            MissingKeyError: a member lacks ``key`` and no default is given (names the members).
+            NotSupportedError: the members' values cannot be stacked (e.g. their shapes differ).
+
+        >>> ls = LazyStackedTensorDict(TensorDict(x=torch.zeros(2), batch_size=[2]),
+        ...                            TensorDict(x=torch.ones(2), batch_size=[2]))
+        >>> ls.get("x").tolist()
+        [[0.0, 0.0], [1.0, 1.0]]
+        """
+        if as_list:
+            return [td.get(key, default) for td in self._members]
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        if not is_key(key):
+            raise ArgumentTypeError(f"Keys must be strings or tuples of strings, got {type(key).__name__}.")
+        return all(key in td for td in self._members)
+
+    def _iter_keys(self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()) -> Iterator[Any]:
+        for key in self._shared_keys():
+            full = (*prefix, key)
+            values = [td._get_leaf((key,)) for td in self._members]
+            is_td = all(isinstance(v, TensorDictBase) for v in values)
+            if not (is_td and leaves_only):
+                yield full if prefix else key
+            if is_td and include_nested:
+                yield from LazyStackedTensorDict(*values, stack_dim=self._stack_dim)._iter_keys(True, leaves_only, full)
+
+    def _iter_items(
+        self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()
+    ) -> Iterator[tuple[Any, Any]]:
+        for key in self._iter_keys(include_nested, leaves_only, prefix):
+            yield key, self._get_leaf(key[len(prefix) :] if isinstance(key, tuple) else (key,))
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(self.batch_size[0]):
+            yield self._index(i)
+
+    # -- indexing ----------------------------------------------------------------------------
+    def _split_index(self, idx: Any) -> tuple[Any, tuple[Any, ...], int]:
+        """(the index at the stack dimension, the members' index, the dimensions dropped before it)."""
+        parts = list(normalize_index(idx, self.batch_dims))
+        if any(p is None for p in parts) or any(index_dims(p) > 1 for p in parts):
+            raise NotSupportedError(
+                "A LazyStackedTensorDict is indexed with integers, slices, Ellipsis and one-dimensional index "
+                "tensors; convert it with to_tensordict() for other indices."
+            )
+        parts += [_FULL] * (self.batch_dims - len(parts))
+        d = self._stack_dim
+        dropped = sum(1 for p in parts[:d] if isinstance(p, int) or (isinstance(p, torch.Tensor) and p.dim() == 0))
+        return parts[d], tuple(parts[:d] + parts[d + 1 :]), dropped
+
+    def _index(self, idx: Any) -> Any:
+        at, rest, dropped = self._split_index(idx)
+        trivial = all(isinstance(p, slice) and p == _FULL for p in rest)
+
+        def pick(td: TensorDictBase) -> TensorDictBase:
+            return td if trivial else td._index(rest)
+
+        if isinstance(at, int) or (isinstance(at, torch.Tensor) and at.dim() == 0):
+            return pick(self._members[int(at)])
+        chosen = torch.arange(len(self._members))[at].tolist()
+        members = [pick(self._members[j]) for j in chosen]
+        if not members:
+            raise NotSupportedError("Indexing a LazyStackedTensorDict down to no member is not supported.")
+        out = type(self)(*members, stack_dim=self._stack_dim - dropped, stack_dim_name=self._stack_dim_name)
+        out._is_locked, out._is_memmap, out._is_shared = self._is_locked, self._is_memmap, self._is_shared
+        return out
+
+    def _set_at(self, idx: Any, value: Any) -> None:
+        """``ls[idx] = value``: written into the members in place (``ls[i] = td`` updates member ``i``)."""
+        at, rest, _ = self._split_index(idx)
+        trivial = all(isinstance(p, slice) and p == _FULL for p in rest)
+        if isinstance(at, int) or (isinstance(at, torch.Tensor) and at.dim() == 0):
+            member = self._members[int(at)]
+            if isinstance(value, (TensorDictBase, Mapping)) and trivial:
+                if isinstance(value, TensorDictBase) and value.batch_size != member.batch_size:
+                    raise BatchSizeError(
+                        f"ls[{int(at)}] = value: the value's batch size {list(value.batch_size)} differs from "
+                        f"member {int(at)}'s {list(member.batch_size)}."
+                    )
+                member.update(value, inplace=True)
+            else:
+                member._set_at(rest, value)
+            return
+        chosen = torch.arange(len(self._members))[at].tolist()
+        pieces = value.unbind(self._stack_dim) if isinstance(value, TensorDictBase) else [value] * len(chosen)
+        if len(pieces) != len(chosen):
+            raise BatchSizeError(f"ls[...] = value: {len(pieces)} pieces of the value for {len(chosen)} members.")
+        for j, piece in zip(chosen, pieces, strict=True):
+            if trivial and isinstance(piece, (TensorDictBase, Mapping)):
+                self._members[j].update(piece, inplace=True)
+            else:
+                self._members[j]._set_at(rest, piece)
+
+    # -- writing -----------------------------------------------------------------------------
+    def _pieces(self, key: Any, value: Any) -> list[Any]:
+        """``value`` split into one piece per member along the stack dimension."""
+        n, d = len(self._members), self._stack_dim
+        if isinstance(value, (torch.Tensor, TensorDictBase, NonTensorStack)):
+            if tuple(value.shape[: self.batch_dims]) != tuple(self.batch_size):
+                raise BatchSizeError(
+                    f"batch dimension mismatch for key {key!r}: the value has shape {list(value.shape)}, but the "
+                    f"lazy stack's batch size is {list(self.batch_size)}."
+                )
+            return list(value.unbind(d))
+        if isinstance(value, Mapping):
+            return list(TensorDict(value, batch_size=self.batch_size).unbind(d))
+        if isinstance(value, (bool, int, float, complex)):
+            return list(torch.as_tensor(value).expand(self.batch_size).unbind(d))
+        return [value] * n  # a non-tensor value: the same for every member
+
+    def _set(self, key: tuple[str, ...], value: Any, inplace: bool = False) -> None:
+        if self._is_locked and not (inplace and key in self):
+            raise LockedError(f"Cannot modify a locked LazyStackedTensorDict (key {key!r}); unlock it first.")
+        for td, piece in zip(self._members, self._pieces(key, value), strict=True):
+            td._set(key, piece, inplace)
+
+    def set_(self: T, key: NestedKey, value: Any) -> T:
+        """Write ``value`` into the existing entry ``key`` of every member (allowed while locked)."""
+        parts = unravel_key(key)
+        for td, piece in zip(self._members, self._pieces(parts, value), strict=True):
+            td.set_(parts, piece)
+        return self
+
+    def update(self: T, input: Mapping[Any, Any] | TensorDictBase, inplace: bool = False) -> T:
+        """Set every entry of ``input`` (split along the stack dimension) into the members."""
+        items = input.items() if isinstance(input, TensorDictBase) else dict(input).items()
+        for key, value in list(items):
+            self._set(unravel_key(key), value, inplace)
+        return self
+
+    def pop(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
+        """Remove ``key`` from every member; return the stacked value (or ``default``)."""
+        parts = unravel_key(key)
+        if not all(parts in td for td in self._members):
+            if default is not _NO_DEFAULT:
+                return default
+        value = self.get(parts)
+        self.del_(parts)
+        return value
+
+    def del_(self: T, key: NestedKey) -> T:
+        """Remove ``key`` from every member (no stacking, so any shapes may differ)."""
+        if self._is_locked:
+            raise LockedError(f"Cannot modify a locked LazyStackedTensorDict (key {key!r}); unlock it first.")
+        for td in self._members:
+            td.del_(key)
+        return self
+
+    def __delitem__(self, key: NestedKey) -> None:
+        self.del_(key)
+
+    def rename_key_(self: T, old: NestedKey, new: NestedKey) -> T:
+        for td in self._members:
+            td.rename_key_(old, new)
+        return self
+
+    # -- derived stacks -----------------------------------------------------------------------
+    def _like(self: T, members: Sequence[TensorDictBase]) -> T:
+        return type(self)(*members, stack_dim=self._stack_dim, stack_dim_name=self._stack_dim_name)
+
+    def _map(
+        self: T,
+        fn: Callable[[torch.Tensor], Any],
+        batch_size: torch.Size | None = None,
+        device: Any = _NO_DEFAULT,
+        keep_non_tensor: bool = True,
+    ) -> T:
+        if batch_size is not None:
+            raise NotSupportedError("A LazyStackedTensorDict cannot change its batch size through apply().")
+        if device is _NO_DEFAULT:
+            return self._like([td._map(fn, None, keep_non_tensor=keep_non_tensor) for td in self._members])
+        return self._like([td._map(fn, None, device, keep_non_tensor) for td in self._members])
+
+    def apply(self: T, fn: Callable[..., Any], *others: TensorDictBase, batch_size: Sequence[int] | None = None) -> T:
+        """A new lazy stack with ``fn`` applied member by member (``others`` unbound alike)."""
+        if batch_size is not None:
+            raise NotSupportedError("A LazyStackedTensorDict cannot change its batch size through apply().")
+        split = [o.unbind(self._stack_dim) for o in others]
+        return self._like([td.apply(fn, *(s[i] for s in split)) for i, td in enumerate(self._members)])
+
+    def select(self: T, *keys: NestedKey) -> T:
+        return self._like([td.select(*keys) for td in self._members])
+
+    def exclude(self: T, *keys: NestedKey) -> T:
+        return self._like([td.exclude(*keys) for td in self._members])
+
+    def empty(self: T) -> T:
+        return self._like([td.empty() for td in self._members])
+
+    def fill_(self: T, key: NestedKey, value: float | bool) -> T:
+        for td in self._members:
+            td.fill_(key, value)
+        return self
+
+    def unbind(self, dim: int = 0) -> tuple[Any, ...]:
+        """The slices along ``dim``: the members themselves along the stack dimension."""
+        dim = check_dim(dim, self.batch_dims)
+        if dim == self._stack_dim:
+            return tuple(self._members)
+        return super().unbind(dim)
+
+    def to_tensordict(self) -> TensorDict:
+        """A dense ``TensorDict`` copy: every entry stacked (the members must share keys and shapes).
+
+        Raises:
+            MissingKeyError: a key some members lack (names them).
+            NotSupportedError: an entry whose shapes differ across the members.
+        """
+        dense = [td.to_tensordict() if isinstance(td, LazyStackedTensorDict) else td for td in self._members]
+        keys = [set(td.keys(True, True)) for td in dense]
+        for i, k in enumerate(keys):
+            if k != keys[0]:
+                raise MissingKeyError(
+                    f"Cannot make a dense TensorDict of the lazy stack: member {i} has keys {sorted(map(str, k))}, "
+                    f"member 0 has {sorted(map(str, keys[0]))}."
+                )
+        for key in keys[0]:
+            shapes = {tuple(v.shape) for v in (td.get(key) for td in dense) if isinstance(v, torch.Tensor)}
+            if len(shapes) > 1:
+                raise NotSupportedError(
+                    f"Cannot make a dense TensorDict of the lazy stack: the entry {key!r} has shapes "
+                    f"{sorted(shapes)} across the members."
+                )
+        out = TensorDict.stack(dense, self._stack_dim)
+        if self._stack_dim_name is not None:
+            out.names = self.names
+        return out
+
+    def dense_stack(self, dim: int | None = None) -> TensorDict:
+        """``to_tensordict()``: the members stacked densely (``dim`` must be the stack dimension)."""
+        if dim is not None and check_dim(dim, self.batch_dims) != self._stack_dim:
+            raise InvalidArgumentError(f"dense_stack(dim={dim}): the stack dimension is {self._stack_dim}.")
+        return self.to_tensordict()
+
+    @classmethod
+    def _combine(cls: type[T], tds: Sequence[Any], dim: int, new_dim: bool) -> T:
+        """Stack lazily: a lazy stack of the tensordicts; cat joins members along the stack dimension."""
+        if new_dim:
+            return cls(*tds, stack_dim=dim)
+        first = tds[0]
+        if all(isinstance(td, LazyStackedTensorDict) for td in tds):
+            d = check_dim(dim, first.batch_dims)
+            if all(td._stack_dim == d for td in tds):
+                return cls(*(m for td in tds for m in td._members), stack_dim=d)
+        raise NotSupportedError(
+            "torch.cat of lazy stacks works along their common stack dimension only; convert them with "
+            "to_tensordict() first."
+        )
+
+    # -- comparison ---------------------------------------------------------------------------
+    def _compare(self: T, other: Any, op: Callable[[Any, Any], Any]) -> T:
+        if isinstance(other, TensorDictBase):
+            if other.batch_size != self.batch_size:
+                raise BatchSizeError(
+                    f"Cannot compare a lazy stack of batch size {list(self.batch_size)} with one of "
+                    f"{list(other.batch_size)}."
+                )
+            theirs: list[Any] = list(other.unbind(self._stack_dim))
+        else:
+            theirs = [other] * len(self._members)
+        return self._like([td._compare(o, op) for td, o in zip(self._members, theirs, strict=True)])
+
+    def all(self) -> bool:
+        return all(td.all() for td in self._members)
+
+    def any(self) -> bool:
+        return any(td.any() for td in self._members)
+
+    # -- shared memory, memory-mapping ---------------------------------------------------------
+    def share_memory_(self: T) -> T:
+        """Move every member to shared memory and lock the stack."""
+        for td in self._members:
+            td.share_memory_()
+        self._is_shared = True
+        return self.lock_()
+
+    def load_memmap_(
+        self: T,
+        prefix: str | os.PathLike,
+        robust_key: bool | None = True,
+        *,
+        allow_pickle: bool | None = None,
+        mode: str | None = None,
+    ) -> T:
+        """Load the lazy stack saved in the folder ``prefix`` into this one, member into member.
+
+        Every member is reused (``ls.tensordicts[i]`` stays the same object); a memory-mapped
+        stack ends memory-mapped into ``prefix`` and locked.
+
+        Raises:
+            InvalidArgumentError: ``prefix`` holds no lazy stack, or one of another member count
+                or stack dimension; nothing is changed then.
+        """
+        path = os.path.abspath(os.fspath(prefix))
+        if not os.path.isdir(path):
+            raise InvalidArgumentError(f"load_memmap_ of a lazy stack reads a saved folder; {path!r} is not one.")
+        found = TensorDict.load_memmap(path, robust_key=robust_key, allow_pickle=allow_pickle, mode=mode)
+        if not isinstance(found, LazyStackedTensorDict):
+            raise InvalidArgumentError(f"{path!r} holds a {type(found).__name__}, not a LazyStackedTensorDict.")
+        if len(found.tensordicts) != len(self._members) or found.stack_dim != self._stack_dim:
+            raise InvalidArgumentError(
+                f"{path!r} holds a lazy stack of {len(found.tensordicts)} members along dim {found.stack_dim}; "
+                f"this one has {len(self._members)} along dim {self._stack_dim}."
+            )
+        was_memmap = self._is_memmap
+        for i, td in enumerate(self._members):
+            load_into(td, os.path.join(path, str(i)), robust_key, allow_pickle=allow_pickle, mode=mode)
+        self._stack_dim_name = found._stack_dim_name
+        self._memmap_prefix = path if mode != "r" else None
+        if was_memmap and self._memmap_prefix is not None:
+            self._is_memmap = self._is_locked = True
+        return self
+
+    def memmap_refresh_(self: T, *, allow_pickle: bool | None = None) -> T:
+        """Refresh every member (see ``TensorDict.memmap_refresh_``)."""
+        for td in self._members:
+            td.memmap_refresh_(allow_pickle=allow_pickle)  # type: ignore[attr-defined]
+        return self
+
+    def make_memmap(self, key: NestedKey, *args: Any, **kwargs: Any) -> Any:
+        """Not for a lazy stack: add the entry to a member (``ls.tensordicts[i].make_memmap``)."""
+        raise NotSupportedError(
+            f"make_memmap({key!r}) adds an entry to one level; call it on a member: ls.tensordicts[i].make_memmap()."
+        )
+
+    make_memmap_from_tensor = make_memmap
+    make_memmap_from_storage = make_memmap
+
+    # -- representation and pickling ----------------------------------------------------------
+    def __repr__(self) -> str:
+        shared = self._shared_keys()
+
+        def fields(td: TensorDictBase, keys: list[str]) -> str:
+            return ", ".join(f"{k}: {_short(td._get_leaf((k,)))}" for k in keys)
+
+        exclusive = {i: [k for k in td.keys() if k not in shared] for i, td in enumerate(self._members)}
+        extra = ", ".join(f"{i}: {{{fields(self._members[i], ks)}}}" for i, ks in exclusive.items() if ks)
+        return (
+            f"{type(self).__name__}(batch_size={list(self.batch_size)}, stack_dim={self._stack_dim}, "
+            f"fields={{{', '.join(shared)}}}, exclusive_fields={{{extra}}})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = (
+            self._members,
+            self._stack_dim,
+            self._stack_dim_name,
+            self._is_locked,
+            self._is_memmap,
+            self._is_shared,
+            self._memmap_prefix,
+            self._anon_store,
+            self._generation,
+        )
+        return (_rebuild, (type(self), state))
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+    return type(value).__name__
+
+
+def _rebuild(cls: type[LazyStackedTensorDict], state: tuple[Any, ...]) -> LazyStackedTensorDict:
+    members, dim, name, locked, memmap, shared, prefix, anon_store, generation = state
+    out = cls(*members, stack_dim=dim, stack_dim_name=name)
+    out._is_locked, out._is_memmap, out._is_shared = locked, memmap, shared
+    out._memmap_prefix, out._anon_store, out._generation = prefix, anon_store, generation
+    return out
+
+
+def _unwrap(ls: LazyStackedTensorDict) -> tuple[list[TensorDictBase], dict[str, Any]]:
+    return ls.tensordicts, {"stack_dim": ls.stack_dim, "stack_dim_name": ls._stack_dim_name}
+
+
+def _wrap(members: list[TensorDictBase], fields: dict[str, Any]) -> LazyStackedTensorDict:
+    return LazyStackedTensorDict(*members, stack_dim=fields["stack_dim"], stack_dim_name=fields.get("stack_dim_name"))
+
+
+LAZY_STACK = register(
+    NodeKind(
+        "LazyStackedTensorDict",
+        STACK,
+        "LazyStackedTensorDict",
+        LazyStackedTensorDict,
+        LAZY_STACK_TYPE,
+        unwrap=_unwrap,
+        wrap=_wrap,
+    )
+)

@@ -1,0 +1,410 @@
+"""LazyStackedTensorDict and NonTensorStack: the model, the memmap family in the reference's layout,
+loading back, cross-compatibility with tensordict 0.15.3 and sharing between processes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import pickle
+import shutil
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tensordict
+import torch
+
+import tdshare
+from tdshare import LazyStackedTensorDict, MemoryMappedTensor, NonTensorData, NonTensorStack, TensorDict
+
+WAIT = 60
+METHODS = [m for m in ("spawn", "fork", "forkserver") if m in mp.get_all_start_methods()]
+LAZY_META = {
+    "_type": "<class 'tensordict._lazy.LazyStackedTensorDict'>",
+    "_format_version": 1,
+    "_class": "tensordict:LazyStackedTensorDict",
+}
+
+
+def _members() -> list[TensorDict]:
+    """Two members that share "x" (different trailing shapes), "n" and "s" (different values)."""
+    a = TensorDict(
+        {"x": torch.arange(6.0).reshape(3, 2), "y": torch.arange(3), "n": {"b": torch.zeros(3)}, "s": "left"},
+        batch_size=[3],
+    )
+    b = TensorDict(
+        {"x": torch.arange(15.0).reshape(3, 5), "z": -torch.ones(3), "n": {"b": torch.ones(3)}, "s": "right"},
+        batch_size=[3],
+    )
+    return [a, b]
+
+
+def _stack(dim: int = 0) -> LazyStackedTensorDict:
+    return LazyStackedTensorDict(*_members(), stack_dim=dim)
+
+
+def _member_values(td: TensorDict) -> dict[str, Any]:
+    return {str(k): (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in td.items(True, True)}
+
+
+def _same_stack(got: Any, want: LazyStackedTensorDict) -> None:
+    assert isinstance(got, LazyStackedTensorDict)
+    assert got.stack_dim == want.stack_dim and got.batch_size == want.batch_size
+    assert [_member_values(m) for m in got.tensordicts] == [_member_values(m) for m in want.tensordicts]
+
+
+# -- the model --------------------------------------------------------------------------------
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_construction_batch_and_keys(dim: int) -> None:
+    a, b = _members()
+    ls = LazyStackedTensorDict(a, b, stack_dim=dim)
+    assert ls.stack_dim == dim % 2 and ls.tensordicts == [a, b]
+    assert ls.batch_size == ((2, 3) if dim == 0 else (3, 2)) and len(ls) == ls.batch_size[0]
+    assert ls.keys() == ["x", "n", "s"]
+    assert ls.keys(include_nested=True, leaves_only=True) == ["x", ("n", "b"), "s"]
+    assert "x" in ls and "y" not in ls and ("n", "b") in ls
+    assert LazyStackedTensorDict.lazy_stack([a, b], dim).batch_size == ls.batch_size
+
+
+def test_bad_members_name_the_member() -> None:
+    a, _ = _members()
+    with pytest.raises(tdshare.BatchSizeError, match="Member 1"):
+        LazyStackedTensorDict(a, TensorDict({}, batch_size=[4]))
+    with pytest.raises(tdshare.ArgumentTypeError, match="Member 1"):
+        LazyStackedTensorDict(a, torch.zeros(3))  # type: ignore[arg-type]
+    with pytest.raises(tdshare.InvalidArgumentError):
+        LazyStackedTensorDict()
+    with pytest.raises(tdshare.InvalidArgumentError, match="stack_dim"):
+        LazyStackedTensorDict(a, stack_dim=3)
+
+
+def test_get_stacks_shared_entries_and_names_the_missing_members() -> None:
+    ls = _stack(1)
+    assert ls["n", "b"].tolist() == [[0.0, 1.0]] * 3
+    assert isinstance(ls.get("n"), LazyStackedTensorDict) and ls.get("n").stack_dim == 1
+    assert ls["s"] == [["left", "right"]] * 3  # values that differ: a NonTensorStack, read as lists
+    with pytest.raises(tdshare.MissingKeyError, match=r"'y'.*members \[1\]"):
+        ls["y"]
+    assert ls.get("y", "default") == "default"
+    with pytest.raises(tdshare.NotSupportedError, match=r"'x'.*shapes differ"):
+        ls["x"]
+    assert [v.shape[-1] for v in ls.get("x", as_list=True)] == [2, 5]
+
+
+def test_indexing_along_and_across_the_stack_dim() -> None:
+    a, b = _members()
+    ls = LazyStackedTensorDict(a, b, stack_dim=0)
+    assert ls[1] is b and ls[-2] is a
+    assert ls.unbind(0) == (a, b) and [m is t for m, t in zip(ls, (a, b), strict=True)] == [True, True]
+    part = ls[:, 1:]
+    assert isinstance(part, LazyStackedTensorDict) and part.batch_size == (2, 2)
+    assert part.tensordicts[1]["x"].tolist() == b["x"][1:].tolist()
+    row = ls[0, 2]
+    assert isinstance(row, TensorDict) and row["x"].tolist() == [4.0, 5.0]
+    picked = ls[torch.tensor([1, 0])]
+    assert picked.tensordicts == [b, a]
+    across = LazyStackedTensorDict(a, b, stack_dim=1)[2]  # an index before the stack dim drops it
+    assert isinstance(across, LazyStackedTensorDict) and across.stack_dim == 0 and across.batch_size == (2,)
+    assert across.tensordicts[1]["z"].item() == -1.0
+    assert [t.batch_size for t in LazyStackedTensorDict(a, b, stack_dim=1).unbind(0)] == [(2,)] * 3
+
+
+def test_writes_go_into_the_members() -> None:
+    a, b = _members()
+    ls = LazyStackedTensorDict(a, b)
+    ls[1] = TensorDict({"x": torch.full((3, 5), 7.0)}, batch_size=[3])
+    assert ls.tensordicts[1] is b and b["x"].unique().tolist() == [7.0]
+    ls["w"] = torch.arange(6).reshape(2, 3)
+    assert a["w"].tolist() == [0, 1, 2] and b["w"].tolist() == [3, 4, 5]
+    ls.set_(("n", "b"), torch.full((2, 3), 5.0))
+    assert a["n", "b"].tolist() == [5.0] * 3
+    ls[0, 1] = 0  # a scalar into member 0's tensors at row 1
+    assert a["x"][1].tolist() == [0.0, 0.0] and b["x"][1, 0].item() == 7.0
+    ls.lock_()
+    assert a.is_locked and b.is_locked
+    with pytest.raises(tdshare.LockedError):
+        ls["q"] = torch.zeros(2, 3)
+    ls.unlock_()
+    assert not a.is_locked
+    del ls["w"]
+    assert "w" not in a and "w" not in b
+    with pytest.raises(tdshare.BatchSizeError):
+        ls["bad"] = torch.zeros(3, 2)
+
+
+def test_dense_conversion_equality_repr_pickle() -> None:
+    a = TensorDict(x=torch.arange(3.0), batch_size=[3])
+    b = TensorDict(x=torch.arange(3.0) + 10, batch_size=[3])
+    ls = LazyStackedTensorDict(a, b, stack_dim=1)
+    dense = ls.to_tensordict()
+    assert type(dense) is TensorDict and dense.batch_size == (3, 2) and dense["x"][:, 1].tolist() == [10, 11, 12]
+    assert ls.dense_stack(1)["x"].tolist() == dense["x"].tolist()
+    eq = ls == ls.clone()
+    assert isinstance(eq, LazyStackedTensorDict) and eq.all()
+    assert not (ls == dense.apply(lambda t: t + 1)).any()
+    assert (ls != 0).tensordicts[0]["x"].tolist() == [False, True, True]
+    text = repr(_stack())
+    assert "stack_dim=0" in text and "exclusive_fields" in text and "y: int64[3]" in text
+    back = pickle.loads(pickle.dumps(ls))
+    assert isinstance(back, LazyStackedTensorDict) and back.stack_dim == 1 and back["x"].tolist() == ls["x"].tolist()
+    with pytest.raises((tdshare.NotSupportedError, tdshare.MissingKeyError)):
+        _stack().to_tensordict()
+    assert torch.stack([ls, ls], 0).batch_size == (2, 3, 2)
+
+
+def test_a_lazy_stack_inside_a_tensordict() -> None:
+    ls = _stack()
+    td = TensorDict({"ls": ls, "w": torch.zeros(2, 3)}, batch_size=[2, 3])
+    assert td["ls", "n", "b"].tolist() == [[0.0] * 3, [1.0] * 3]
+    assert td.keys(True, True) == [("ls", "x"), ("ls", "n", "b"), ("ls", "s"), "w"]
+    td["ls", "new"] = torch.ones(2, 3)
+    assert ls.tensordicts[1]["new"].tolist() == [1.0] * 3
+    row = td[1]
+    assert row["ls"] is ls.tensordicts[1] and row["w"].shape == (3,)
+    td.zero_()  # in place, into the members' own tensors
+    assert ls.tensordicts[1]["z"].tolist() == [0.0] * 3
+    td.lock_()
+    assert ls.is_locked and ls.tensordicts[0].is_locked
+    with pytest.raises(tdshare.BatchSizeError):
+        TensorDict({"ls": _stack()}, batch_size=[3])
+
+
+# -- NonTensorStack -------------------------------------------------------------------------
+def test_nontensor_stack() -> None:
+    s = torch.stack([NonTensorData("a"), NonTensorData("b"), NonTensorData("c")])
+    assert isinstance(s, NonTensorStack) and s.tolist() == ["a", "b", "c"] and s.batch_size == (3,)
+    assert isinstance(s[1], NonTensorData) and s[1].data == "b" and s[1:].tolist() == ["b", "c"]
+    assert (s == NonTensorStack("a", "x", "c")).tolist() == [True, False, True]
+    assert (s == "c").tolist() == [False, False, True]
+    assert pickle.loads(pickle.dumps(s)).tolist() == ["a", "b", "c"]
+    grid = NonTensorStack(NonTensorStack("a", "b"), NonTensorStack("c", "d"), stack_dim=1)
+    assert grid.tolist() == [["a", "c"], ["b", "d"]] and grid[:, 1].tolist() == ["c", "d"]
+    assert NonTensorData("v", batch_size=[2]).tolist() == ["v", "v"]
+    assert torch.stack([NonTensorData("v", batch_size=[2]), NonTensorData("w", batch_size=[2])]).tolist() == [
+        ["v", "v"],
+        ["w", "w"],
+    ]
+    with pytest.raises(tdshare.BatchSizeError, match="value 1"):
+        NonTensorStack(NonTensorData("a"), NonTensorData("b", batch_size=[2]))
+
+
+def test_stacked_tensordicts_with_differing_values() -> None:
+    tds = [TensorDict(s=v, t=torch.zeros(2), batch_size=[2]) for v in ("a", "b")]
+    out = torch.stack(tds)
+    assert isinstance(out._tensordict["s"], NonTensorStack) and out["s"] == [["a", "a"], ["b", "b"]]
+    assert out[1]["s"] == ["b", "b"] and out[0, 1]["s"] == "a"
+    assert out.clone()["s"] == out["s"] and torch.stack(tds[:1] * 2)["s"] == "a"
+    assert (out == out.clone())["s"].all()
+    assert torch.cat([out, out])["s"] == [["a", "a"], ["b", "b"]] * 2
+
+
+# -- the memmap family --------------------------------------------------------------------------
+@pytest.mark.parametrize("dim", [0, 1])
+def test_memmap_in_place_in_the_reference_layout(tmp_path: Path, dim: int) -> None:
+    ls = _stack(dim)
+    a, b = ls.tensordicts
+    assert ls.memmap_(tmp_path) is ls
+    assert ls.is_memmap() and ls.is_locked and ls.saved_path == str(tmp_path)
+    assert ls.tensordicts == [a, b] and a.is_memmap() and a.saved_path == str(tmp_path / "0")
+    assert isinstance(b["x"], MemoryMappedTensor) and b["x"]._filename == str(tmp_path / "1" / "x.memmap")
+    assert json.loads((tmp_path / "meta.json").read_text()) == {**LAZY_META, "stack_dim": dim, "stack_dim_name": None}
+    assert json.loads((tmp_path / "1" / "meta.json").read_text())["x"]["shape"] == [3, 5]
+    assert (tmp_path / "1" / "x.memmap").read_bytes() == torch.arange(15.0).numpy().tobytes()
+    back = LazyStackedTensorDict.load_memmap(tmp_path)
+    _same_stack(back, _stack(dim))
+    back.tensordicts[0]["y"][0] = 9  # the loaded members map the same files
+    assert a["y"][0].item() == 9
+
+
+@pytest.mark.parametrize("target", ["folder", "archive", "anonymous"])
+def test_memmap_copy_and_load_back(tmp_path: Path, target: str) -> None:
+    ls = _stack(1)
+    prefix = {"folder": tmp_path / "f", "archive": tmp_path / "t.tdz", "anonymous": None}[target]
+    out = ls.memmap(prefix)
+    assert isinstance(out, LazyStackedTensorDict) and out is not ls
+    sources = [v for m in ls.tensordicts for v in m.values(True, True) if isinstance(v, torch.Tensor)]
+    assert all(type(v) is torch.Tensor for v in sources)  # memmap() leaves the source alone
+    _same_stack(out, _stack(1))
+    leaf = out.tensordicts[1]["x"]
+    assert isinstance(leaf, MemoryMappedTensor)
+    if target == "anonymous":
+        assert leaf._segment is not None and out.is_memmap()
+        return
+    assert leaf._filename == str(prefix if target == "archive" else tmp_path / "f" / "1" / "x.memmap")
+    again = out.save(tmp_path / "again", copy_existing=True)
+    for loaded in (tdshare.load(prefix), LazyStackedTensorDict.load_memmap(prefix), again):
+        _same_stack(loaded, _stack(1))
+
+
+def test_nested_lazy_stack_saved_and_loaded(tmp_path: Path) -> None:
+    td = TensorDict({"ls": _stack(), "w": torch.arange(6.0).reshape(2, 3)}, batch_size=[2, 3])
+    td.memmap_(tmp_path)
+    assert json.loads((tmp_path / "meta.json").read_text())["ls"] == {"type": "LazyStackedTensorDict"}
+    assert (tmp_path / "ls" / "0" / "n" / "b.memmap").exists()
+    assert td["ls"].is_memmap() and td["ls"].tensordicts[1].saved_path == str(tmp_path / "ls" / "1")
+    for source in (tmp_path, td.memmap(tmp_path / "copy.tdz", copy_existing=True)):
+        back = TensorDict.load(source) if isinstance(source, Path) else source
+        assert isinstance(back, TensorDict) and back["w"].tolist() == td["w"].tolist()
+        _same_stack(back["ls"], _stack())
+
+
+def test_load_memmap_in_place_reuses_the_members(tmp_path: Path) -> None:
+    _stack().memmap(tmp_path)
+    target = _stack()
+    target.tensordicts[0]["y"].fill_(5)
+    members = list(target.tensordicts)
+    assert target.load_memmap_(tmp_path) is target
+    assert target.tensordicts == members and target.tensordicts[0]["y"].tolist() == [0, 1, 2]
+    assert isinstance(members[1]["x"], MemoryMappedTensor)
+    with pytest.raises(tdshare.InvalidArgumentError, match=r"2 members along dim 0; this one has 3"):
+        LazyStackedTensorDict(*_members(), _members()[0]).load_memmap_(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        (lambda p: shutil.rmtree(p / "1"), "member folder 1 is missing"),
+        (lambda p: (p / "1" / "meta.json").unlink(), "member folder 1 has no meta.json"),
+        (lambda p: (p / "0" / "meta.json").write_text(json.dumps({"shape": [4], "_type": "x"})), "member 2|member 1"),
+    ],
+)
+@pytest.mark.parametrize("archive", [False, True])
+def test_damaged_members_are_refused_by_name(
+    tmp_path: Path, damage: Callable[[Path], Any], match: str, archive: bool
+) -> None:
+    path = tmp_path / "s"
+    LazyStackedTensorDict(*_members(), _members()[0]).memmap(path)
+    damage(path)
+    source = path
+    if archive:
+        source = Path(tdshare.pack_memmap(path, tmp_path / "s.tdz"))
+    with pytest.raises(tdshare.CorruptDataError, match=match):
+        tdshare.load(source)
+
+
+def test_nothing_half_written_on_a_bad_member(tmp_path: Path) -> None:
+    a, b = _members()
+    b["bad"] = torch.zeros(3, dtype=torch.float32).to_sparse()
+    with pytest.raises(tdshare.NotSupportedError, match="member 1"):
+        LazyStackedTensorDict(a, b).memmap_(tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*"))
+    assert not a.is_memmap() and type(a["x"]) is torch.Tensor
+
+
+@pytest.mark.parametrize("pickled", [False, True])
+def test_nontensor_stack_saved_in_the_reference_format(tmp_path: Path, pickled: bool) -> None:
+    values: list[Any] = [{1}, {2}] if pickled else ["a", "b"]
+    td = torch.stack([TensorDict(s=v, t=torch.zeros(1), batch_size=[1]) for v in values])
+    td.memmap(tmp_path)
+    raw = (tmp_path / "s" / "meta.json").read_text()
+    data = "pickle.pkl" if pickled else [[v] for v in values]
+    assert raw == json.dumps(
+        {
+            "_type": "<class 'tensordict.tensorclass.NonTensorStack'>",
+            "_format_version": 1,
+            "_class": "tensordict:NonTensorStack",
+            "stack_dim": 0,
+            "device": None,
+            "data": data,
+        },
+        separators=(",", ":"),
+    )
+    assert (tmp_path / "s" / "pickle.pkl").exists() == pickled
+    back = TensorDict.load(tmp_path, allow_pickle=True)
+    assert isinstance(back._tensordict["s"], NonTensorStack) and back["s"] == [[v] for v in values]
+    ref = tensordict.TensorDict.load_memmap(tmp_path, allow_pickle=True)
+    assert ref["s"] == [[v] for v in values]
+    if pickled:
+        with pytest.raises(tdshare.PickleRefusedError):
+            TensorDict.load(tmp_path, allow_pickle=False)
+
+
+# -- compatibility with the reference --------------------------------------------------------------
+def _ref_members() -> list[tensordict.TensorDict]:
+    a = tensordict.TensorDict({"x": torch.arange(6.0).reshape(3, 2), "y": torch.arange(3)}, [3])
+    b = tensordict.TensorDict({"x": torch.arange(15.0).reshape(3, 5), "z": -torch.ones(3)}, [3])
+    a.set_non_tensor("s", "left")
+    b.set_non_tensor("s", "right")
+    return [a, b]
+
+
+@pytest.mark.parametrize("archive", [False, True])
+@pytest.mark.parametrize("nested", [False, True])
+def test_reference_reads_tdshare_lazy_stacks(tmp_path: Path, archive: bool, nested: bool) -> None:
+    ls = _stack(1)
+    src: Any = TensorDict({"ls": ls}, batch_size=[3, 2]) if nested else ls
+    folder = tmp_path / "f"
+    src.memmap(folder)
+    if archive:  # the reference reads folders: a tdshare archive unpacked is one
+        src.memmap(tmp_path / "a.tdz")
+        folder = Path(tdshare.unpack_memmap(tmp_path / "a.tdz", tmp_path / "unpacked"))
+    ref = tensordict.TensorDict.load_memmap(folder)
+    ref_ls = ref["ls"] if nested else ref
+    assert isinstance(ref_ls, tensordict.LazyStackedTensorDict) and ref_ls.stack_dim == 1
+    for mine, theirs in zip(ls.tensordicts, ref_ls.tensordicts, strict=True):
+        assert sorted(theirs.keys()) == sorted(mine.keys())
+        assert theirs["n", "b"].tolist() == mine["n", "b"].tolist()
+        assert theirs["x"].tolist() == mine["x"].tolist() and theirs["s"] == mine["s"]
+
+
+@pytest.mark.parametrize("archive", [False, True])
+@pytest.mark.parametrize("nested", [False, True])
+def test_tdshare_reads_reference_lazy_stacks(tmp_path: Path, archive: bool, nested: bool) -> None:
+    ref = tensordict.LazyStackedTensorDict.lazy_stack(_ref_members(), 1)
+    src: Any = tensordict.TensorDict({"ls": ref}, [3, 2]) if nested else ref
+    src.memmap(tmp_path / "f")
+    source = tmp_path / "f"
+    if archive:
+        source = Path(tdshare.pack_memmap(tmp_path / "f", tmp_path / "f.tdz"))
+    loaded = tdshare.load(source)
+    mine = loaded["ls"] if nested else loaded
+    assert isinstance(mine, LazyStackedTensorDict) and mine.stack_dim == 1 and mine.batch_size == (3, 2)
+    for m, r in zip(mine.tensordicts, ref.tensordicts, strict=True):
+        assert m["x"].tolist() == r["x"].tolist() and m["s"] == r["s"]
+        assert sorted(m.keys()) == sorted(r.keys())
+    assert mine["s"] == ref["s"]
+
+
+def test_reference_nontensor_stack_round_trip(tmp_path: Path) -> None:
+    tensordict.NonTensorStack("x", "y", "z").memmap(tmp_path / "ref")
+    alone = tdshare.load(tmp_path / "ref")
+    assert isinstance(alone, NonTensorStack) and alone.tolist() == ["x", "y", "z"]
+    TensorDict({"s": alone}, batch_size=[3]).memmap(tmp_path / "mine")
+    assert tensordict.TensorDict.load_memmap(tmp_path / "mine")["s"] == ["x", "y", "z"]
+
+
+# -- across processes --------------------------------------------------------------------------
+def _child_writes(ls: LazyStackedTensorDict, replies: Any) -> None:
+    try:
+        ls.tensordicts[1]["x"][0, 0] = 100.0
+        ls.tensordicts[0]["y"].add_(10)
+        replies.put(("ok", type(ls).__name__, ls.stack_dim, list(ls.batch_size)))
+    except BaseException:  # the parent gets the traceback instead of waiting
+        replies.put(("error", traceback.format_exc()))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("via", ["argument", "queue"])
+def test_processes_write_into_the_parents_files(tmp_path: Path, method: str, via: str) -> None:
+    ctx = mp.get_context(method)
+    ls = _stack(1).memmap_(tmp_path)
+    replies = ctx.Queue()
+    if via == "argument":
+        proc = ctx.Process(target=_child_writes, args=(ls, replies))
+        proc.start()
+    else:
+        inbox = ctx.Queue()
+        proc = ctx.Process(target=_relay, args=(inbox, replies))
+        proc.start()
+        inbox.put(ls)
+    reply = replies.get(timeout=WAIT)
+    proc.join(WAIT)
+    assert reply == ("ok", "LazyStackedTensorDict", 1, [3, 2]), reply
+    assert ls.tensordicts[1]["x"][0, 0].item() == 100.0 and ls.tensordicts[0]["y"].tolist() == [10, 11, 12]
+    assert LazyStackedTensorDict.load_memmap(tmp_path).tensordicts[1]["x"][0, 0].item() == 100.0
+
+
+def _relay(inbox: Any, replies: Any) -> None:
+    _child_writes(inbox.get(timeout=WAIT), replies)
