@@ -8,6 +8,7 @@ from ._errors import (
     AtomicTargetError,
     BatchSizeError,
     CorruptDataError,
+    FieldError,
     FileExistsRuntimeError,
     FormatError,
     InvalidArgumentError,
@@ -25,6 +26,7 @@ from ._errors import (
 from ._future import TensorDictFuture
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
+from ._tensorclass import is_tensorclass, tensorclass
 from ._tensordict import TensorDict, load, load_memmap, memmap, save
 
 __version__ = "0.1.0"
@@ -34,6 +36,7 @@ __all__ = [
     "AtomicTargetError",
     "BatchSizeError",
     "CorruptDataError",
+    "FieldError",
     "FileExistsRuntimeError",
     "FormatError",
     "InvalidArgumentError",
@@ -53,12 +56,14 @@ __all__ = [
     "TensorDictFuture",
     "UnsupportedFormatError",
     "__version__",
+    "is_tensorclass",
     "load",
     "load_memmap",
     "memmap",
     "pack_memmap",
     "refresh_archive_checksums",
     "save",
+    "tensorclass",
     "unpack_memmap",
 ]
 

@@ -19,6 +19,7 @@ PUBLIC = [
     "AtomicTargetError",
     "BatchSizeError",
     "CorruptDataError",
+    "FieldError",
     "FileExistsRuntimeError",
     "FormatError",
     "InvalidArgumentError",
@@ -38,12 +39,14 @@ PUBLIC = [
     "TensorDictFuture",
     "UnsupportedFormatError",
     "__version__",
+    "is_tensorclass",
     "load",
     "load_memmap",
     "memmap",
     "pack_memmap",
     "refresh_archive_checksums",
     "save",
+    "tensorclass",
     "unpack_memmap",
 ]
 
