@@ -446,7 +446,9 @@ def _save(tc: T, prefix: PathLike | None, opts: SaveOptions, *, inplace: bool) -
     result = save_tree(td, os.path.join(folder, WRAPPED_DIR), opts, inplace=inplace)
     if isinstance(result, TensorDictFuture):
         return _finish_later(result, folder, cls, tc if inplace else cls._from_tensordict(result.resulting_td))
-    write_nontensor(folder, _wrapper_meta(cls), None)  # the marker last: it names complete data
+    fresh = write_nontensor(folder, _wrapper_meta(cls), None)  # the marker last: it names complete data
+    if fresh and opts.share_non_tensor:
+        _rebase(result, None, None)
     return _wrap_result(tc, result, inplace)
 
 
@@ -493,21 +495,25 @@ def _save_atomic(tc: T, folder: str, opts: SaveOptions, inplace: bool) -> T:
     return tc if inplace else cls._from_tensordict(result)
 
 
-def _rebase(td: TensorDictBase, old: str, new: str) -> None:
-    """Point a tree written into ``old`` (a staging folder, renamed since) at ``new``."""
+def _rebase(td: TensorDictBase, old: str | None, new: str | None) -> None:
+    """Point a tree written into ``old`` (a staging folder, renamed since) at ``new``; share its shared
+    values through the registry of the whole tree (None, None: only that).
+
+    A shared value made while the wrapper's ``meta.json`` did not exist yet took the registry of
+    the ``_tensordict`` folder alone, which is not the one every other process finds."""
 
     def moved(path: str) -> str:
-        return new + path[len(old) :] if path == old or path.startswith(old + os.sep) else path
+        if old is None or new is None or not (path == old or path.startswith(old + os.sep)):
+            return path
+        return new + path[len(old) :]
 
     if td._memmap_prefix is not None:
         td._memmap_prefix = moved(td._memmap_prefix)
     for key, value in td._tensordict.items():
         if isinstance(value, MemoryMappedTensor) and value._filename is not None:
             value._filename = moved(value._filename)
-        elif isinstance(value, SharedNonTensorData) and td._memmap_prefix is not None:
-            # its registry is the staging tree's: share the value through the final folder instead
-            folder = os.path.join(td._memmap_prefix, os.path.basename(value._folder))
-            td._tensordict[key] = SharedNonTensorData(value.data, folder, allow_pickle=True)
+        elif isinstance(value, SharedNonTensorData) and value._store is None:
+            td._tensordict[key] = SharedNonTensorData(value.data, moved(value._folder), allow_pickle=True)
         elif is_collection(value):
             _rebase(value, old, new)
         elif isinstance(getattr(value, "_tensordict", None), TensorDictBase) and kind_of(value) is not None:
