@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
+import types
 from collections.abc import Callable, Iterator
 from types import FunctionType
 from typing import Any, ClassVar, TypeVar
@@ -686,7 +688,7 @@ def tensorclass(cls: C | None = None) -> Any:
         return tensorclass
     if not isinstance(cls, type):
         raise ArgumentTypeError(f"@tensorclass decorates a class, got {type(cls).__name__} {cls!r}.")
-    dataclasses.dataclass(cls, init=False, repr=False, eq=False)
+    _as_dataclass(cls)
     fields = [f for f in dataclasses.fields(cls) if f._field_type is dataclasses._FIELD]  # type: ignore[attr-defined]
     for f in fields:
         if f.name in _RESERVED_FIELDS:
@@ -720,6 +722,21 @@ def tensorclass(cls: C | None = None) -> Any:
         )
     )
     return cls
+
+
+def _as_dataclass(cls: type) -> None:
+    # dataclasses reads string annotations ("from __future__ import annotations") in the namespace
+    # of sys.modules[cls.__module__]; code run by exec() under a module name that was never
+    # imported has none, so it gets an empty stand-in for the time of the call
+    name = cls.__module__
+    stand_in = name not in sys.modules
+    if stand_in:
+        sys.modules[name] = types.ModuleType(name)
+    try:
+        dataclasses.dataclass(cls, init=False, repr=False, eq=False)
+    finally:
+        if stand_in:
+            del sys.modules[name]
 
 
 def _unwrap(tc: Any) -> tuple[TensorDictBase, dict[str, Any]]:
