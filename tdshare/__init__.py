@@ -8,6 +8,7 @@ from ._errors import (
     AtomicTargetError,
     BatchSizeError,
     CorruptDataError,
+    FieldError,
     FileExistsRuntimeError,
     FormatError,
     InvalidArgumentError,
@@ -28,6 +29,7 @@ from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
+from ._tensorclass import is_tensorclass, tensorclass
 from ._tensordict import TensorDict, load, load_memmap, memmap, save
 
 __version__ = "0.1.0"
@@ -37,6 +39,7 @@ __all__ = [
     "AtomicTargetError",
     "BatchSizeError",
     "CorruptDataError",
+    "FieldError",
     "FileExistsRuntimeError",
     "FormatError",
     "InvalidArgumentError",
@@ -60,12 +63,14 @@ __all__ = [
     "TerminalProgress",
     "UnsupportedFormatError",
     "__version__",
+    "is_tensorclass",
     "load",
     "load_memmap",
     "memmap",
     "pack_memmap",
     "refresh_archive_checksums",
     "save",
+    "tensorclass",
     "unpack_memmap",
 ]
 

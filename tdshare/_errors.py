@@ -27,6 +27,7 @@ __all__ = [
     "MissingKeyError",
     "MissingMetadataError",
     "ArgumentTypeError",
+    "FieldError",
 ]
 
 
@@ -103,3 +104,7 @@ class MissingMetadataError(TdshareError, FileNotFoundError):
 
 class ArgumentTypeError(TdshareError, TypeError):
     """An argument of the wrong type."""
+
+
+class FieldError(TdshareError, AttributeError):
+    """A name that is not a field of the tensorclass (set as an attribute or passed to the constructor)."""

@@ -33,7 +33,7 @@ from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData, NonTensorStack
 from ._reductions import decode_leaf, encode_leaf
 
-__all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict"]
+__all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
 
 T = TypeVar("T", bound="TensorDictBase")
 _NO_DEFAULT = object()
@@ -233,6 +233,8 @@ class TensorDictBase(CombineOps):
         for leaf in self._tensordict.values():
             if isinstance(leaf, TensorDictBase):
                 leaf._propagate(fn)
+            elif type(leaf) is not torch.Tensor and (inner := wrapped_collection(leaf)) is not None:  # a tensorclass
+                inner._propagate(fn)
 
     def _check_unlocked(self, key: str) -> None:
         if self._is_locked:
@@ -295,6 +297,8 @@ class TensorDictBase(CombineOps):
                 yield from leaf._stored_tensors()
             elif isinstance(leaf, torch.Tensor):
                 yield leaf
+            elif (inner := wrapped_collection(leaf)) is not None:  # a tensorclass entry
+                yield from inner._stored_tensors()
 
     def items(self, include_nested: bool = False, leaves_only: bool = False) -> Iterator[tuple[Any, Any]]:
         """Iterate over ``(key, value)`` pairs; a non-tensor leaf gives its value.
@@ -557,6 +561,12 @@ class TensorDictBase(CombineOps):
             elif isinstance(leaf, NonTensorData):
                 if keep_non_tensor:
                     leaves[key] = leaf.clone()
+            elif (kind := kind_of(leaf)) is not None and kind.unwrap is not None and kind.wrap is not None:
+                inner, fields = kind.unwrap(leaf)  # a tensorclass: map its tensordict, wrap the result again
+                mapped = inner._map(fn, batch_size, device, keep_non_tensor)
+                if batch_size is not None:
+                    mapped._batch_size = batch_size + inner._batch_size[self.batch_dims :]
+                leaves[key] = kind.wrap(mapped, fields)
             else:
                 result = fn(leaf)
                 if result is not None:
@@ -764,6 +774,15 @@ def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
 
 
 TENSORDICT = register(NodeKind("TensorDict", LEVEL, "TensorDict", TensorDictBase, TD_TYPE))
+
+
+def wrapped_collection(value: Any) -> TensorDictBase | None:
+    """The collection inside a wrapped node (a tensorclass's tensordict), or None for any other value."""
+    kind = kind_of(value)
+    if kind is None or kind.unwrap is None:
+        return None
+    inner = kind.unwrap(value)[0]
+    return inner if isinstance(inner, TensorDictBase) else None
 
 
 def is_collection(value: Any) -> TypeGuard[TensorDictBase]:

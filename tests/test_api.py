@@ -19,6 +19,7 @@ PUBLIC = [
     "AtomicTargetError",
     "BatchSizeError",
     "CorruptDataError",
+    "FieldError",
     "FileExistsRuntimeError",
     "FormatError",
     "InvalidArgumentError",
@@ -42,12 +43,14 @@ PUBLIC = [
     "TerminalProgress",
     "UnsupportedFormatError",
     "__version__",
+    "is_tensorclass",
     "load",
     "load_memmap",
     "memmap",
     "pack_memmap",
     "refresh_archive_checksums",
     "save",
+    "tensorclass",
     "unpack_memmap",
 ]
 
