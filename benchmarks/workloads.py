@@ -24,7 +24,7 @@ import torch
 from . import _workers, limits
 from ._common import LIMIT, Backend, Cell, Config, Row, Scratch, UnsupportedError, log, require, run_interleaved
 
-__all__ = ["GROUPS", "big_leaves", "handoff", "loader", "make_memmap", "refresh", "small_leaves", "tdz"]
+__all__ = ["GROUPS", "big_leaves", "family", "handoff", "loader", "make_memmap", "refresh", "small_leaves", "tdz"]
 
 Case = Callable[[], "float | Mapping[str, float]"]
 
@@ -239,6 +239,103 @@ def small_leaves(cfg: Config, backends: list[Backend], scratch: Scratch, shm: Sc
             scratch.remove(folder)
         del leaves
         gc.collect()
+    return rows
+
+
+# -- the family: lazy stacks and tensorclasses ----------------------------------------------------
+def family(cfg: Config, backends: list[Backend], scratch: Scratch, shm: Scratch | None = None) -> list[Row]:
+    """memmap_ into a fresh folder and load_memmap of a lazy stack of n one-leaf members and of a
+    tensorclass whose tensordict field holds n small leaves (n = the smallest small-leaf count)."""
+    n = min(cfg.small_counts)
+    store = shm if shm is not None else scratch
+    where = "/dev/shm" if shm is not None else "--dir"
+    payload = bytes(cfg.small_leaf_floats * 4)
+    leaves = [torch.randn(cfg.small_leaf_floats) for _ in range(n)]
+    classes: dict[str, Any] = {}
+
+    def lazy(b: Backend) -> Any:
+        stack = require(b.module, "LazyStackedTensorDict")
+        return stack(*(b.TensorDict({"x": t}, batch_size=[]) for t in leaves), stack_dim=0)
+
+    def tensorclass_of(b: Backend) -> Any:
+        if b.name not in classes:
+            decorate = require(b.module, "tensorclass")
+
+            class Data:
+                fields: Any
+
+            Data.__annotations__ = {"fields": b.TensorDict}
+            classes[b.name] = decorate(Data)
+        return classes[b.name](fields=small_td(b, leaves, cfg.small_subtds), batch_size=[])
+
+    def loader_of(b: Backend, kind: str) -> Any:
+        if kind == "lazy":
+            return require(b.module, "LazyStackedTensorDict").load_memmap
+        return classes[b.name].load_memmap
+
+    rows: list[Row] = []
+    for kind, label, build, folders in (
+        ("lazy", f"a lazy stack of {n:,} one-leaf members", lazy, n),
+        ("tensorclass", f"a tensorclass of {n:,} leaves ({cfg.small_subtds} sub-tds)", tensorclass_of, cfg.small_subtds),  # noqa: E501
+    ):
+
+        def write_case(b: Backend, build: Callable[[Backend], Any] = build) -> Case:
+            def case() -> float:
+                obj = build(b)
+                folder = store.fresh(b.name)
+                t0 = time.perf_counter()
+                obj.memmap_(folder)
+                dt = time.perf_counter() - t0
+                del obj
+                store.remove(folder)
+                return dt
+
+            return case
+
+        log(f"  family: memmap_ {label}")
+        cases: dict[str, Case] = {b.name: write_case(b) for b in backends}
+        cases[LIMIT] = limits.create_files_case(store, n, folders, payload)
+        res = run_interleaved(cases, cfg.small_reps, cfg.warmup, before=os.sync)
+        rows.append(
+            Row(
+                "family",
+                f"memmap_ {label} -> fresh folder on {where}",
+                "time",
+                res[""],
+                limit_name=f"create {n:,} files of {len(payload)} B in {folders:,} folders",
+            )
+        )
+
+        log(f"  family: load_memmap {label}")
+        saved: dict[str, str] = {}
+        for b in backends:
+            try:
+                folder = store.fresh(f"{b.name}-saved")
+                build(b).memmap_(folder)
+                saved[b.name] = folder
+            except Exception as e:  # the library lacks the container: its cell says why
+                saved[b.name] = f"FAILED {type(e).__name__}: {e}"
+
+        def load_case(b: Backend, kind: str = kind, saved: dict[str, str] = saved) -> Case:
+            def case() -> float:
+                if saved[b.name].startswith("FAILED"):
+                    raise UnsupportedError(saved[b.name])
+                t0 = time.perf_counter()
+                obj = loader_of(b, kind)(saved[b.name])
+                dt = time.perf_counter() - t0
+                del obj
+                return dt
+
+            return case
+
+        raw = store.fresh("raw")
+        paths = limits.make_small_files(raw, n, folders, payload)
+        cases = {b.name: load_case(b) for b in backends}
+        cases[LIMIT] = limits.map_files_case(paths, cfg.small_leaf_floats)
+        res = run_interleaved(cases, cfg.small_reps, cfg.warmup)
+        rows.append(Row("family", f"load_memmap {label}", "time", res[""], limit_name=f"map {n:,} files"))
+        for folder in [*(f for f in saved.values() if not f.startswith("FAILED")), raw]:
+            store.remove(folder)
     return rows
 
 
@@ -829,6 +926,7 @@ Group = Callable[..., list[Row]]
 GROUPS: dict[str, tuple[Group, bool]] = {
     "big": (big_leaves, False),
     "small": (small_leaves, True),
+    "family": (family, True),
     "refresh": (refresh, False),
     "make_memmap": (make_memmap, False),
     "handoff": (handoff, False),
