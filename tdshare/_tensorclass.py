@@ -27,9 +27,10 @@ from ._errors import ArgumentTypeError, FieldError, InvalidArgumentError, Missin
 from ._format import RESERVED_KEYS, WRAPPED, WRAPPED_DIR
 from ._indexing import is_key
 from ._keys import NestedKey, unravel_key
-from ._nodes import NodeKind, kind_of, register
+from ._nodes import NodeKind, register
 from ._nontensor import NonTensorData
 from ._tensorclass_io import TensorClassIO, class_tag
+from ._tensorclass_stack import combine_instances, plain_collection
 from ._tensordict import TensorDict
 from ._tensordict_base import TensorDictBase, wrapped_collection
 
@@ -430,7 +431,7 @@ class TensorClassOps(TensorClassIO):
         >>> type(Obs(x=torch.ones(1), batch_size=[1]).to_tensordict()).__name__
         'TensorDict'
         """
-        return _plain(self._tensordict).clone()
+        return plain_collection(self._tensordict).clone()
 
     # -- locking and shared memory ------------------------------------------------------------
     @property
@@ -486,11 +487,11 @@ class TensorClassOps(TensorClassIO):
 
     def all(self) -> bool:
         """Whether every element of every tensor (nested fields included) is true."""
-        return all(bool(t.all()) for t in _tensors(self._tensordict))
+        return all(bool(t.all()) for t in self._tensordict._stored_tensors())
 
     def any(self) -> bool:
         """Whether any element of any tensor (nested fields included) is true."""
-        return any(bool(t.any()) for t in _tensors(self._tensordict))
+        return any(bool(t.any()) for t in self._tensordict._stored_tensors())
 
     def __repr__(self) -> str:
         lines = []
@@ -523,7 +524,7 @@ class TensorClassOps(TensorClassIO):
         if func is torch.stack or func is torch.cat:
             items = kwargs.pop("tensors", args[0] if args else None)
             dim = kwargs.pop("dim", args[1] if len(args) > 1 else 0)
-            return _combine(list(items), dim, new_dim=func is torch.stack)
+            return combine_instances(list(items), dim, new_dim=func is torch.stack)
         if func is torch.unbind:
             return args[0].unbind(*args[1:], **kwargs)
         return NotImplemented
@@ -553,65 +554,6 @@ def _items(other: Any) -> Any:
     if isinstance(other, TensorDictBase):
         return other._tensordict.items()
     return dict(other).items()
-
-
-def _tensors(td: TensorDictBase) -> Iterator[torch.Tensor]:
-    for value in td._tensordict.values():
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, TensorDictBase):
-            yield from _tensors(value)
-        elif (inner := wrapped_collection(value)) is not None:
-            yield from _tensors(inner)
-
-
-# -- stack and cat: through plain tensordicts, then wrapped again -------------------------------
-def _plain(td: TensorDictBase) -> TensorDict:
-    """``td`` with every wrapped entry (a tensorclass) replaced by its collection; leaves shared."""
-    leaves: dict[str, Any] = {}
-    for key, value in td._tensordict.items():
-        inner = value if isinstance(value, TensorDictBase) else wrapped_collection(value)
-        leaves[key] = _plain(inner) if inner is not None else value
-    return TensorDict._from_leaves(leaves, td.batch_size, td.device, td._names)
-
-
-Spec = dict[str, tuple[Any, dict[str, Any], Any]]  # key -> (kind or None, fields, spec of the level)
-
-
-def _spec(td: TensorDictBase) -> Spec:
-    out: Spec = {}
-    for key, value in td._tensordict.items():
-        if isinstance(value, TensorDictBase):
-            out[key] = (None, {}, _spec(value))
-        elif (kind := kind_of(value)) is not None and kind.unwrap is not None and kind.wrap is not None:
-            inner, fields = kind.unwrap(value)
-            out[key] = (kind, fields, _spec(inner))
-    return out
-
-
-def _dress(td: TensorDictBase, spec: Spec) -> TensorDictBase:
-    for key, (kind, fields, sub) in spec.items():
-        child = td._tensordict.get(key)
-        if isinstance(child, TensorDictBase):
-            _dress(child, sub)
-            if kind is not None:
-                td._tensordict[key] = kind.wrap(child, fields)
-    return td
-
-
-def _combine(items: list[Any], dim: int, new_dim: bool) -> Any:
-    what = "stack" if new_dim else "cat"
-    if not items:
-        raise InvalidArgumentError(f"Cannot {what} an empty sequence of tensorclass instances.")
-    cls = type(items[0])
-    for item in items:
-        if type(item) is not cls:
-            raise InvalidArgumentError(
-                f"Cannot {what} a {type(item).__name__} with instances of {cls.__name__}: all must be of one class."
-            )
-    plains = [_plain(item._tensordict) for item in items]
-    out = (TensorDict.stack if new_dim else TensorDict.cat)(plains, dim)
-    return cls._from_tensordict(_dress(out, _spec(items[0]._tensordict)))
 
 
 # -- the decorator ------------------------------------------------------------------------------
