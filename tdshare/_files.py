@@ -35,6 +35,7 @@ __all__ = [
     "replace_file",
     "reserve_file",
     "map_file",
+    "nested_from_buffer",
     "may_write",
     "check_not_symlink",
 ]
@@ -313,6 +314,15 @@ def map_file(
         if mode == "r+" or os.access(path, os.W_OK):
             raise
         return torch.from_file(path, shared=False, size=numel, dtype=dtype)
+
+
+def nested_from_buffer(buffer: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """A strided nested tensor viewing ``buffer`` (its elements packed one after the other) as the
+    pieces whose shapes are the rows of ``sizes`` (int64, ``[pieces, ndim]``): no copy."""
+    table = torch.Tensor.as_subclass(sizes, torch.Tensor).to(torch.int64).clone()
+    strides, offsets = torch._nested_compute_contiguous_strides_offsets(table)
+    flat = torch.Tensor.as_subclass(buffer, torch.Tensor).reshape(-1)
+    return torch._nested_view_from_buffer(flat, table, strides, offsets)
 
 
 def _unlink_quietly(path: str) -> None:

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
+from ._files import no_data_error
 from ._format import (
     LEAF_SUFFIX,
     LEVEL,
@@ -37,6 +38,7 @@ from ._format import (
     dumps_json,
     entry_file_name,
     lazy_stack_meta,
+    leaf_entry,
     shared_leaf_entry,
 )
 from ._leaf_files import LeafPlan, plain_leaf
@@ -62,6 +64,7 @@ class PlannedLeaf:
     path: str | None
     reuse: MemoryMappedTensor | None = None
     result: MemoryMappedTensor | None = None
+    part: bool = False  # one of the two files of a nested tensor (see PlannedLevel.nested), not a leaf itself
 
 
 @dataclass
@@ -100,6 +103,8 @@ class PlannedLevel:
     entries: dict[str, dict] = field(default_factory=dict)
     texts: dict[str, str] = field(default_factory=dict)  # the JSON of the leaf entries (dumps_level)
     leaves: list[PlannedLeaf] = field(default_factory=list)
+    # nested tensors: (key, packed elements, size table), both also in ``leaves`` as parts
+    nested: list[tuple[str, PlannedLeaf, PlannedLeaf]] = field(default_factory=list)
     # plain leaves, the common case, kept lean: dense non-empty tensors under keys that are their file names
     plain_keys: list[str] = field(default_factory=list)
     plain: list[tuple[torch.Tensor, str, LeafPlan]] = field(default_factory=list)  # (tensor, file, info)
@@ -182,6 +187,9 @@ def plan_tree(
                 entries[key], texts[key] = entry, text
                 continue
         kind = kind_of(value)
+        if kind is None and value.is_nested:
+            _plan_nested(level, key, value, path, robust, existsok, where, used)
+            continue
         if kind is None and path is None:  # anonymous memory: no file name, no metadata entry
             level.leaves.append(_plan_leaf(key, value, None, copy_existing, existsok, where))
             continue
@@ -264,13 +272,63 @@ def _here(where: str, key: str) -> str:
     return f"{where}[{key!r}]" if where != "the tensordict" else f"key {key!r}"
 
 
+def _plan_nested(
+    level: PlannedLevel,
+    key: str,
+    value: torch.Tensor,
+    path: str | None,
+    robust: bool,
+    existsok: bool,
+    where: str,
+    used: dict[str, str],
+) -> None:
+    """A strided nested tensor, in the reference's layout: its elements packed one piece after the
+    other in ``<key>.memmap``, its pieces' shapes in ``<key>.shape.memmap`` (int64 ``[pieces, ndim]``),
+    and ``"is_nested": true`` with the table's shape in meta.json."""
+    here = _here(where, key)
+    if value.layout is not _STRIDED:
+        raise NotSupportedError(
+            f"The entry {here} is a nested tensor with the {value.layout} layout, which the saved format cannot "
+            "hold (only strided nested tensors have a layout on disk). Convert it with "
+            "torch.nested.nested_tensor(list(t.unbind()), layout=torch.strided), or store its values and offsets "
+            "as dense tensors."
+        )
+    if value.device.type == "meta":
+        raise no_data_error(f"The entry {here}")
+    pieces = [p.detach().contiguous() for p in value.unbind()]
+    ndim = value.dim() - 1
+    sizes = torch.tensor([list(p.shape) for p in pieces], dtype=torch.int64).reshape(len(pieces), ndim)
+    packed = torch.cat([p.reshape(-1) for p in pieces]) if pieces else torch.empty(0, dtype=value.dtype)
+    data_file = sizes_file = None
+    if path is not None:
+        name = entry_file_name(key, robust, LEAF_SUFFIX, where, directory=False)
+        for file in (name + LEAF_SUFFIX, name + ".shape" + LEAF_SUFFIX):
+            if file in used:
+                raise InvalidArgumentError(
+                    f"The keys {used[file]!r} and {key!r} (in {where}) would both be stored as {file!r}; rename one."
+                )
+            used[file] = key
+        head = path + os.sep if path else ""
+        data_file, sizes_file = head + name + LEAF_SUFFIX, head + name + ".shape" + LEAF_SUFFIX
+        for file in (data_file, sizes_file):
+            if not existsok and os.path.lexists(file):
+                raise MemmapError(
+                    f"The file {file!r} already exists and existsok=False. Pass existsok=True to overwrite it."
+                )
+        level.entries[key] = leaf_entry(sizes.shape, value.dtype, is_nested=True)
+    data = PlannedLeaf(key, packed, data_file, part=True)
+    table = PlannedLeaf(key, sizes, sizes_file, part=True)
+    level.leaves += [data, table]
+    level.nested.append((key, data, table))
+
+
 def _plan_leaf(
     key: str, value: torch.Tensor, file: str | None, copy_existing: bool, existsok: bool, where: str
 ) -> PlannedLeaf:
-    if value.layout != torch.strided or value.is_nested:
+    if value.layout != torch.strided:
         raise NotSupportedError(
-            f"The entry {_here(where, key)} is a nested or sparse tensor, which tdshare cannot memory-map yet; "
-            "store its values and offsets as dense tensors."
+            f"The entry {_here(where, key)} is a sparse tensor ({value.layout}), which the saved format cannot hold; "
+            "store its indices and values as dense tensors."
         )
     leaf = PlannedLeaf(key, value, file)
     if type(value) is not torch.Tensor and isinstance(value, MemoryMappedTensor):

@@ -13,10 +13,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
+
+from ._files import nested_from_buffer
 from ._format import LEAF_SUFFIX
 from ._keys import encode_key
 from ._leaf_handle import LeafHandle
-from ._memmap import MemoryMappedTensor
+from ._memmap import MemoryMappedTensor, storage_filename
+from ._segments import Segment
 
 __all__ = ["encode_leaf", "decode_leaf"]
 
@@ -24,11 +28,45 @@ __all__ = ["encode_leaf", "decode_leaf"]
 # (the most compact pickle) marks an encoded leaf unambiguously:
 #   (dtype, shape) or (dtype, shape, mode)   the level's whole <enc(key)>.memmap file
 #   (segment, byte offset, dtype, shape)     a contiguous leaf of an anonymous segment
+#   ("nested", dtype, sizes, mode)           a nested tensor viewing the level's <enc(key)>.memmap
+#   ("nested", dtype, sizes, segment, offset)   a nested tensor viewing a slice of a segment
+_NESTED = "nested"
+
+
+def _encode_nested(value: torch.Tensor, folder: str | None, key: str) -> Any:
+    """A nested tensor that views mapped memory (a leaf file, or a segment) pickles as a handle."""
+    try:
+        buffer = value.values()
+        sizes = value._nested_tensor_size().tolist()
+    except (RuntimeError, AttributeError):  # not a packed, contiguous nested tensor
+        return value
+    storage = buffer.untyped_storage()
+    stored = storage_filename(storage)
+    if stored is not None and folder is not None and stored == os.path.join(folder, encode_key(key) + LEAF_SUFFIX):
+        if buffer.storage_offset() == 0:
+            return (_NESTED, value.dtype, sizes, None)
+        return value
+    seg = Segment.of_storage(storage)
+    if seg is not None:
+        return (_NESTED, value.dtype, sizes, seg, buffer.data_ptr() - seg.buffer.data_ptr())
+    return value
+
+
+def _decode_nested(code: tuple[Any, ...], path: str | None) -> torch.Tensor:
+    dtype, sizes = code[1], torch.tensor(code[2], dtype=torch.int64)
+    numel = int(sizes.prod(-1).sum()) if sizes.numel() else 0
+    if len(code) == 5:
+        seg, offset = code[3], code[4]
+        return nested_from_buffer(seg.view(offset, dtype, torch.Size([numel])), sizes)
+    assert path is not None
+    return nested_from_buffer(LeafHandle.file(path, dtype, (numel,), code[3]).map(), sizes)
 
 
 def encode_leaf(value: Any, folder: str | None, key: str) -> Any:
     """The compact pickled form of a leaf of the level saved in ``folder`` under ``key``."""
     if type(value) is not MemoryMappedTensor:
+        if type(value) is torch.Tensor and value.is_nested:
+            return _encode_nested(value, folder, key)
         return value
     handle = LeafHandle.of(value)
     if handle is None:
@@ -45,4 +83,6 @@ def decode_leaf(code: Any, folder: str | None, key: str) -> Any:
     if not isinstance(code, tuple):
         return code
     path = None if folder is None else os.path.join(folder, encode_key(key) + LEAF_SUFFIX)
+    if code[0] == _NESTED:
+        return _decode_nested(code, path)
     return LeafHandle.from_code(code, path).map()

@@ -33,7 +33,7 @@ from ._errors import (
     MissingMetadataError,
     PickleRefusedError,
 )
-from ._files import shaped
+from ._files import nested_from_buffer, shaped
 from ._format import LEAF_SUFFIX, META_FILE, LeafInfo, loads_json
 from ._keys import encode_key, is_safe_legacy_name
 from ._leaf_handle import LeafHandle
@@ -433,11 +433,9 @@ class DirectoryStore(Store):
         data_path = self._locate(level, info.key, LEAF_SUFFIX, False)
         if shape_path is None or data_path is None:
             raise CorruptDataError(f"{meta_where}: the files of nested leaf {info.key!r} are missing.")
-        sizes = MemoryMappedTensor.from_filename(shape_path, torch.int64, info.shape, mode="r")
-        counts = [math.prod(row) for row in sizes.tolist()]
-        values = MemoryMappedTensor.from_filename(data_path, info.dtype, [sum(counts)], mode="r")
-        parts = [
-            torch.Tensor.as_subclass(v, torch.Tensor).reshape(row)
-            for v, row in zip(torch.Tensor.split(values, counts), sizes.tolist(), strict=True)
-        ]
-        return torch.nested.nested_tensor(parts)
+        sizes = LeafHandle.file(shape_path, torch.int64, info.shape, "r").map()
+        if (torch.Tensor.as_subclass(sizes, torch.Tensor) < 0).any():
+            raise CorruptDataError(f"{shape_path!r}: the size table of nested leaf {info.key!r} has negative sizes.")
+        numel = int(torch.Tensor.as_subclass(sizes, torch.Tensor).prod(-1).sum()) if sizes.numel() else 0
+        values = LeafHandle.file(data_path, info.dtype, (numel,), self.mode).map()  # shared where writable
+        return nested_from_buffer(values, sizes)

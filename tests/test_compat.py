@@ -595,15 +595,17 @@ def test_strided_nested_tensor_from_reference(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
-def test_tdshare_refuses_to_write_nested_tensors(tmp_path: Path) -> None:
-    # tdshare reads the reference's nested tensors but does not write them yet: it refuses them
-    # before writing anything.
+def test_tdshare_writes_the_references_nested_tensors_back(tmp_path: Path) -> None:
+    # a nested tensor the reference saved loads in tdshare, is saved again by it, and the
+    # reference reads that back (the packed elements and the size table, as it writes them)
     nt = torch.nested.nested_tensor([torch.arange(3.0), torch.arange(5.0)], layout=torch.strided)
     RefTD({"nt": nt}, batch_size=[]).memmap(tmp_path / "ref")
     td = TdsTD.load(tmp_path / "ref")
-    with pytest.raises(tdshare.NotSupportedError, match="nested"):
-        td.memmap(tmp_path / "tds", copy_existing=True)
-    assert not (tmp_path / "tds").exists() or not list((tmp_path / "tds").iterdir())
+    td.memmap(tmp_path / "tds", copy_existing=True)
+    for name in ("nt.memmap", "nt.shape.memmap"):
+        assert (tmp_path / "tds" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+    back = RefTD.load_memmap(tmp_path / "tds")
+    assert [t.tolist() for t in torch.Tensor.unbind(back["nt"], 0)] == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0, 4.0]]
 
 
 @pytest.mark.parametrize("pickled", [False, True])

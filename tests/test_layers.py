@@ -44,7 +44,17 @@ LAYERS: dict[str, list[str]] = {
     ],
     "model": ["_nontensor", "_shared_nontensor", "_reductions", "_combine", "_tensordict_base", "_nodes", "_future"],
     "io": ["_plan", "_write", "_archive", "_read", "_entries", "_refresh", "_save"],
-    "api": ["_memmap_family", "_tensordict", "_lazy", "_tensorclass_io", "_tensorclass_stack", "_tensorclass", "_td", "__init__", "__main__"],
+    "api": [
+        "_memmap_family",
+        "_tensordict",
+        "_lazy",
+        "_tensorclass_io",
+        "_tensorclass_stack",
+        "_tensorclass",
+        "_td",
+        "__init__",
+        "__main__",
+    ],
 }
 RANK = {module: rank for rank, modules in enumerate(LAYERS.values()) for module in modules}
 MODULES = sorted(p.stem for p in PACKAGE.glob("*.py"))

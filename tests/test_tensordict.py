@@ -626,9 +626,8 @@ def test_nested_tensor_leaf_checks_its_first_dimension_only() -> None:
     assert [t.tolist() for t in td["nt"].unbind()] == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0, 4.0]]
     with pytest.raises(BatchSizeError, match="'nt'"):
         TensorDict({"nt": nt}, batch_size=[3])
-    with pytest.raises(NotImplementedError, match="nested"):
-        td.memmap_()  # refused before anything is written
-    assert not td.is_memmap()
+    td.memmap_()  # anonymous memory: the packed elements and the size table in the segment
+    assert td.is_memmap() and [t.tolist() for t in td["nt"].unbind()] == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0, 4.0]]
 
 
 def test_to_keeps_the_lock_and_fill_refuses_non_tensors() -> None:

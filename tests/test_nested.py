@@ -1,0 +1,114 @@
+"""Nested tensors (strided layout) as leaves, in the reference's layout: the packed elements in
+``<key>.memmap``, the pieces' shapes in ``<key>.shape.memmap``, ``"is_nested": true`` in meta.json."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import tdshare
+from tdshare import TensorDict
+
+METHODS = [m for m in ("spawn", "fork", "forkserver") if m in mp.get_all_start_methods()]
+WAIT = 60
+BACKENDS = ["folder", "anonymous", "archive"]
+
+pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+
+
+def _nt() -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.nested.nested_tensor([torch.arange(6.0).reshape(2, 3), torch.full((4, 3), 7.0)])
+
+
+def _pieces(t: torch.Tensor) -> list[list[list[float]]]:
+    assert t.is_nested
+    return [p.tolist() for p in t.unbind()]
+
+
+def _td() -> TensorDict:
+    return TensorDict(nt=_nt(), x=torch.arange(2.0), n={"inner": _nt()}, batch_size=[2])
+
+
+def _target(backend: str, tmp_path: Path) -> Path | None:
+    return {"folder": tmp_path / "td", "anonymous": None, "archive": tmp_path / "td.tdz"}[backend]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nested_leaves_round_trip(tmp_path: Path, backend: str) -> None:
+    out = _td().memmap(_target(backend, tmp_path))
+    assert _pieces(out["nt"]) == _pieces(_nt()) and _pieces(out["n", "inner"]) == _pieces(_nt())
+    if backend != "anonymous":
+        back = tdshare.load(_target(backend, tmp_path))
+        assert _pieces(back["nt"]) == _pieces(_nt()) and back["x"].tolist() == [0.0, 1.0]
+
+
+def test_the_reference_layout(tmp_path: Path) -> None:
+    _td().memmap_(tmp_path)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["nt"] == {"device": "cpu", "shape": [2, 2], "dtype": "torch.float32", "is_nested": True}
+    assert (tmp_path / "nt.shape.memmap").read_bytes() == torch.tensor([[2, 3], [4, 3]]).numpy().tobytes()
+    packed = torch.cat([torch.arange(6.0), torch.full((12,), 7.0)])
+    assert (tmp_path / "nt.memmap").read_bytes() == packed.numpy().tobytes()
+
+
+def test_a_loaded_nested_leaf_maps_its_file(tmp_path: Path) -> None:
+    _td().memmap_(tmp_path)
+    a, b = TensorDict.load(tmp_path), TensorDict.load(tmp_path)
+    a["nt"].unbind()[1][0, 0] = -1.0
+    assert b["nt"].unbind()[1][0, 0].item() == -1.0 and TensorDict.load(tmp_path)["nt"].unbind()[1][0, 0] == -1.0
+
+
+def test_compatible_with_tensordict_both_ways(tmp_path: Path) -> None:
+    tensordict = pytest.importorskip("tensordict")
+    _td().memmap_(tmp_path / "ours")
+    ref = tensordict.TensorDict.load_memmap(tmp_path / "ours")
+    assert [p.tolist() for p in torch.Tensor.unbind(ref["nt"], 0)] == _pieces(_nt())
+    theirs = tensordict.TensorDict(nt=_nt(), batch_size=[2])
+    theirs.memmap(tmp_path / "theirs")
+    assert _pieces(TensorDict.load(tmp_path / "theirs")["nt"]) == _pieces(_nt())
+
+
+def test_a_jagged_nested_tensor_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jagged = torch.nested.nested_tensor([torch.arange(3.0), torch.arange(5.0)], layout=torch.jagged)
+    td = TensorDict(ok=torch.zeros(2), j=jagged, batch_size=[2])
+    with pytest.raises(NotImplementedError, match=r"'j'.*jagged.*strided") as info:
+        td.memmap(tmp_path / "td")
+    assert isinstance(info.value, tdshare.NotSupportedError) and not (tmp_path / "td").exists()
+
+
+def test_a_key_that_collides_with_the_size_table_is_refused(tmp_path: Path) -> None:
+    td = TensorDict({"nt": _nt(), "nt.shape": torch.zeros(2)}, batch_size=[2])
+    with pytest.raises(ValueError, match=r"nt\.shape"):
+        td.memmap(tmp_path / "td")
+    assert not (tmp_path / "td").exists()
+
+
+def _child(td: TensorDict, out: Any) -> None:
+    piece = td["nt"].unbind()[0]
+    piece[0, 0] = 100.0
+    out.put(_pieces(td["nt"]))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["folder", "anonymous"])
+@pytest.mark.parametrize("method", METHODS)
+def test_a_child_writes_into_the_parents_nested_leaf(tmp_path: Path, method: str, backend: str) -> None:
+    td = _td().memmap_(_target(backend, tmp_path))
+    ctx = mp.get_context(method)
+    out = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(td, out))
+    proc.start()
+    seen = out.get(timeout=WAIT)
+    proc.join(WAIT)
+    assert proc.exitcode == 0 and seen[0][0][0] == 100.0
+    assert td["nt"].unbind()[0][0, 0].item() == 100.0  # the parent's memory
