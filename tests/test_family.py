@@ -1,0 +1,154 @@
+"""One set of memmap-family tests over every container kind: a TensorDict, a tensorclass and a lazy
+stack, on every backend (a folder, a ``.tdz`` archive, anonymous memory) and across processes.
+
+Each kind is built with the same content: a float leaf ``a`` of 4 rows, a nested ``("n", "b")`` of
+4 x 2, and a non-tensor ``s``.  The kind-specific tests live beside their modules
+(``test_tensorclass.py``, ``test_lazy.py``); these check that the spec's promises hold for all.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import tdshare
+from tdshare import LazyStackedTensorDict, MemoryMappedTensor, TensorDict, tensorclass
+
+METHODS = [m for m in ("spawn", "fork", "forkserver") if m in mp.get_all_start_methods()]
+WAIT = 60
+KINDS = ["tensordict", "tensorclass", "lazy"]
+
+
+@tensorclass
+class Sample:
+    """The family's tensorclass."""
+
+    a: torch.Tensor
+    n: TensorDict
+    s: str
+
+
+def build(kind: str, offset: float = 0.0) -> Any:
+    a = torch.arange(4.0) + offset
+    b = torch.zeros(4, 2) + offset
+    if kind == "tensordict":
+        return TensorDict(a=a, n={"b": b}, s="text", batch_size=[4])
+    if kind == "tensorclass":
+        return Sample(a=a, n=TensorDict(b=b, batch_size=[4]), s="text", batch_size=[4])
+    members = [TensorDict(a=a[i], n={"b": b[i]}, s="text", batch_size=[]) for i in range(4)]
+    return LazyStackedTensorDict(*members, stack_dim=0)
+
+
+def values(obj: Any) -> tuple[list[float], list[list[float]]]:
+    return obj.get("a").tolist(), obj.get(("n", "b")).tolist()
+
+
+def expected(offset: float = 0.0) -> tuple[list[float], list[list[float]]]:
+    return (torch.arange(4.0) + offset).tolist(), (torch.zeros(4, 2) + offset).tolist()
+
+
+def leaves_mapped(obj: Any) -> bool:
+    inner = obj.tensordicts if isinstance(obj, LazyStackedTensorDict) else [obj]
+    return all(isinstance(m.get("a"), MemoryMappedTensor) for m in inner)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_memmap_in_place_returns_self_locked_and_mapped(tmp_path: Path, kind: str) -> None:
+    obj = build(kind)
+    out = obj.memmap_(tmp_path / "td")
+    assert out is obj and obj.is_memmap() and obj.is_locked and leaves_mapped(obj)
+    back = type(obj).load_memmap(tmp_path / "td")
+    assert type(back) is type(obj) and values(back) == expected()
+
+
+@pytest.mark.parametrize("backend", ["folder", "archive", "anonymous"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_memmap_copy_on_every_backend(tmp_path: Path, kind: str, backend: str) -> None:
+    prefix = {"folder": tmp_path / "td", "archive": tmp_path / "td.tdz", "anonymous": None}[backend]
+    obj = build(kind)
+    out = obj.memmap(prefix)
+    assert out is not obj and type(out) is type(obj) and not obj.is_memmap()
+    assert values(out) == expected()
+    if prefix is not None:
+        back = tdshare.load(prefix)  # the saved class comes back, whatever loads it
+        assert type(back) is type(obj) and values(back) == expected()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_save_overwrites_and_atomic_replaces(tmp_path: Path, kind: str) -> None:
+    build(kind).save(tmp_path / "td")
+    build(kind, 5.0).save(tmp_path / "td")  # existsok=True
+    assert values(type(build(kind)).load_memmap(tmp_path / "td")) == expected(5.0)
+    build(kind, 9.0).memmap(tmp_path / "td", atomic=True)
+    assert values(type(build(kind)).load_memmap(tmp_path / "td")) == expected(9.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_existsok_false_refuses_existing_files(tmp_path: Path, kind: str) -> None:
+    build(kind).save(tmp_path / "td")
+    with pytest.raises(RuntimeError, match="existsok"):
+        build(kind, 1.0).memmap(tmp_path / "td", existsok=False)
+    assert values(type(build(kind)).load_memmap(tmp_path / "td")) == expected()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_load_memmap_into_an_instance(tmp_path: Path, kind: str) -> None:
+    build(kind, 3.0).save(tmp_path / "td")
+    target = build(kind)
+    assert target.load_memmap_(tmp_path / "td") is target
+    assert values(target) == expected(3.0)
+
+
+@pytest.mark.parametrize("kind", ["tensordict", "tensorclass"])
+def test_entries_added_elsewhere_appear_after_a_refresh(tmp_path: Path, kind: str) -> None:
+    obj = build(kind).memmap_(tmp_path / "td")
+    other = type(obj).load_memmap(tmp_path / "td").memmap_()
+    # inside the nested tensordict: a tensorclass takes no keys beyond its declared fields
+    other.make_memmap(("n", "m"), [4])[:] = 2.0
+    other.make_memmap_from_tensor(("n", "t"), torch.full((4,), 3.0))
+    assert obj.memmap_refresh_() is obj
+    assert obj.get(("n", "m")).tolist() == [2.0] * 4 and obj.get(("n", "t")).tolist() == [3.0] * 4
+
+
+def test_a_lazy_stack_adds_entries_through_its_members(tmp_path: Path) -> None:
+    obj = build("lazy").memmap_(tmp_path / "td")
+    with pytest.raises(NotImplementedError, match="member"):
+        obj.make_memmap("m", [4])
+    obj.tensordicts[0].make_memmap("m", [])
+    assert "m" in type(obj).load_memmap(tmp_path / "td").tensordicts[0].keys()
+
+
+@pytest.mark.parametrize("kind", ["tensordict", "tensorclass"])
+def test_shared_non_tensor_values(tmp_path: Path, kind: str) -> None:
+    obj = build(kind).memmap_(tmp_path / "td", share_non_tensor=True)
+    other = type(obj).load_memmap(tmp_path / "td").memmap_(share_non_tensor=True)
+    obj.set_("s", "changed")
+    assert other.get("s") == "changed"
+
+
+def _child_writes(obj: Any, out: Any) -> None:
+    try:
+        obj.set_("a", torch.full((4,), 42.0))
+        out.put(("ok", obj.get("a").tolist()))
+    except BaseException as err:  # reported to the parent
+        out.put(("error", repr(err)))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["folder", "anonymous"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_child_writes_in_place_into_the_parents_memory(tmp_path: Path, method: str, kind: str, backend: str) -> None:
+    obj = build(kind).memmap_(tmp_path / "td" if backend == "folder" else None)
+    ctx = mp.get_context(method)
+    out = ctx.Queue()
+    proc = ctx.Process(target=_child_writes, args=(obj, out))
+    proc.start()
+    tag, payload = out.get(timeout=WAIT)
+    proc.join(WAIT)
+    assert tag == "ok", payload
+    assert payload == [42.0] * 4 and obj.get("a").tolist() == [42.0] * 4
