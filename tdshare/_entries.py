@@ -22,7 +22,7 @@ import torch
 
 from ._coordination import SharedRegistry, unchanged_since
 from ._errors import BatchSizeError, InvalidArgumentError, MemmapError, NotMemmapError, NotSupportedError
-from ._files import replace_file, reserve_file, tensor_buffer, write_file
+from ._files import nested_from_buffer, replace_file, reserve_file, tensor_buffer, write_file
 from ._format import (
     LEAF_SUFFIX,
     LEVEL,
@@ -61,11 +61,30 @@ __all__ = [
 Builder = Callable[[str | None, torch.Size, torch.dtype], MemoryMappedTensor]
 
 
+def size_table(shape: torch.Tensor, what: str = "shape") -> torch.Tensor:
+    """A tensor of shapes (one row per piece of a nested tensor) as a checked int64 ``[pieces, ndim]`` table.
+
+    Raises:
+        MemmapError: not a 2-d table of non-negative integers.
+    """
+    if shape.dim() != 2 or shape.is_floating_point() or shape.is_complex() or shape.dtype is torch.bool:
+        raise MemmapError(
+            f"A tensor of shapes must be a 2-d integer tensor, one row per piece ([pieces, ndim]); got {what} "
+            f"{shape.dtype} of shape {list(shape.shape)}."
+        )
+    table = shape.detach().cpu().to(torch.int64)
+    if (table < 0).any():
+        raise MemmapError(f"A tensor of shapes must not hold negative sizes, got {table.tolist()}.")
+    return table
+
+
+def _packed_numel(table: torch.Tensor) -> int:
+    return int(table.prod(-1).sum()) if table.numel() else 0
+
+
 def _parse_shape(shape: Any) -> torch.Size:
     if isinstance(shape, torch.Tensor):
-        raise NotSupportedError(
-            "A tensor of shapes (a nested tensor entry) is not supported by make_memmap* yet; pass a flat shape."
-        )
+        return torch.Size([_packed_numel(size_table(shape))])  # the packed elements of a nested entry
     size = torch.Size([shape]) if isinstance(shape, int) else torch.Size([int(s) for s in shape])
     if any(s < 0 for s in size):
         raise MemmapError(f"Cannot make a memmap tensor of shape {list(size)}: dimensions must not be negative.")
@@ -108,6 +127,7 @@ def add_entry(
         )
     parts = unravel_key(key)
     robust = True if robust_key is None else bool(robust_key)
+    table = size_table(shape) if isinstance(shape, torch.Tensor) else None  # a nested entry
     shape_ = _parse_shape(shape)
     dtype_ = dtype or torch.get_default_dtype()
     folders, existing = _target_level(td, parts, robust)
@@ -117,12 +137,19 @@ def add_entry(
             f"The key {last!r} already exists within the target tensordict. Delete that entry before overwriting it."
         )
     batch = td.batch_size if existing is None else existing.batch_size
-    if shape_[: len(batch)] != batch:
+    if table is not None:
+        _check_nested_batch(parts, table, batch)
+    elif shape_[: len(batch)] != batch:
         raise BatchSizeError(
             f"batch dimension mismatch for key {parts!r}: shape {list(shape_)} does not start with the batch "
             f"size {list(batch)}."
         )
     prefix = td._memmap_prefix
+    if prefix is None and table is not None:
+        raise NotSupportedError(
+            f"A nested entry {parts!r} needs a folder: make_memmap* with a tensor of shapes writes the size table "
+            "next to the elements. Memory-map the tensordict to a folder, or save the nested tensor with memmap_()."
+        )
     if prefix is None:
         anonymous = build(None, shape_, dtype_)
         if td._anon_store is not None and anonymous._segment is not None:
@@ -145,25 +172,52 @@ def add_entry(
             )
         created = _make_level_dirs(prefix, folders)
         tensor: MemoryMappedTensor | None = None
+        sizes_path = path[: -len(LEAF_SUFFIX)] + ".shape" + LEAF_SUFFIX
         try:
             tensor = build(path if has_file else None, shape_, dtype_)
-            entry = leaf_entry(shape_, dtype_)
+            if table is not None:  # the reference's layout: the pieces' shapes beside the packed elements
+                write_file(sizes_path, table.numpy().tobytes(), existsok=True)
+                entry = leaf_entry(table.shape, dtype_, is_nested=True)
+            else:
+                entry = leaf_entry(shape_, dtype_)
             if not has_file:
                 entry[NO_FILE_FIELD] = True
             _commit_chain(prefix, folders, parts, metas, entry, batch, td)
         except BaseException:
             if tensor is not None and has_file and creates_file and tensor.numel():
                 os.unlink(path)
+            if table is not None and os.path.exists(sizes_path):
+                os.unlink(sizes_path)
             for folder in reversed(created):
                 shutil.rmtree(folder, ignore_errors=True)
             raise
         after = registry.bump()
+    if table is not None:  # the entry: a nested tensor viewing the packed elements, a MemoryMappedTensor
+        nested = nested_from_buffer(tensor, table).as_subclass(MemoryMappedTensor)
+        nested._filename = tensor._filename
+        tensor = nested
     insert_entry(td, parts, tensor, prefix, robust)
     if unchanged_since(td._generation, before) and has_file:
         # we were current: our own addition is all that changed (a file-less entry stays stale on
         # purpose, so that the next memmap_refresh_() drops it, as it does in every other process)
         td._generation = after
     return tensor
+
+
+def _check_nested_batch(parts: tuple[str, ...], table: torch.Tensor, batch: torch.Size) -> None:
+    """A nested entry's pieces are its first dim; every piece must start with the remaining batch dims."""
+    pieces = table.shape[0]
+    if batch and pieces != batch[0]:
+        raise BatchSizeError(
+            f"batch dimension mismatch for key {parts!r}: the tensor of shapes has {pieces} pieces, but the batch "
+            f"size is {list(batch)}."
+        )
+    rest = list(batch[1:])
+    if rest and (table.shape[1] < len(rest) or (table[:, : len(rest)] != torch.tensor(rest)).any()):
+        raise BatchSizeError(
+            f"The nested entry {parts!r} has a ragged dimension inside the batch {list(batch)}: every piece must "
+            f"start with {rest}, got {table.tolist()}. Give the tensordict a batch size of [{pieces}]."
+        )
 
 
 def _publish(td: TensorDictBase, store: tuple[str, tuple[str, ...]], parts: tuple[str, ...],

@@ -26,7 +26,7 @@ from ._entries import (
     storage_entry_checks,
     write_non_tensor,
 )
-from ._errors import NotMemmapError
+from ._errors import NotMemmapError, NotSupportedError
 from ._files import no_data_error
 from ._future import TensorDictFuture
 from ._keys import NestedKey
@@ -417,6 +417,17 @@ class MemmapFamily(TensorDictBase):
         """Add a memory-mapped copy of ``tensor`` at ``key`` (``copy_data=False``: zeros of its shape)."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"make_memmap_from_tensor expects a torch.Tensor, got {type(tensor).__name__}.")
+        if tensor.is_nested:  # the packed elements, with the pieces' shapes as the tensor of shapes
+            if tensor.layout is not torch.strided:
+                raise NotSupportedError(
+                    f"make_memmap_from_tensor({key!r}): a nested tensor with the {tensor.layout} layout has no "
+                    "layout on disk; convert it with torch.nested.nested_tensor(list(t.unbind()), "
+                    "layout=torch.strided)."
+                )
+            pieces = [p.detach().contiguous() for p in tensor.unbind()]
+            table = torch.tensor([list(p.shape) for p in pieces], dtype=torch.int64).reshape(len(pieces), -1)
+            packed = torch.cat([p.reshape(-1) for p in pieces]) if pieces else torch.empty(0, dtype=tensor.dtype)
+            return add_entry(self, key, table, tensor.dtype, robust_key, build_from_tensor(packed, copy_data))
         if copy_data and tensor.is_meta:
             raise no_data_error(
                 f"make_memmap_from_tensor({key!r})",

@@ -112,3 +112,76 @@ def test_a_child_writes_into_the_parents_nested_leaf(tmp_path: Path, method: str
     proc.join(WAIT)
     assert proc.exitcode == 0 and seen[0][0][0] == 100.0
     assert td["nt"].unbind()[0][0, 0].item() == 100.0  # the parent's memory
+
+
+SHAPES = torch.tensor([[2, 3], [2, 4], [3, 2]])
+
+
+def _pieces_shapes(t: torch.Tensor) -> list[list[int]]:
+    return [list(p.shape) for p in t.unbind()]
+
+
+def test_make_memmap_with_a_tensor_of_shapes(tmp_path: Path) -> None:
+    td = TensorDict(x=torch.zeros(3), batch_size=[3]).memmap_(tmp_path)
+    out = td.make_memmap("nt", SHAPES, dtype=torch.int32)
+    assert isinstance(out, tdshare.MemoryMappedTensor) and out.is_nested and out.filename == str(tmp_path / "nt.memmap")
+    assert _pieces_shapes(out) == SHAPES.tolist() and out.dtype == torch.int32
+    out.unbind()[2].fill_(5)
+    loaded = TensorDict.load(tmp_path)["nt"]
+    assert _pieces_shapes(loaded) == SHAPES.tolist() and loaded.unbind()[2].tolist() == [[5, 5]] * 3
+    assert (tmp_path / "nt.shape.memmap").read_bytes() == SHAPES.numpy().tobytes()
+
+
+def test_make_memmap_from_tensor_and_from_storage_with_nested_shapes(tmp_path: Path) -> None:
+    td = TensorDict(x=torch.zeros(3), batch_size=[3]).memmap_(tmp_path)
+    copied = td.make_memmap_from_tensor("a", _nt3())
+    assert [p.tolist() for p in copied.unbind()] == [p.tolist() for p in _nt3().unbind()]
+    storage = torch.UntypedStorage.from_file(str(tmp_path / "b.memmap"), shared=True, nbytes=4 * 20)
+    viewed = td.make_memmap_from_storage("b", storage, SHAPES)
+    assert viewed.is_nested and _pieces_shapes(viewed) == SHAPES.tolist()
+    torch.Tensor.as_subclass(viewed.unbind()[0], torch.Tensor)[0, 0] = 8.0  # the storage's own memory
+    assert torch.frombuffer(bytearray(bytes(storage)[:4]), dtype=torch.float32).item() == 8.0
+    other = TensorDict.load(tmp_path)
+    assert _pieces_shapes(other["b"]) == SHAPES.tolist() and [p.tolist() for p in other["a"].unbind()] == [
+        p.tolist() for p in _nt3().unbind()
+    ]
+
+
+def _nt3() -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.nested.nested_tensor([torch.ones(2), torch.zeros(3), torch.arange(1.0)])
+
+
+def test_another_process_sees_a_nested_entry_after_a_refresh(tmp_path: Path) -> None:
+    td = TensorDict(x=torch.zeros(3), batch_size=[3]).memmap_(tmp_path)
+    other = TensorDict.load(tmp_path).memmap_()
+    other.make_memmap("late", torch.tensor([[1], [2], [3]]))
+    td.memmap_refresh_()
+    assert _pieces_shapes(td["late"]) == [[1], [2], [3]]
+
+
+@pytest.mark.parametrize(
+    ("batch", "shapes", "match"),
+    [([3], torch.tensor([[1], [2]]), "2 pieces"), ([3, 2], torch.tensor([[2, 1], [3, 1], [2, 5]]), "ragged")],
+)
+def test_nested_shapes_that_disagree_with_the_batch_are_refused(
+    tmp_path: Path, batch: list[int], shapes: torch.Tensor, match: str
+) -> None:
+    td = TensorDict(y=torch.zeros(batch), batch_size=batch).memmap_(tmp_path)
+    with pytest.raises(tdshare.BatchSizeError, match=match):
+        td.make_memmap("bad", shapes)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json", "y.memmap"]
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([2, 3]), torch.tensor([[1.5, 2.0]]), torch.tensor([[-1, 2]])])
+def test_a_malformed_tensor_of_shapes_is_refused(tmp_path: Path, bad: torch.Tensor) -> None:
+    td = TensorDict(x=torch.zeros(1), batch_size=[1]).memmap_(tmp_path)
+    with pytest.raises(RuntimeError, match="tensor of shapes"):
+        td.make_memmap("bad", bad)
+
+
+def test_a_nested_entry_needs_a_folder() -> None:
+    td = TensorDict(x=torch.zeros(3), batch_size=[3]).memmap_()
+    with pytest.raises(NotImplementedError, match="folder"):
+        td.make_memmap("nt", SHAPES)
