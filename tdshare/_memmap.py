@@ -18,8 +18,16 @@ from typing import Any, cast
 
 import torch
 
-from ._errors import ArgumentTypeError, InvalidArgumentError, MemmapError, NotSupportedError
-from ._files import check_not_symlink, map_file, no_data_error, reserve_file, tensor_buffer, write_file
+from ._errors import ArgumentTypeError, InvalidArgumentError, MemmapError
+from ._files import (
+    check_not_symlink,
+    map_file,
+    nested_from_buffer,
+    no_data_error,
+    reserve_file,
+    tensor_buffer,
+    write_file,
+)
 from ._indexing import contiguous_strides
 from ._segments import Segment
 
@@ -52,6 +60,20 @@ def _parse_size(size: tuple[Any, ...], shape: Any) -> torch.Size:
     if any(s < 0 for s in out):
         raise InvalidArgumentError(f"A size cannot be negative, got {list(out)}.")
     return out
+
+
+def _size_table(value: Any) -> torch.Tensor | None:
+    """A tensor of shapes (2-d integers, one row per piece of a nested tensor), or None."""
+    if isinstance(value, torch.Tensor) and value.dim() == 2 and not (value.is_floating_point() or value.is_complex()):
+        table = value.detach().cpu().to(torch.int64)
+        if (table < 0).any():
+            raise InvalidArgumentError(f"A tensor of shapes must not hold negative sizes, got {table.tolist()}.")
+        return table
+    return None
+
+
+def _packed(table: torch.Tensor) -> int:
+    return int(table.prod(-1).sum()) if table.numel() else 0
 
 
 def _refuse_symlink(path: str) -> None:
@@ -128,6 +150,14 @@ class MemoryMappedTensor(torch.Tensor):
         out._ino = ino
         return out
 
+    def _as_nested(self, table: torch.Tensor) -> MemoryMappedTensor:
+        """This flat tensor's elements as the nested tensor whose pieces' shapes are ``table``'s rows."""
+        out = nested_from_buffer(self, table).as_subclass(type(self))
+        out._filename, out._segment, out._mode, out._ino = self._filename, self._segment, self._mode, self._ino
+        if self._segment is not None:
+            out._handle = self._handler
+        return out
+
     @classmethod
     def _anonymous(cls, shape: torch.Size, dtype: torch.dtype) -> MemoryMappedTensor:
         nbytes = math.prod(shape) * dtype.itemsize
@@ -190,6 +220,12 @@ class MemoryMappedTensor(torch.Tensor):
                     f"The tensor is already memory-mapped to {input._filename!r}; copying it to {path!r} "
                     "would duplicate the data on disk. Pass copy_existing=True to copy it."
                 )
+        if input.is_nested and shape is None:  # the pieces packed one after the other, and their shapes
+            pieces = [p.detach().contiguous() for p in input.unbind()]
+            table = torch.tensor([list(p.shape) for p in pieces], dtype=torch.int64).reshape(len(pieces), -1)
+            packed = torch.cat([p.reshape(-1) for p in pieces]) if pieces else torch.empty(0, dtype=input.dtype)
+            buffer = cls.from_tensor(packed, filename=filename, existsok=existsok, copy_data=copy_data)
+            return buffer._as_nested(table)
         src = input.detach()
         if src.device.type == "meta":
             raise no_data_error(f"Cannot memory-map {'to ' + repr(path) if path is not None else 'anonymously'}")
@@ -230,6 +266,10 @@ class MemoryMappedTensor(torch.Tensor):
         private to this process, ``"r+"`` writes through and needs a writable file.
         """
         _check_mode(mode)
+        table = _size_table(shape)
+        if table is not None:  # the packed elements of a nested tensor
+            nested = cls.from_filename(filename, dtype, (_packed(table),), None, mode)._as_nested(table)
+            return nested if index is None else nested[index]
         path = os.path.abspath(os.fspath(filename))
         shape = torch.Size(shape)
         flat = map_file(path, dtype, math.prod(shape), mode)
@@ -263,6 +303,11 @@ class MemoryMappedTensor(torch.Tensor):
                 "storage of that file, or filename=None."
             )
         numel = storage.nbytes() // dtype.itemsize
+        table = _size_table(shape)
+        if table is not None:  # the packed elements of a nested tensor
+            flat = cls.from_storage(storage, shape=(_packed(table),), dtype=dtype, filename=filename)
+            nested = flat._as_nested(table)
+            return nested if index is None else nested[index]
         shape = torch.Size([numel]) if shape is None else torch.Size(shape)
         if math.prod(shape) > numel:
             raise InvalidArgumentError(
@@ -300,7 +345,6 @@ class MemoryMappedTensor(torch.Tensor):
                 tensor has ``_handler`` None: use :meth:`from_filename`).
             InvalidArgumentError: ``shape`` needs more bytes than the handler holds, or the
                 handler's offset is not a multiple of the dtype's size.
-            NotSupportedError: ``shape`` is a 2-D size table (nested tensors).
 
         Example:
             >>> t = MemoryMappedTensor.from_tensor(torch.arange(4.0))
@@ -320,8 +364,12 @@ class MemoryMappedTensor(torch.Tensor):
                 f"{type(handler).__name__}; a file-backed tensor has no handler: use "
                 "from_filename(tensor.filename, ...)."
             )
-        if isinstance(shape, torch.Tensor) and shape.ndim == 2:
-            raise NotSupportedError("from_handler does not map nested tensors (a 2-D size table) yet.")
+        table = _size_table(shape)
+        if table is not None:  # the packed elements of a nested tensor
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                nested = cls.from_handler(handler, dtype, (_packed(table),))._as_nested(table)
+            return nested if index is None else nested[index]
         shape = _parse_size((shape,), None)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > handler.nbytes or handler.offset % dtype.itemsize:
@@ -339,6 +387,10 @@ class MemoryMappedTensor(torch.Tensor):
         cls, size: tuple, shape: Any, dtype: Any, device: Any, filename: Any, existsok: bool, fill: Any
     ) -> MemoryMappedTensor:
         _check_cpu(device)
+        table = _size_table(shape if shape is not None else size[0] if len(size) == 1 else None)
+        if table is not None:  # a nested tensor: its pieces' elements packed in one buffer
+            flat = cls._factory((), (_packed(table),), dtype, device, filename, existsok, fill)
+            return flat._as_nested(table)
         shape = _parse_size(size, shape)
         dtype = dtype or torch.get_default_dtype()
         if filename is None:

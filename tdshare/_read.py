@@ -55,6 +55,14 @@ __all__ = ["load_tree", "load_into", "load_level", "open_checked_leaf", "check_l
 T = TypeVar("T", bound=TensorDictBase)
 
 
+def _batch_mismatch(info: LeafInfo, batch: tuple[int, ...]) -> bool:
+    """Whether a leaf's shape cannot start with the batch size (a nested leaf's shape is its size
+    table's, ``[pieces, ndim]``: only the pieces count, the rest is checked when it is built)."""
+    if info.is_nested:
+        return bool(batch) and info.shape[0] != batch[0]
+    return info.shape[: len(batch)] != batch
+
+
 def open_checked_leaf(
     store: Store, level: str, info: LeafInfo, batch: tuple[int, ...] | None, meta_where: str, old: Any = None
 ) -> Any:
@@ -62,7 +70,7 @@ def open_checked_leaf(
 
     ``old`` (on a refresh) is kept when it still maps the same file.  Raises ``CorruptDataError``
     naming the metadata file when the shape does not start with the batch size."""
-    if batch is not None and info.shape[: len(batch)] != batch:
+    if batch is not None and _batch_mismatch(info, batch):
         raise CorruptDataError(
             f"{meta_where}: the leaf {info.key!r} has shape {list(info.shape)}, which does not start with the "
             f"batch size {list(batch)}."
@@ -187,7 +195,7 @@ def _load_collection(
     nbatch = len(batch)
     if nbatch:
         for info in parsed.leaves:
-            if info.shape[:nbatch] != batch:
+            if _batch_mismatch(info, batch):
                 open_checked_leaf(store, level, info, batch, meta_path)  # raises, naming the leaf
     leaves.update(store.open_leaves(level, parsed.leaves, meta_path, current))
     for key, _ in parsed.children:

@@ -343,8 +343,8 @@ class TensorDictBase(CombineOps):
         if isinstance(value, (TensorDictBase, NonTensorStack)):
             shape = value.batch_size
         elif isinstance(value, torch.Tensor) and value.is_nested:
-            # a nested tensor has no fixed shape: only its first (number of elements) dimension counts
-            shape = torch.Size([value.size(0)]) if len(batch) <= 1 else torch.Size([-1])
+            # a nested tensor has no fixed shape: its first dims count where every piece agrees on them
+            shape = torch.Size(_regular_dims(value, len(batch)))
         elif isinstance(value, torch.Tensor):
             shape = value.shape
         else:
@@ -774,6 +774,17 @@ def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
 
 
 TENSORDICT = register(NodeKind("TensorDict", LEVEL, "TensorDict", TensorDictBase, TD_TYPE))
+
+
+def _regular_dims(nested: torch.Tensor, count: int) -> list[int]:
+    """The sizes of a nested tensor's first ``count`` dims (-1 for a dim whose pieces disagree)."""
+    dims = []
+    for d in range(min(count, nested.dim())):
+        try:
+            dims.append(nested.size(d))
+        except RuntimeError:  # ragged: the pieces differ in this dim
+            dims.append(-1)
+    return dims
 
 
 def wrapped_collection(value: Any) -> TensorDictBase | None:

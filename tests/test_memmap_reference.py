@@ -181,8 +181,8 @@ def test_from_handler_errors(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="from_filename") as no_handler:
         _from_handler(on_file._handler, torch.float32, (3,))
     assert isinstance(no_handler.value, tdshare.ArgumentTypeError)
-    with pytest.raises(NotImplementedError, match="nested"):
-        _from_handler(t._handler, torch.float32, torch.tensor([[1], [2]]))
+    nested = _from_handler(t._handler, torch.float32, torch.tensor([[1], [2]]))  # a tensor of shapes: nested
+    assert nested.is_nested and [list(p.shape) for p in nested.unbind()] == [[1], [2]]
 
 
 def test_from_handler_warns_deprecation() -> None:

@@ -185,3 +185,43 @@ def test_a_nested_entry_needs_a_folder() -> None:
     td = TensorDict(x=torch.zeros(3), batch_size=[3]).memmap_()
     with pytest.raises(NotImplementedError, match="folder"):
         td.make_memmap("nt", SHAPES)
+
+
+@pytest.mark.parametrize("anonymous", [False, True])
+@pytest.mark.parametrize(("factory", "fill"), [("empty", 0), ("zeros", 0), ("ones", 1)])
+def test_memory_mapped_tensor_constructors_take_a_tensor_of_shapes(
+    tmp_path: Path, anonymous: bool, factory: str, fill: int
+) -> None:
+    filename = None if anonymous else tmp_path / "x.memmap"
+    t = getattr(tdshare.MemoryMappedTensor, factory)(SHAPES, dtype=torch.int32, filename=filename)
+    assert type(t) is tdshare.MemoryMappedTensor and t.is_nested and t.dtype == torch.int32
+    assert _pieces_shapes(t) == SHAPES.tolist() and all((p == fill).all() for p in t.unbind())
+    assert (t._filename is None) == anonymous and (t._handler is not None) == anonymous
+
+
+def test_memory_mapped_tensor_from_a_nested_tensor_and_back_from_its_file(tmp_path: Path) -> None:
+    src = _nt3()
+    m = tdshare.MemoryMappedTensor.from_tensor(src, filename=tmp_path / "n.memmap")
+    assert type(m) is tdshare.MemoryMappedTensor and [p.tolist() for p in m.unbind()] == [
+        p.tolist() for p in src.unbind()
+    ]
+    table = torch.tensor([[2], [3], [1]])
+    again = tdshare.MemoryMappedTensor.from_filename(tmp_path / "n.memmap", dtype=torch.float32, shape=table)
+    assert [p.tolist() for p in again.unbind()] == [p.tolist() for p in src.unbind()]
+    anon = tdshare.MemoryMappedTensor.from_tensor(src)
+    with pytest.warns(DeprecationWarning):
+        view = tdshare.MemoryMappedTensor.from_handler(anon._handler, torch.float32, table)
+    torch.Tensor.as_subclass(view.unbind()[1], torch.Tensor)[0] = 4.0  # the same memory
+    assert anon.unbind()[1][0].item() == 4.0
+
+
+def test_a_nested_leaf_inside_a_two_dim_batch(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nt = torch.nested.nested_tensor([torch.arange(12.0).view(3, 4), torch.arange(15.0).view(3, 5)])
+    td = TensorDict({"a": nt}, batch_size=[2, 3])
+    td.memmap(tmp_path)
+    back = TensorDict.load(tmp_path)
+    assert back.batch_size == (2, 3) and (back[1, 2]["a"] == td[1, 2]["a"]).all()
+    with pytest.raises(tdshare.BatchSizeError, match="'a'"):
+        TensorDict({"a": nt}, batch_size=[2, 4])
