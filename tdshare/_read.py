@@ -26,6 +26,7 @@ from ._errors import (
     CorruptDataError,
     InvalidArgumentError,
     LockedError,
+    MissingMetadataError,
     UnsupportedFormatError,
 )
 from ._format import (
@@ -46,7 +47,7 @@ from ._format import (
 from ._keys import encode_key, unravel_key
 from ._nodes import kind_for_tag
 from ._nontensor import NonTensorData, NonTensorStack, nested_shape
-from ._store import Deferred, DirectoryStore, Store, check_load_args, read_meta, user_stacklevel
+from ._store import Deferred, DirectoryStore, Store, check_load_args, member_without_meta, read_meta, user_stacklevel
 from ._tdz import Archive
 from ._tensordict_base import TensorDictBase, is_collection
 
@@ -242,9 +243,13 @@ def _load_nontensor_members(cls: type[T], store: Store, level: str, meta: dict, 
 def _load_members(cls: type[T], store: Store, level: str, device: Any) -> list:
     """The members ``0/``, ``1/``... of a stack level (a gap in the numbering raises)."""
     members = []
-    for sub in store.members(level):
+    for index, sub in enumerate(store.members(level)):
         with store.enter(sub):
-            members.append(load_level(cls, store, sub, store.read_meta(sub), None, None, device))
+            try:
+                meta = store.read_meta(sub)
+            except MissingMetadataError:
+                raise member_without_meta(store, level, index) from None
+            members.append(load_level(cls, store, sub, meta, None, None, device))
     if not members:
         raise CorruptDataError(f"{store.where(level)!r}: a stacked tensordict with no members.")
     return members

@@ -40,7 +40,16 @@ from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor
 from ._tdz import Entry
 
-__all__ = ["Store", "DirectoryStore", "empty_leaf", "Deferred", "check_load_args", "read_meta", "checked_members"]
+__all__ = [
+    "Store",
+    "DirectoryStore",
+    "empty_leaf",
+    "Deferred",
+    "check_load_args",
+    "member_without_meta",
+    "read_meta",
+    "checked_members",
+]
 
 
 def check_load_args(mode: object, allow_pickle: object) -> None:
@@ -215,17 +224,27 @@ class Store(ABC):
 
 
 # -- a saved folder ------------------------------------------------------------------------------
-def checked_members(store: Store, level: str, found: set[int], path_of: Callable[[int], str]) -> list[str]:
+def checked_members(
+    store: Store, level: str, found: set[int], path_of: Callable[[int], str], check_meta: bool = True
+) -> list[str]:
     """The member levels ``0``...``n-1`` of a stack whose numbered folders are ``found``: a gap in the
-    numbering, or a member folder without ``meta.json``, raises naming it (never a shorter stack)."""
+    numbering, or a member folder without ``meta.json``, raises naming it (never a shorter stack).
+
+    ``check_meta=False``: the caller learns of a missing ``meta.json`` when it reads it (a folder
+    saves a ``stat`` per member that way); see :func:`member_without_meta`."""
     for i in range(len(found)):
         if i not in found:
             raise CorruptDataError(
                 f"{store.where(level)!r}: the stacked member folder {i!r} is missing (found {sorted(found)})."
             )
-        if not store.has_level(path_of(i)):
-            raise CorruptDataError(f"{store.where(level)!r}: the stacked member folder {i!r} has no {META_FILE}.")
+        if check_meta and not store.has_level(path_of(i)):
+            raise member_without_meta(store, level, i)
     return [path_of(i) for i in range(len(found))]
+
+
+def member_without_meta(store: Store, level: str, index: int) -> CorruptDataError:
+    """The error for a stacked member folder that holds no ``meta.json``."""
+    return CorruptDataError(f"{store.where(level)!r}: the stacked member folder {index!r} has no {META_FILE}.")
 
 
 class DirectoryStore(Store):
@@ -329,11 +348,14 @@ class DirectoryStore(Store):
 
     def members(self, level: str) -> Iterator[str]:
         try:
-            names = os.listdir(level)
+            with os.scandir(level) as scan:
+                entries = [e for e in scan if e.name.isdigit() and str(int(e.name)) == e.name and e.is_dir()]
         except OSError:
-            names = []
-        found = {int(n) for n in names if n.isdigit() and str(int(n)) == n and os.path.isdir(os.path.join(level, n))}
-        yield from checked_members(self, level, found, lambda i: os.path.join(level, str(i)))
+            entries = []
+        for e in entries:  # a real folder needs no lstat when it is entered; a link is checked then
+            (self._links if e.is_symlink() else self._plain).add(level + _SEP + e.name)
+        found = {int(e.name) for e in entries}
+        yield from checked_members(self, level, found, lambda i: level + _SEP + str(i), check_meta=False)
 
     def _read_pickle(self, level: str, name: str) -> Any:
         path = os.path.join(level, name)
