@@ -130,8 +130,10 @@ class CombineOps:
                 leaves[key] = type(leaf)._combine(values, dim, new_dim)  # a lazy stack combines its own way
             elif isinstance(leaf, NonTensorData):
                 leaves[key] = _combine_non_tensor(key, values, [td._batch_size for td in tds], dim, new_dim)
-            else:
+            elif isinstance(leaf, torch.Tensor):
                 leaves[key] = op([torch.Tensor.as_subclass(v, torch.Tensor) for v in values], dim)
+            else:  # a registered wrapper (a tensorclass) stacks itself through its torch function
+                leaves[key] = op(values, dim)
         return cls._from_leaves(leaves, torch.Size(batch), first._device, names)
 
 

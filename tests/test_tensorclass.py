@@ -586,3 +586,11 @@ def test_reference_edits_are_seen_by_tdshare(tmp_path: Path) -> None:
     theirs.x[0, 0] = 123.0
     assert ours.x[0, 0].item() == 123.0
     assert os.path.isfile(tmp_path / "_tensordict" / "x.memmap")
+
+
+@pytest.mark.parametrize(("op", "batch"), [(torch.stack, [2, 3]), (torch.cat, [6])])
+def test_stacking_tensordicts_that_hold_a_tensorclass(op: Any, batch: list[int]) -> None:
+    td = TensorDict(s=_sample(), y=torch.ones(3), batch_size=[3])
+    out = op([td, td.clone()], 0)
+    assert out.batch_size == torch.Size(batch) and type(out._tensordict["s"]) is Sample
+    assert out["s"].batch_size == torch.Size(batch) and out["y"].shape == torch.Size(batch)
