@@ -17,6 +17,7 @@ import torch
 
 from ._crc import pool, results
 from ._errors import CorruptDataError, InvalidArgumentError, MemmapError, MissingMetadataError
+from ._files import jagged_from_buffer
 from ._format import LEAF_SUFFIX, META_FILE, LeafInfo, loads_json
 from ._keys import encode_key
 from ._memmap import MemoryMappedTensor
@@ -202,6 +203,8 @@ class ArchiveStore(Store):
             raise CorruptDataError(
                 f"{self.where(values_name)} does not hold the {sum(counts)} elements its sizes need."
             )
+        if info.is_nested == "jagged":
+            return jagged_from_buffer(values, torch.tensor(sizes, dtype=torch.int64))
         return torch.nested.nested_tensor([v.reshape(row) for v, row in zip(values.split(counts), sizes, strict=True)])
 
     def finish(self, device: torch.device | None) -> None:

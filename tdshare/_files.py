@@ -36,6 +36,7 @@ __all__ = [
     "reserve_file",
     "map_file",
     "nested_from_buffer",
+    "jagged_from_buffer",
     "may_write",
     "check_not_symlink",
 ]
@@ -323,6 +324,17 @@ def nested_from_buffer(buffer: torch.Tensor, sizes: torch.Tensor) -> torch.Tenso
     strides, offsets = torch._nested_compute_contiguous_strides_offsets(table)
     flat = torch.Tensor.as_subclass(buffer, torch.Tensor).reshape(-1)
     return torch._nested_view_from_buffer(flat, table, strides, offsets)
+
+
+def jagged_from_buffer(buffer: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """A jagged nested tensor viewing ``buffer`` as the pieces whose shapes are the rows of ``sizes``
+    (they may differ in their first dim only): no copy."""
+    table = torch.Tensor.as_subclass(sizes, torch.Tensor).to(torch.int64)
+    rest = [int(d) for d in table[0, 1:]] if len(table) else []
+    offsets = torch.zeros(len(table) + 1, dtype=torch.int64)
+    torch.cumsum(table[:, 0], 0, out=offsets[1:])
+    flat = torch.Tensor.as_subclass(buffer, torch.Tensor).reshape(-1, *rest)
+    return torch.nested.nested_tensor_from_jagged(flat, offsets)
 
 
 def _unlink_quietly(path: str) -> None:

@@ -62,6 +62,7 @@ __all__ = [
     "dumps_compact_json",
     "RESERVED_KEYS",
     "NO_FILE_FIELD",
+    "JAGGED_FIELD",
     "dtype_to_str",
     "str_to_dtype",
     "leaf_entry",
@@ -101,6 +102,8 @@ LAZY_STACK_TYPE = "<class 'tensordict._lazy.LazyStackedTensorDict'>"
 STACK_PICKLE_FILE = "pickle.pkl"
 #: Marks a leaf entry whose data has no file (added from a file-less storage): readers drop it.
 NO_FILE_FIELD = "_tdshare_no_file"
+#: Marks a nested leaf saved from the jagged layout (the reference reads it as strided, ignoring the field).
+JAGGED_FIELD = "_tdshare_jagged"
 #: Level fields of meta.json: a user key with one of these names would be overwritten by them.
 RESERVED_KEYS = frozenset({"shape", "device", "_type", "_format_version", "_class", "_names"})
 
@@ -361,7 +364,7 @@ class LeafInfo(NamedTuple):
     key: str
     shape: tuple[int, ...]
     dtype: torch.dtype
-    is_nested: bool
+    is_nested: bool | str  # False, True, or "jagged" (a nested leaf saved from the jagged layout)
 
     @property
     def numel(self) -> int:
@@ -419,7 +422,8 @@ def parse_level(meta: dict, where: str) -> LevelMeta:
             continue
         dtype = (_DTYPES.get(name) if type(name) is str else None) or str_to_dtype(name, where)
         shape = _int_list(shape, f"the shape of {key!r}", where)
-        leaves.append(_new_leaf(LeafInfo, (key, shape, dtype, entry.get("is_nested") is True)))
+        nested = entry.get("is_nested") is True and ("jagged" if entry.get(JAGGED_FIELD) is True else True)
+        leaves.append(_new_leaf(LeafInfo, (key, shape, dtype, nested)))
     batch = meta.get("shape")
     batch_size = None if batch is None else _int_list(batch, "the batch size ('shape')", where)
     names = meta.get("_names")

@@ -24,6 +24,7 @@ import torch
 from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
 from ._files import no_data_error
 from ._format import (
+    JAGGED_FIELD,
     LEAF_SUFFIX,
     LEVEL,
     PICKLE_FILE,
@@ -104,7 +105,8 @@ class PlannedLevel:
     texts: dict[str, str] = field(default_factory=dict)  # the JSON of the leaf entries (dumps_level)
     leaves: list[PlannedLeaf] = field(default_factory=list)
     # nested tensors: (key, packed elements, size table), both also in ``leaves`` as parts
-    nested: list[tuple[str, PlannedLeaf, PlannedLeaf]] = field(default_factory=list)
+    # (jagged: whether it came from the jagged layout, and is installed so again)
+    nested: list[tuple[str, PlannedLeaf, PlannedLeaf, bool]] = field(default_factory=list)
     # plain leaves, the common case, kept lean: dense non-empty tensors under keys that are their file names
     plain_keys: list[str] = field(default_factory=list)
     plain: list[tuple[torch.Tensor, str, LeafPlan]] = field(default_factory=list)  # (tensor, file, info)
@@ -286,12 +288,11 @@ def _plan_nested(
     other in ``<key>.memmap``, its pieces' shapes in ``<key>.shape.memmap`` (int64 ``[pieces, ndim]``),
     and ``"is_nested": true`` with the table's shape in meta.json."""
     here = _here(where, key)
-    if value.layout is not _STRIDED:
+    jagged = value.layout is torch.jagged
+    if value.layout is not _STRIDED and not jagged:
         raise NotSupportedError(
             f"The entry {here} is a nested tensor with the {value.layout} layout, which the saved format cannot "
-            "hold (only strided nested tensors have a layout on disk). Convert it with "
-            "torch.nested.nested_tensor(list(t.unbind()), layout=torch.strided), or store its values and offsets "
-            "as dense tensors."
+            "hold; convert it to the strided or jagged layout."
         )
     if value.device.type == "meta":
         raise no_data_error(f"The entry {here}")
@@ -316,10 +317,12 @@ def _plan_nested(
                     f"The file {file!r} already exists and existsok=False. Pass existsok=True to overwrite it."
                 )
         level.entries[key] = leaf_entry(sizes.shape, value.dtype, is_nested=True)
+        if jagged:  # the reference reads the same files as a strided nested tensor
+            level.entries[key][JAGGED_FIELD] = True
     data = PlannedLeaf(key, packed, data_file, part=True)
     table = PlannedLeaf(key, sizes, sizes_file, part=True)
     level.leaves += [data, table]
-    level.nested.append((key, data, table))
+    level.nested.append((key, data, table, jagged))
 
 
 def _plan_leaf(

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ._files import nested_from_buffer
+from ._files import jagged_from_buffer, nested_from_buffer
 from ._format import LEAF_SUFFIX
 from ._keys import encode_key
 from ._leaf_handle import LeafHandle
@@ -28,44 +28,46 @@ __all__ = ["encode_leaf", "decode_leaf"]
 # (the most compact pickle) marks an encoded leaf unambiguously:
 #   (dtype, shape) or (dtype, shape, mode)   the level's whole <enc(key)>.memmap file
 #   (segment, byte offset, dtype, shape)     a contiguous leaf of an anonymous segment
-#   ("nested", dtype, sizes, mode)           a nested tensor viewing the level's <enc(key)>.memmap
-#   ("nested", dtype, sizes, segment, offset)   a nested tensor viewing a slice of a segment
+#   ("nested", jagged, dtype, sizes, mode)   a nested tensor viewing the level's <enc(key)>.memmap
+#   ("nested", jagged, dtype, sizes, segment, offset)   a nested tensor viewing a slice of a segment
 _NESTED = "nested"
 
 
 def _encode_nested(value: torch.Tensor, folder: str | None, key: str) -> Any:
     """A nested tensor that views mapped memory (a leaf file, or a segment) pickles as a handle."""
+    jagged = value.layout is torch.jagged
     try:
         buffer = value.values()
-        sizes = value._nested_tensor_size().tolist()
+        sizes = [list(p.shape) for p in value.unbind()] if jagged else value._nested_tensor_size().tolist()
     except (RuntimeError, AttributeError):  # not a packed, contiguous nested tensor
         return value
     storage = buffer.untyped_storage()
     stored = storage_filename(storage)
     if stored is not None and folder is not None and stored == os.path.join(folder, encode_key(key) + LEAF_SUFFIX):
         if buffer.storage_offset() == 0:
-            return (_NESTED, value.dtype, sizes, None)
+            return (_NESTED, jagged, value.dtype, sizes, None)
         return value
     seg = Segment.of_storage(storage)
     if seg is not None:
-        return (_NESTED, value.dtype, sizes, seg, buffer.data_ptr() - seg.buffer.data_ptr())
+        return (_NESTED, jagged, value.dtype, sizes, seg, buffer.data_ptr() - seg.buffer.data_ptr())
     return value
 
 
 def _decode_nested(code: tuple[Any, ...], path: str | None) -> torch.Tensor:
-    dtype, sizes = code[1], torch.tensor(code[2], dtype=torch.int64)
+    jagged, dtype, sizes = code[1], code[2], torch.tensor(code[3], dtype=torch.int64)
+    build = jagged_from_buffer if jagged else nested_from_buffer
     numel = int(sizes.prod(-1).sum()) if sizes.numel() else 0
-    if len(code) == 5:
-        seg, offset = code[3], code[4]
-        return nested_from_buffer(seg.view(offset, dtype, torch.Size([numel])), sizes)
+    if len(code) == 6:
+        seg, offset = code[4], code[5]
+        return build(seg.view(offset, dtype, torch.Size([numel])), sizes)
     assert path is not None
-    return nested_from_buffer(LeafHandle.file(path, dtype, (numel,), code[3]).map(), sizes)
+    return build(LeafHandle.file(path, dtype, (numel,), code[4]).map(), sizes)
 
 
 def encode_leaf(value: Any, folder: str | None, key: str) -> Any:
     """The compact pickled form of a leaf of the level saved in ``folder`` under ``key``."""
     if type(value) is not MemoryMappedTensor:
-        if type(value) is torch.Tensor and value.is_nested:
+        if isinstance(value, torch.Tensor) and value.is_nested:  # strided (a Tensor) or jagged (a subclass)
             return _encode_nested(value, folder, key)
         return value
     handle = LeafHandle.of(value)

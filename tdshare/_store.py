@@ -33,7 +33,7 @@ from ._errors import (
     MissingMetadataError,
     PickleRefusedError,
 )
-from ._files import nested_from_buffer, shaped
+from ._files import jagged_from_buffer, nested_from_buffer, shaped
 from ._format import LEAF_SUFFIX, META_FILE, LeafInfo, loads_json
 from ._keys import encode_key, is_safe_legacy_name
 from ._leaf_handle import LeafHandle
@@ -460,4 +460,6 @@ class DirectoryStore(Store):
             raise CorruptDataError(f"{shape_path!r}: the size table of nested leaf {info.key!r} has negative sizes.")
         numel = int(torch.Tensor.as_subclass(sizes, torch.Tensor).prod(-1).sum()) if sizes.numel() else 0
         values = LeafHandle.file(data_path, info.dtype, (numel,), self.mode).map()  # shared where writable
+        if info.is_nested == "jagged":
+            return jagged_from_buffer(values, sizes)
         return nested_from_buffer(values, sizes)

@@ -24,7 +24,7 @@ import torch
 from ._atomic import atomic_directory
 from ._coordination import SharedRegistry, unchanged_since
 from ._errors import InvalidArgumentError, MemmapError, NotAFolderError
-from ._files import check_not_symlink, nested_from_buffer, replace_file
+from ._files import check_not_symlink, jagged_from_buffer, nested_from_buffer, replace_file
 from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR, dumps_level, level_meta
 from ._future import TensorDictFuture
 from ._keys import encode_key
@@ -216,9 +216,9 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
         assert leaf.result is not None
         if not leaf.part:
             values[leaf.key] = leaf.result
-    for key, data, table in level.nested:  # a nested tensor viewing its mapped, packed elements
+    for key, data, table, jagged in level.nested:  # a nested tensor viewing its mapped, packed elements
         assert data.result is not None and table.result is not None
-        values[key] = nested_from_buffer(data.result, table.result)
+        values[key] = (jagged_from_buffer if jagged else nested_from_buffer)(data.result, table.result)
     for nt in level.nontensors:
         if kind_of(nt.value).layout == VALUE_STACK:  # type: ignore[union-attr]
             values[nt.key] = nt.value if in_place else nt.value.clone()  # a stack is not shared live

@@ -76,14 +76,32 @@ def test_compatible_with_tensordict_both_ways(tmp_path: Path) -> None:
     assert _pieces(TensorDict.load(tmp_path / "theirs")["nt"]) == _pieces(_nt())
 
 
-def test_a_jagged_nested_tensor_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+def _jagged() -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        jagged = torch.nested.nested_tensor([torch.arange(3.0), torch.arange(5.0)], layout=torch.jagged)
-    td = TensorDict(ok=torch.zeros(2), j=jagged, batch_size=[2])
-    with pytest.raises(NotImplementedError, match=r"'j'.*jagged.*strided") as info:
-        td.memmap(tmp_path / "td")
-    assert isinstance(info.value, tdshare.NotSupportedError) and not (tmp_path / "td").exists()
+        return torch.nested.nested_tensor(
+            [torch.arange(6.0).view(2, 3), torch.arange(12.0).view(4, 3)], layout=torch.jagged
+        )
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_jagged_nested_tensor_round_trips_as_jagged(tmp_path: Path, backend: str) -> None:
+    out = TensorDict(j=_jagged(), batch_size=[2]).memmap(_target(backend, tmp_path))
+    assert out["j"].layout is torch.jagged and _pieces(out["j"]) == _pieces(_jagged())
+    if backend != "anonymous":
+        back = tdshare.load(_target(backend, tmp_path))
+        assert back["j"].layout is torch.jagged and _pieces(back["j"]) == _pieces(_jagged())
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_reference_reads_a_jagged_leaf_as_strided(tmp_path: Path) -> None:
+    tensordict = pytest.importorskip("tensordict")
+    TensorDict(j=_jagged(), batch_size=[2]).memmap_(tmp_path)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["j"]["is_nested"] is True and meta["j"]["_tdshare_jagged"] is True
+    ref = tensordict.TensorDict.load_memmap(tmp_path)
+    assert [p.tolist() for p in torch.Tensor.unbind(ref["j"], 0)] == _pieces(_jagged())
 
 
 def test_a_key_that_collides_with_the_size_table_is_refused(tmp_path: Path) -> None:
@@ -225,3 +243,23 @@ def test_a_nested_leaf_inside_a_two_dim_batch(tmp_path: Path) -> None:
     assert back.batch_size == (2, 3) and (back[1, 2]["a"] == td[1, 2]["a"]).all()
     with pytest.raises(tdshare.BatchSizeError, match="'a'"):
         TensorDict({"a": nt}, batch_size=[2, 4])
+
+
+def _jagged_child(td: TensorDict, out: Any) -> None:
+    piece = td["j"].unbind()[1]
+    piece[0, 0] = -5.0
+    out.put(td["j"].layout is torch.jagged)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_child_writes_into_the_parents_jagged_leaf(tmp_path: Path, method: str) -> None:
+    td = TensorDict(j=_jagged(), batch_size=[2]).memmap_(tmp_path / "td")
+    ctx = mp.get_context(method)
+    out = ctx.Queue()
+    proc = ctx.Process(target=_jagged_child, args=(td, out))
+    proc.start()
+    assert out.get(timeout=WAIT) is True
+    proc.join(WAIT)
+    assert proc.exitcode == 0 and td["j"].unbind()[1][0, 0].item() == -5.0
