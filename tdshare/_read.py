@@ -42,7 +42,6 @@ from ._format import (
     WRAPPED_DIR,
     LeafInfo,
     layout_of,
-    parse_level,
 )
 from ._keys import encode_key, unravel_key
 from ._nodes import kind_for_tag
@@ -184,7 +183,7 @@ def _load_collection(
 ) -> Any:
     """A collection level: its leaves mapped, its child levels loaded, ``out``'s levels reused."""
     meta_path = store.where(level, META_FILE)
-    parsed = parse_level(meta, meta_path)
+    parsed = store.parse(meta, meta_path)
     batch = parsed.batch_size if parsed.batch_size is not None else ()
     if parent_batch is not None and tuple(batch[: len(parent_batch)]) != tuple(parent_batch):
         raise CorruptDataError(
@@ -213,7 +212,7 @@ def _load_collection(
     if device_obj is not None and device_obj.type != "cpu":
         leaves = {k: v.to(device_obj) if isinstance(v, torch.Tensor) else v for k, v in leaves.items()}
     # a new tensordict even with ``out``: load_tree moves the result into ``out`` only once all loaded
-    result = cls._from_leaves({}, torch.Size(batch), None, parsed.names)
+    result = cls._from_leaves({}, torch.Size(batch), None, None if parsed.names is None else list(parsed.names))
     result._tensordict = {k: leaves[k] for k in meta if k in leaves}
     if store.defers:
         for k, v in result._tensordict.items():

@@ -34,7 +34,7 @@ from ._errors import (
     PickleRefusedError,
 )
 from ._files import jagged_from_buffer, nested_from_buffer, shaped
-from ._format import LEAF_SUFFIX, META_FILE, LeafInfo, loads_json
+from ._format import LEAF_SUFFIX, META_FILE, LeafInfo, LevelMeta, loads_json, parse_level
 from ._keys import encode_key, is_safe_legacy_name
 from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor
@@ -76,10 +76,12 @@ def _read_file(path: str, flags: int = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
         os.close(fd)
 
 
-def read_meta(directory: str, *, nofollow: bool = False) -> dict:
+def read_meta(directory: str, *, nofollow: bool = False, parsed: dict[bytes, dict] | None = None) -> dict:
     """The parsed ``meta.json`` of a saved folder (missing or malformed: an error naming it).
 
     ``nofollow``: refuse a symbolic link (``OSError`` ELOOP), so the caller can check where it leads.
+    ``parsed``: a cache from file bytes to parsed metadata, for one load (the members of a lazy
+    stack usually hold the same bytes); what it returns is shared and must not be changed.
     """
     path = os.path.join(directory, META_FILE)
     try:
@@ -96,7 +98,17 @@ def read_meta(directory: str, *, nofollow: bool = False) -> dict:
         ) from None
     except IsADirectoryError:
         raise CorruptDataError(f"{path} is a directory, not a metadata file.") from None
-    return loads_json(raw, path)
+    if parsed is None:
+        return loads_json(raw, path)
+    meta = parsed.get(raw)
+    if meta is None:
+        meta = loads_json(raw, path)
+        if len(raw) <= _CACHED_META_BYTES:
+            parsed[raw] = meta
+    return meta
+
+
+_CACHED_META_BYTES = 1 << 16
 
 
 def user_stacklevel() -> int:
@@ -133,6 +145,17 @@ class Store(ABC):
         self.robust = robust
         self.allow_pickle = allow_pickle
         self.pending: list[tuple[dict[str, Any], str, Deferred]] = []
+        self.parsed_meta: dict[bytes, dict] = {}  # meta.json bytes -> parsed (equal levels parse once)
+        self._levels: dict[int, tuple[dict, LevelMeta]] = {}  # id(meta) -> (meta, its parse)
+
+    def parse(self, meta: dict, meta_where: str) -> LevelMeta:
+        """``parse_level(meta)``, once per metadata object of this load."""
+        hit = self._levels.get(id(meta))
+        if hit is not None and hit[0] is meta:
+            return hit[1]
+        level = parse_level(meta, meta_where)
+        self._levels[id(meta)] = (meta, level)
+        return level
 
     # -- naming -----------------------------------------------------------------------------
     @abstractmethod
@@ -309,12 +332,12 @@ class DirectoryStore(Store):
         # not the level's scan: the scan must come after the metadata, so that every file the
         # committed metadata names (data is written before metadata) is in it
         try:
-            return read_meta(level, nofollow=True)
+            return read_meta(level, nofollow=True, parsed=self.parsed_meta)
         except OSError as err:
             if err.errno != errno.ELOOP:
                 raise
         self._check_file_link(os.path.join(level, META_FILE))  # a symbolic link: it must stay inside
-        return read_meta(level)
+        return read_meta(level, parsed=self.parsed_meta)
 
     def has_level(self, level: str) -> bool:
         return os.path.isfile(os.path.join(level, META_FILE))
