@@ -408,3 +408,20 @@ def test_processes_write_into_the_parents_files(tmp_path: Path, method: str, via
 
 def _relay(inbox: Any, replies: Any) -> None:
     _child_writes(inbox.get(timeout=WAIT), replies)
+
+
+def test_refreshing_a_parent_that_holds_a_lazy_stack(tmp_path: Path) -> None:
+    """An entry added elsewhere appears; the lazy child stays a lazy stack over the same files."""
+    ls = LazyStackedTensorDict(
+        TensorDict(a=torch.zeros(2), batch_size=[2]), TensorDict(a=torch.ones(2), b=torch.ones(2), batch_size=[2])
+    )
+    parent = TensorDict({"x": torch.zeros(2, 2)}, batch_size=[2])
+    parent["ls"] = ls
+    parent.memmap_(tmp_path)
+    TensorDict.load(tmp_path).memmap_().make_memmap("y", [2])[:] = 3.0
+    parent.memmap_refresh_()
+    child = parent._tensordict["ls"]
+    assert parent["y"].tolist() == [3.0, 3.0] and isinstance(child, LazyStackedTensorDict)
+    assert child.tensordicts[1]["b"].tolist() == [1.0, 1.0]
+    child.tensordicts[0]["a"][0] = 9.0  # still the saved file
+    assert TensorDict.load(tmp_path)["ls"].tensordicts[0]["a"].tolist() == [9.0, 0.0]
