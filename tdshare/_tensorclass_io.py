@@ -38,6 +38,7 @@ from ._memmap import MemoryMappedTensor
 from ._nodes import kind_for_tag, kind_of
 from ._nontensor_files import write_nontensor
 from ._options import SaveOptions
+from ._progress import ProgressCallback
 from ._read import load_into, load_tree
 from ._save import save_tree
 from ._shared_nontensor import SharedNonTensorData
@@ -86,6 +87,7 @@ class TensorClassIO:
         existsok: bool = True,
         robust_key: bool | None = True,
         atomic: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> T | TensorDictFuture[T]:
         """Write every tensor field to a memory-mapped file (or anonymous shared memory) in place; lock.
 
@@ -119,6 +121,7 @@ class TensorClassIO:
             robust_key=robust_key,
             atomic=atomic,
             archive=False,
+            progress=progress,
         )
         return _save(self, prefix, opts, inplace=True)
 
@@ -135,6 +138,7 @@ class TensorClassIO:
         archive: bool | None = None,
         compression: str | int | None = None,
         atomic: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> T | TensorDictFuture[T]:
         """Like :meth:`memmap_`, but returns a new memory-mapped instance; ``self`` is unchanged.
 
@@ -165,6 +169,7 @@ class TensorClassIO:
             atomic=atomic,
             archive=archive,
             compression=compression,
+            progress=progress,
         )
         return _save(self, prefix, opts, inplace=False)
 
@@ -180,6 +185,7 @@ class TensorClassIO:
         archive: bool | None = None,
         compression: str | int | None = None,
         atomic: bool = False,
+        progress: ProgressCallback | None = None,
     ) -> T | TensorDictFuture[T]:
         """Save to ``prefix`` and return a memory-mapped copy: ``memmap(existsok=True)``.
 
@@ -207,6 +213,7 @@ class TensorClassIO:
             archive=archive,
             compression=compression,
             atomic=atomic,
+            progress=progress,
         )
 
     dumps = save

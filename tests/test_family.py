@@ -152,3 +152,11 @@ def test_a_child_writes_in_place_into_the_parents_memory(tmp_path: Path, method:
     proc.join(WAIT)
     assert tag == "ok", payload
     assert payload == [42.0] * 4 and obj.get("a").tolist() == [42.0] * 4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_progress_reports_every_leaf_file(tmp_path: Path, kind: str) -> None:
+    calls: list[tuple[int, int]] = []
+    build(kind).memmap_(tmp_path / "td", progress=lambda done, total: calls.append((done, total)))
+    total = calls[-1][1]
+    assert calls[-1] == (total, total) and total == (8 if kind == "lazy" else 2)  # a lazy stack: 2 per member
