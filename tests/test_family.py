@@ -14,33 +14,13 @@ from typing import Any
 
 import pytest
 import torch
+from _kinds import KINDS, build
 
 import tdshare
-from tdshare import LazyStackedTensorDict, MemoryMappedTensor, TensorDict, tensorclass
+from tdshare import LazyStackedTensorDict, MemoryMappedTensor
 
 METHODS = [m for m in ("spawn", "fork", "forkserver") if m in mp.get_all_start_methods()]
 WAIT = 60
-KINDS = ["tensordict", "tensorclass", "lazy"]
-
-
-@tensorclass
-class Sample:
-    """The family's tensorclass."""
-
-    a: torch.Tensor
-    n: TensorDict
-    s: str
-
-
-def build(kind: str, offset: float = 0.0) -> Any:
-    a = torch.arange(4.0) + offset
-    b = torch.zeros(4, 2) + offset
-    if kind == "tensordict":
-        return TensorDict(a=a, n={"b": b}, s="text", batch_size=[4])
-    if kind == "tensorclass":
-        return Sample(a=a, n=TensorDict(b=b, batch_size=[4]), s="text", batch_size=[4])
-    members = [TensorDict(a=a[i], n={"b": b[i]}, s="text", batch_size=[]) for i in range(4)]
-    return LazyStackedTensorDict(*members, stack_dim=0)
 
 
 def values(obj: Any) -> tuple[list[float], list[list[float]]]:
