@@ -365,6 +365,12 @@ class TensorDictBase(CombineOps):
             return value
         elif isinstance(value, (bool, int, float, complex)) or type(value).__module__ == "numpy":
             value = torch.as_tensor(value)
+        elif isinstance(value, (list, tuple)) and (as_tensor := _list_as_tensor(value)) is not None:
+            value = as_tensor
+        elif isinstance(value, list) and value:  # as the reference: one non-tensor value per element
+            stack = NonTensorStack._make(list(value), torch.Size([len(value)]))
+            self._check_batch(key, stack)
+            return stack
         elif not isinstance(value, torch.Tensor):
             kind = kind_of(value)
             if kind is None or kind.unwrap is None:
@@ -774,6 +780,19 @@ def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
 
 
 TENSORDICT = register(NodeKind("TensorDict", LEVEL, "TensorDict", TensorDictBase, TD_TYPE))
+
+
+def _list_as_tensor(value: list | tuple) -> torch.Tensor | None:
+    """A list or tuple of numbers (nested) or of equal-shaped tensors as one tensor; None otherwise."""
+    if value and all(isinstance(v, torch.Tensor) for v in value):
+        try:
+            return torch.stack(list(value))
+        except RuntimeError:
+            return None
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
 
 
 def _regular_dims(nested: torch.Tensor, count: int) -> list[int]:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tdshare
-from tdshare import BatchSizeError, NonTensorData, TensorDict
+from tdshare import BatchSizeError, NonTensorData, NonTensorStack, TensorDict
 
 
 def make() -> TensorDict:
@@ -563,7 +563,7 @@ def test_repr() -> None:
 @pytest.mark.parametrize("locked", [True, False])
 def test_pickle_round_trip(locked: bool) -> None:
     td = make2d()
-    td["s"] = ["k", 1]
+    td["s"] = NonTensorData(["k", 1])
     td.names = ["b", "t"]
     if locked:
         td.lock_()
@@ -579,16 +579,19 @@ def test_pickle_round_trip(locked: bool) -> None:
 # -- non-tensor leaves ---------------------------------------------------------------------------
 def test_non_tensor_leaves() -> None:
     obj = object()
-    td = TensorDict(s="hello", obj=obj, lst=[1, 2], nt=NonTensorData("wrapped"), batch_size=[2])
-    assert td["s"] == "hello" and td.get("obj") is obj and td["lst"] == [1, 2] and td["nt"] == "wrapped"
+    td = TensorDict(s="hello", obj=obj, lst=["x", "y"], num=[1, 2], nt=NonTensorData("wrapped"), batch_size=[2])
+    assert td["s"] == "hello" and td.get("obj") is obj and td["lst"] == ["x", "y"] and td["nt"] == "wrapped"
+    # as the reference: a list of numbers is a tensor, any other list one non-tensor value per element
+    assert isinstance(td["num"], torch.Tensor) and td["num"].tolist() == [1, 2]
+    assert isinstance(td._tensordict["lst"], NonTensorStack) and td[1]["lst"] == "y"
     assert isinstance(td._tensordict["s"], NonTensorData)
     assert td[0]["s"] == "hello" and td[0:1]["obj"] is obj
     td.set_("s", "bye")
     assert td["s"] == "bye"
     td.set_("s", NonTensorData("again"))
     assert td["s"] == "again"
-    td.lock_().set_("lst", [3])
-    assert td["lst"] == [3]
+    td.lock_().set_("lst", ["p", "q"])
+    assert td["lst"] == ["p", "q"]
 
 
 def test_non_tensor_data_class() -> None:
