@@ -11,6 +11,7 @@ from ._errors import (
     FieldError,
     FileExistsRuntimeError,
     FormatError,
+    FrozenFieldError,
     InvalidArgumentError,
     KeyTypeError,
     LockedError,
@@ -21,6 +22,7 @@ from ._errors import (
     NotMemmapError,
     NotSupportedError,
     PickleRefusedError,
+    ReservedFieldError,
     TdshareError,
     UnsupportedFormatError,
 )
@@ -29,7 +31,7 @@ from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
-from ._tensorclass import is_tensorclass, tensorclass
+from ._tensorclass import TensorClass, is_tensorclass, tensorclass
 from ._tensordict import TensorDict, load, load_memmap, memmap, save
 
 __version__ = "0.1.0"
@@ -42,6 +44,7 @@ __all__ = [
     "FieldError",
     "FileExistsRuntimeError",
     "FormatError",
+    "FrozenFieldError",
     "InvalidArgumentError",
     "KeyTypeError",
     "LazyStackedTensorDict",
@@ -56,8 +59,10 @@ __all__ = [
     "NotMemmapError",
     "NotSupportedError",
     "PickleRefusedError",
+    "ReservedFieldError",
     "SharedRegistry",
     "TdshareError",
+    "TensorClass",
     "TensorDict",
     "TensorDictFuture",
     "TerminalProgress",

@@ -16,16 +16,18 @@ import functools
 import sys
 import types
 from types import FunctionType
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from ._errors import ArgumentTypeError, InvalidArgumentError
+from ._errors import ArgumentTypeError, ReservedFieldError
 from ._format import RESERVED_KEYS, WRAPPED, WRAPPED_DIR
 from ._nodes import NodeKind, register
 from ._tensorclass_io import class_tag
 from ._tensorclass_ops import FIELDS_ATTR, TensorClassOps, is_tensorclass
+from ._tensorclass_options import TensorClassOptions, check_tensor_only
+from ._tensordict import TensorDict
 from ._tensordict_base import TensorDictBase
 
-__all__ = ["tensorclass", "is_tensorclass"]
+__all__ = ["TensorClass", "is_tensorclass", "tensorclass"]
 
 C = TypeVar("C", bound=type)
 
@@ -64,32 +66,71 @@ def _namespace() -> dict[str, Any]:
 
 
 _OPS = _namespace()
-_RESERVED_FIELDS = frozenset(n for n in _OPS if not n.startswith("__")) | RESERVED_KEYS | {WRAPPED_DIR}
+# the public members an instance has (its own methods and the TensorDict ones it forwards to):
+# a field of that name would hide one, which only shadow=True allows
+_MEMBERS = frozenset(n for n in (*_OPS, *dir(TensorDict)) if not n.startswith("_"))
+# never a field, even with shadow=True: the storage's private names and the saved format's keys
+_RESERVED_FIELDS = frozenset(n for n in _OPS if n.startswith("_") and not n.startswith("__")) | (
+    RESERVED_KEYS | {WRAPPED_DIR, "_tensordict"}
+)
 
 
-def tensorclass(cls: C | None = None) -> Any:
+_CONSTRUCTOR = frozenset({"batch_size", "device", "names"})  # the constructor's own keywords
+
+
+def tensorclass(
+    cls: C | None = None,
+    /,
+    *,
+    autocast: bool = False,
+    frozen: bool = False,
+    nocast: bool = False,
+    shadow: bool = False,
+    tensor_only: bool = False,
+    skip_post_init_on_rebuild: bool = False,
+    kw_only: bool = False,
+) -> Any:
     """Make ``cls`` a tensorclass: a dataclass whose fields live in a :class:`tdshare.TensorDict`.
 
     Tensor fields (and nested tensordicts and tensorclasses) share the batch size given as
-    ``batch_size=`` (default ``[]``); any other value (str, int, float, bool, list, dict, any
-    picklable object) is a non-tensor field; a field set to None is unset.  The class gets
-    construction with ``batch_size=``/``device=``/``names=``, attribute access and assignment,
-    ``get``/``set``, indexing and ``obj[idx] = other``, ``to``/``clone``/``apply``,
-    ``torch.stack``/``torch.cat``, ``to_tensordict``/``from_tensordict``, ``==``, ``repr``,
-    pickling, locking, and the memory-mapping family (``memmap_``, ``memmap``, ``save``,
-    ``load_memmap``, ``make_memmap*``, ``memmap_refresh_``...), saved in the reference's
-    tensorclass layout.  Other TensorDict methods are reached through the instance too.
+    ``batch_size=`` (default ``[]``); ``int``/``float``/``bool``/numpy values become tensors (a field
+    annotated ``int``/``float``/``bool`` keeps the Python value when the instance has batch
+    dimensions), lists follow :meth:`TensorDict.set`, and any other value (str, dict, any picklable
+    object) is a non-tensor field; a field set to None is unset.  The class gets construction with
+    ``batch_size=``/``device=``/``names=``, attribute access and assignment, ``get``/``set``,
+    indexing and ``obj[idx] = other``, ``to``/``clone``/``apply``, ``torch.stack``/``torch.cat``,
+    ``to_tensordict``/``from_tensordict``, ``==``, ``repr``, pickling, locking, and the
+    memory-mapping family (``memmap_``, ``memmap``, ``save``, ``load_memmap``, ``make_memmap*``,
+    ``memmap_refresh_``...), saved in the reference's tensorclass layout.  Other TensorDict methods
+    are reached through the instance too.  Subclassing :class:`tdshare.TensorClass` does the same,
+    and static type checkers then see the methods.
 
     Args:
-        cls: the class (``@tensorclass`` and ``@tensorclass()`` both work).
+        cls: the class (``@tensorclass`` and ``@tensorclass(...)`` both work).
+        autocast: convert each value set to its field's annotation (``int("3")``, a list to a
+            tensor for a ``torch.Tensor`` field...).  Excludes ``nocast`` and ``tensor_only``.
+        frozen: assigning or deleting a field raises :class:`tdshare.FrozenFieldError` (a
+            ``dataclasses.FrozenInstanceError``); in-place writes (``set_``) still work.
+        nocast: keep ``int``, ``float``, ``bool``, numpy values and lists as Python values.
+        shadow: allow fields named like a method of the class (``sum``, ``to``...); the field
+            then hides the method.  The constructor's ``batch_size``, ``device`` and ``names`` and
+            the format's reserved keys stay refused.
+        tensor_only: every field must be annotated with a tensor type or a tensor collection;
+            values are converted to tensors.
+        skip_post_init_on_rebuild: accepted for the reference's API; tdshare runs ``__post_init__``
+            only in the constructor, never when it rebuilds an instance (indexing, ``clone``,
+            loading, unpickling), which is what this flag asks of the reference.
+        kw_only: the constructor takes the fields as keywords only.
 
     Returns:
-        The same class, changed in place.
+        The same class, changed in place (or, without ``cls``, a decorator).
 
     Raises:
-        ArgumentTypeError: ``cls`` is not a class.
-        InvalidArgumentError: a field whose name the class or the saved format needs
-            (``batch_size``, ``shape``, ``to``, ``_tensordict``...).
+        ArgumentTypeError: ``cls`` is not a class; ``autocast`` with ``nocast``, ``tensor_only`` with
+            either; a ``tensor_only`` field annotated with something else than a tensor type.
+        ReservedFieldError: a field whose name the class or the saved format needs
+            (``batch_size``, ``shape``, ``_tensordict``, a method without ``shadow=True``...); it is
+            both an ``InvalidArgumentError`` (ValueError) and an ``AttributeError``.
 
     >>> import torch, tdshare
     >>> @tdshare.tensorclass
@@ -100,18 +141,21 @@ def tensorclass(cls: C | None = None) -> Any:
     >>> obs[1:3].x.shape, obs.label
     (torch.Size([2, 3]), 'train')
     """
+    options = TensorClassOptions(autocast, frozen, nocast, shadow, tensor_only, skip_post_init_on_rebuild, kw_only)
     if cls is None:
-        return tensorclass
+        return functools.partial(_decorate, options=options)
+    return _decorate(cls, options)
+
+
+def _decorate(cls: Any, options: TensorClassOptions) -> Any:
     if not isinstance(cls, type):
         raise ArgumentTypeError(f"@tensorclass decorates a class, got {type(cls).__name__} {cls!r}.")
     _as_dataclass(cls)
     fields = [f for f in dataclasses.fields(cls) if f._field_type is dataclasses._FIELD]  # type: ignore[attr-defined]
     for f in fields:
-        if f.name in _RESERVED_FIELDS:
-            raise InvalidArgumentError(
-                f"{cls.__qualname__}: the field {f.name!r} cannot be a tensorclass field, because the class or "
-                f"the saved format uses that name ({'a method' if f.name in _OPS else 'a reserved key'}); rename it."
-            )
+        _check_field_name(cls, f.name, options)
+    if options.tensor_only:
+        check_tensor_only(cls, [f.name for f in fields])
     defaults: dict[str, tuple[bool, Any]] = {}
     for f in fields:
         if f.default is not dataclasses.MISSING:
@@ -121,11 +165,18 @@ def tensorclass(cls: C | None = None) -> Any:
         if f.name in vars(cls):
             delattr(cls, f.name)  # the value lives in the tensordict: no class attribute may hide it
     own = vars(cls)
+    names = {f.name for f in fields}
     for name, value in _OPS.items():
+        if name in names:
+            continue  # a shadowing field: its value hides the method
         if name not in own or name in _ALWAYS_OURS:  # a method of the class body wins, except the storage's
             setattr(cls, name, value)
+    for name in names & set(dir(cls)):
+        if any(name in vars(base) for base in cls.__mro__[1:]):  # inherited (a TensorClass subclass): the field wins
+            setattr(cls, name, _FieldSlot(name))
     setattr(cls, FIELDS_ATTR, tuple(f.name for f in fields))
     cls.__tdshare_defaults__ = defaults  # type: ignore[attr-defined]
+    cls.__tdshare_options__ = options  # type: ignore[attr-defined]
     register(
         NodeKind(
             cls.__name__,
@@ -138,6 +189,69 @@ def tensorclass(cls: C | None = None) -> Any:
         )
     )
     return cls
+
+
+def _check_field_name(cls: type, name: str, options: TensorClassOptions) -> None:
+    if name in _RESERVED_FIELDS or name in _CONSTRUCTOR or name.startswith("__tdshare"):
+        what = "a key of the saved format or an argument of the constructor"
+    elif name in _MEMBERS and not options.shadow:
+        what = "a method of tensorclasses; pass shadow=True to let the field hide it, or"
+    else:
+        return
+    raise ReservedFieldError(
+        f"{cls.__qualname__}: the field {name!r} cannot be a tensorclass field, because the class or the saved "
+        f"format uses that name ({what}); rename it."
+    )
+
+
+class _FieldSlot:
+    """A class attribute that gives way to the instance's field of the same name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return obj.__getattr__(self.name)
+
+
+class TensorClass(TensorClassOps):
+    """Base class form of :func:`tensorclass`: ``class Obs(TensorClass): ...`` makes ``Obs`` a tensorclass.
+
+    Flags go in brackets, as in the reference: ``class Obs(TensorClass["nocast", "frozen"])``.
+    Static type checkers see the methods (``memmap_``, ``load_memmap``, ``get``...) and the
+    fields' types; the constructor is typed loosely (fields as keywords, ``batch_size=``,
+    ``device=``, ``names=``), and a checker reads the bracket form as a generic subscription.
+
+    >>> import torch, tdshare
+    >>> class Obs(tdshare.TensorClass):
+    ...     x: torch.Tensor
+    >>> Obs(x=torch.zeros(2), batch_size=[2]).memmap_().is_memmap()
+    True
+    """
+
+    __tdshare_flags__: ClassVar[dict[str, bool]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("__tdshare_flag_base__"):
+            return  # the class TensorClass["..."] made: its subclasses are the tensorclasses
+        _decorate(cls, TensorClassOptions(**cls.__tdshare_flags__))
+
+    def __class_getitem__(cls, flags: str | tuple[str, ...]) -> type[TensorClass]:
+        chosen = (flags,) if isinstance(flags, str) else tuple(flags)
+        known = {f.name for f in dataclasses.fields(TensorClassOptions)}
+        for flag in chosen:
+            if flag not in known:
+                raise ArgumentTypeError(f"TensorClass[...] takes the flags {sorted(known)}, got {flag!r}.")
+        return _flag_base(frozenset(chosen))
+
+
+@functools.cache
+def _flag_base(flags: frozenset[str]) -> type[TensorClass]:
+    namespace = {"__tdshare_flags__": dict.fromkeys(flags, True), "__tdshare_flag_base__": True}
+    return type(f"TensorClass[{', '.join(sorted(flags))}]", (TensorClass,), namespace)
 
 
 def _as_dataclass(cls: type) -> None:

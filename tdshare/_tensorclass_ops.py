@@ -16,11 +16,12 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from ._errors import ArgumentTypeError, FieldError, MissingKeyError, NotSupportedError
+from ._errors import ArgumentTypeError, FieldError, FrozenFieldError, MissingKeyError, NotSupportedError
 from ._indexing import is_key
 from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData
 from ._tensorclass_io import TensorClassIO
+from ._tensorclass_options import TensorClassOptions, stored_value
 from ._tensorclass_stack import combine_instances, plain_collection
 from ._tensordict import TensorDict
 from ._tensordict_base import TensorDictBase, wrapped_collection
@@ -53,6 +54,7 @@ class TensorClassOps(TensorClassIO):
     _tensordict: TensorDict
     __tdshare_fields__: ClassVar[tuple[str, ...]] = ()
     __tdshare_defaults__: ClassVar[dict[str, tuple[bool, Any]]] = {}  # name -> (is a factory, value)
+    __tdshare_options__: ClassVar[TensorClassOptions] = TensorClassOptions()
 
     def __init__(
         self,
@@ -64,6 +66,11 @@ class TensorClassOps(TensorClassIO):
     ) -> None:
         cls = type(self)
         fields = cls.__tdshare_fields__
+        if args and cls.__tdshare_options__.kw_only:
+            raise ArgumentTypeError(
+                f"{cls.__name__}() takes its fields as keywords only (kw_only=True), but {len(args)} positional "
+                f"value(s) were given; pass {list(fields)[: len(args)]} by name."
+            )
         if len(args) > len(fields):
             raise ArgumentTypeError(
                 f"{cls.__name__}() takes at most {len(fields)} positional field values ({list(fields)}), "
@@ -163,7 +170,9 @@ class TensorClassOps(TensorClassIO):
             if name in td._tensordict:
                 td.pop(name)
             return
-        if not isinstance(value, (torch.Tensor, TensorDictBase, NonTensorData)) and wrapped_collection(value) is None:
+        value = stored_value(type(self), type(self).__tdshare_options__, name, value, td.batch_size)
+        stored = (torch.Tensor, TensorDictBase, NonTensorData, list)  # lists: TensorDict.set's rules
+        if not isinstance(value, stored) and wrapped_collection(value) is None:
             value = NonTensorData(value)
         td.set(name, value, inplace=inplace)
 
@@ -185,6 +194,8 @@ class TensorClassOps(TensorClassIO):
     def __setattr__(self, name: str, value: Any) -> None:
         cls = type(self)
         if name in cls.__tdshare_fields__:
+            if cls.__tdshare_options__.frozen:
+                raise FrozenFieldError(f"cannot assign to field {name!r}: {cls.__name__} is frozen (frozen=True).")
             self._set_field(name, value)
         elif name.startswith("_") or isinstance(getattr(cls, name, None), property):
             object.__setattr__(self, name, value)
@@ -193,6 +204,8 @@ class TensorClassOps(TensorClassIO):
 
     def __delattr__(self, name: str) -> None:
         if name in type(self).__tdshare_fields__:
+            if type(self).__tdshare_options__.frozen:
+                raise FrozenFieldError(f"cannot delete field {name!r}: {type(self).__name__} is frozen (frozen=True).")
             self._set_field(name, None)
         else:
             object.__delattr__(self, name)

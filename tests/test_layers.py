@@ -50,6 +50,7 @@ LAYERS: dict[str, list[str]] = {
         "_lazy",
         "_tensorclass_io",
         "_tensorclass_stack",
+        "_tensorclass_options",
         "_tensorclass_ops",
         "_tensorclass",
         "_td",
