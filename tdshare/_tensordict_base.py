@@ -30,7 +30,7 @@ from ._format import LEVEL, TD_TYPE
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._keys import NestedKey, unravel_key
 from ._nodes import NodeKind, kind_of, register
-from ._nontensor import NonTensorData, NonTensorStack
+from ._nontensor import NonTensorData, NonTensorStack, assign_elements
 from ._reductions import decode_leaf, encode_leaf
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
@@ -472,7 +472,9 @@ class TensorDictBase(CombineOps):
     def _set_at(self, idx: Any, value: Any) -> None:
         idx = normalize_index(idx, self.batch_dims)
         if isinstance(value, (Mapping, TensorDictBase)):
-            for key, sub in _items_of(value):
+            # non-tensor entries first: the one that cannot take the value raises before any tensor is written
+            items = sorted(_items_of(value), key=lambda kv: not isinstance(self._tensordict.get(kv[0]), NonTensorData))
+            for key, sub in items:
                 if key not in self._tensordict:
                     raise MissingKeyError(
                         f"td[index] = value: key {key!r} of the value is not in the tensordict; add it first."
@@ -488,9 +490,26 @@ class TensorDictBase(CombineOps):
         if isinstance(leaf, TensorDictBase):
             leaf._set_at(idx, value)
         elif isinstance(leaf, NonTensorData):
-            self._write_non_tensor(key, leaf, value.data if isinstance(value, NonTensorData) else value)
+            self._assign_non_tensor_at(key, leaf, idx, value)
         else:
             leaf[idx] = value
+
+    def _assign_non_tensor_at(self, key: str, leaf: NonTensorData, idx: Any, value: Any) -> None:
+        """``td[idx] = other`` for a non-tensor entry: per-element values where they differ, as the reference."""
+        changed = assign_elements(leaf, self._batch_size, idx, value)
+        if changed is None:
+            return
+        first = changed._values[0]
+        if not isinstance(leaf, NonTensorStack) and all(NonTensorData(v) == first for v in changed._values):
+            self._write_non_tensor(key, leaf, first)  # the whole entry takes one value (persisted as one)
+            return
+        if self._is_memmap or self._is_shared:
+            raise MemmapError(
+                f"td[index] = value would give the non-tensor entry {key!r} one value per element, which a "
+                "memory-mapped or shared tensordict cannot change in place. Store it as a NonTensorStack "
+                "(a list of one value per element) before memory-mapping, or work on an in-memory copy."
+            )
+        self._tensordict[key] = changed
 
     def pop(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
         """Remove the entry ``key`` and return its value (``default`` if given and the key is missing).
@@ -744,6 +763,7 @@ class TensorDictBase(CombineOps):
             self._generation,
         )
         return (rebuild_tensordict, (type(self), state))
+
 
 def _preview(keys: Any, limit: int = 10) -> str:
     names = sorted(keys)

@@ -642,3 +642,31 @@ def test_to_keeps_the_lock_and_fill_refuses_non_tensors() -> None:
         td.fill_("s", 1)
     td.fill_("a", 2.0)
     assert td["a"].tolist() == [[2.0, 2.0]] * 3
+
+
+@pytest.mark.parametrize("kind", ["tensordict", "tensorclass"])
+def test_setting_an_index_with_a_different_non_tensor_value_stores_one_per_element(kind: str) -> None:
+    import tensordict as reference
+    from _kinds import build
+
+    obj = build(kind)
+    part = build(kind)[1:3]
+    part.set("s", "other")
+    obj[1:3] = part
+    theirs = reference.TensorDict(a=torch.arange(4.0), s="text", batch_size=[4])
+    theirs[1:3] = reference.TensorDict(a=torch.arange(2.0), s="other", batch_size=[2])
+    assert list(obj.get("s")) == list(theirs["s"]) == ["text", "other", "other", "text"]
+    assert obj[2].get("s") == "other" and obj[0].get("s") == "text"
+    same = build(kind)
+    same[0:2] = build(kind)[0:2]  # an equal value leaves the entry one value
+    entry = (same._tensordict if kind == "tensordict" else same._tensordict._tensordict)["s"]
+    assert isinstance(entry, NonTensorData) and not isinstance(entry, NonTensorStack)
+
+
+def test_a_per_element_non_tensor_write_into_a_memory_mapped_tensordict_is_refused_before_writing() -> None:
+    td = TensorDict(x=torch.zeros(3), s="a", batch_size=[3]).memmap_()
+    with pytest.raises(RuntimeError, match=r"'s'.*one value per element"):
+        td[1] = TensorDict(x=torch.ones(()), s="b", batch_size=[])
+    assert td["x"].tolist() == [0.0, 0.0, 0.0] and td["s"] == "a"
+    td[1] = TensorDict(x=torch.ones(()), s="a", batch_size=[])
+    assert td["x"].tolist() == [0.0, 1.0, 0.0]
