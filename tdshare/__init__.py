@@ -31,6 +31,7 @@ from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
+from ._settings import capture_non_tensor_stack, list_to_stack, set_capture_non_tensor_stack, set_list_to_stack
 from ._tensorclass import TensorClass, is_tensorclass, tensorclass
 from ._tensordict import TensorDict, load, load_memmap, memmap, save
 
@@ -68,13 +69,17 @@ __all__ = [
     "TerminalProgress",
     "UnsupportedFormatError",
     "__version__",
+    "capture_non_tensor_stack",
     "is_tensorclass",
+    "list_to_stack",
     "load",
     "load_memmap",
     "memmap",
     "pack_memmap",
     "refresh_archive_checksums",
     "save",
+    "set_capture_non_tensor_stack",
+    "set_list_to_stack",
     "tensorclass",
     "unpack_memmap",
 ]

@@ -23,6 +23,7 @@ from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._format import NONTENSOR_STACK_TYPE, NONTENSOR_TYPE, VALUE, VALUE_STACK
 from ._indexing import as_size, check_dim, normalize_index
 from ._nodes import NodeKind, register
+from ._settings import capture_non_tensor_stack
 
 __all__ = [
     "assign_elements",
@@ -294,7 +295,7 @@ def stack_non_tensor(values: Sequence[NonTensorData], batches: Sequence[torch.Si
     :class:`NonTensorStack` of the combined batch shape."""
     first = values[0]
     plain = all(type(v) is not NonTensorStack and not isinstance(v, NonTensorStack) for v in values)
-    if plain and all(first == v for v in values[1:]):
+    if plain and capture_non_tensor_stack() and all(first == v for v in values[1:]):
         return NonTensorData(first.data)
     return NonTensorStack._combine(list(values), list(batches), dim, new_dim)
 

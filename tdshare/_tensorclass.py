@@ -177,6 +177,8 @@ def _decorate(cls: Any, options: TensorClassOptions) -> Any:
     setattr(cls, FIELDS_ATTR, tuple(f.name for f in fields))
     cls.__tdshare_defaults__ = defaults  # type: ignore[attr-defined]
     cls.__tdshare_options__ = options  # type: ignore[attr-defined]
+    if options.frozen:
+        cls.__hash__ = object.__hash__  # type: ignore[assignment]  # a frozen instance is a dict key, by identity
     register(
         NodeKind(
             cls.__name__,

@@ -104,6 +104,8 @@ class TensorClassOps(TensorClassIO):
         post_init = getattr(self, "__post_init__", None)
         if post_init is not None:
             post_init()
+        if cls.__tdshare_options__.frozen:
+            self._tensordict.lock_()  # as the reference: a frozen instance is locked (in-place writes only)
 
     @classmethod
     def _from_tensordict(cls: type[T], td: TensorDictBase, fields: dict[str, Any] | None = None) -> T:
@@ -179,11 +181,11 @@ class TensorClassOps(TensorClassIO):
     def __getattr__(self, name: str) -> Any:
         # only called when normal lookup fails: fields (no class attributes) and TensorDict methods
         td = self.__dict__.get("_tensordict")
-        if td is None or name.startswith("_"):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        if name in type(self).__tdshare_fields__:
+        if td is not None and name in type(self).__tdshare_fields__:  # private field names too (``_c``)
             leaf = td._tensordict.get(name)
             return leaf.data if isinstance(leaf, NonTensorData) else leaf
+        if td is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         attr = getattr(td, name, _NO_DEFAULT)
         if attr is _NO_DEFAULT:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

@@ -32,6 +32,7 @@ from ._keys import NestedKey, unravel_key
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData, NonTensorStack, assign_elements
 from ._reductions import decode_leaf, encode_leaf
+from ._settings import list_to_stack
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
 
@@ -365,9 +366,9 @@ class TensorDictBase(CombineOps):
             return value
         elif isinstance(value, (bool, int, float, complex)) or type(value).__module__ == "numpy":
             value = torch.as_tensor(value)
-        elif isinstance(value, (list, tuple)) and (as_tensor := _list_as_tensor(value)) is not None:
+        elif isinstance(value, (list, tuple)) and list_to_stack() and (as_tensor := _list_as_tensor(value)) is not None:
             value = as_tensor
-        elif isinstance(value, list) and value:  # as the reference: one non-tensor value per element
+        elif isinstance(value, list) and value and list_to_stack():  # as the reference: one value per element
             stack = NonTensorStack._make(list(value), torch.Size([len(value)]))
             self._check_batch(key, stack)
             return stack

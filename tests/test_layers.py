@@ -25,7 +25,7 @@ import tdshare
 PACKAGE = Path(tdshare.__file__).resolve().parent
 
 LAYERS: dict[str, list[str]] = {
-    "base": ["_errors", "_keys", "_format", "_indexing", "_bulk", "_crc", "_progress", "_options"],
+    "base": ["_errors", "_keys", "_format", "_indexing", "_bulk", "_crc", "_progress", "_options", "_settings"],
     "storage": [
         "_files",
         "_segments",

@@ -130,6 +130,7 @@ def test_frozen_refuses_assignment_but_allows_in_place_writes() -> None:
         del f.x
     f.set_("x", torch.ones(2))
     assert f.x.tolist() == [1.0, 1.0]
+    assert f.is_locked and {f: 1}[f] == 1  # as the reference: locked, and usable as a dict key
 
 
 def test_shadow_lets_a_field_hide_a_method() -> None:
