@@ -27,6 +27,8 @@ from ._settings import capture_non_tensor_stack
 
 __all__ = [
     "assign_elements",
+    "flatten_values",
+    "nest_values",
     "NonTensorData",
     "NonTensorStack",
     "NONTENSOR",
@@ -88,7 +90,7 @@ class NonTensorData:
 
     def tolist(self) -> Any:
         """The value, broadcast over ``batch_size`` as nested lists (the value itself without a batch)."""
-        return _nest([self.data] * self.batch_size.numel(), self.batch_size)
+        return nest_values([self.data] * self.batch_size.numel(), self.batch_size)
 
     def clone(self) -> NonTensorData:
         """A new, unshared ``NonTensorData`` with the same value and batch size."""
@@ -191,7 +193,7 @@ class NonTensorStack(NonTensorData):
         if not isinstance(data, list):
             raise ArgumentTypeError(f"NonTensorStack.from_list expects a list, got {type(data).__name__}.")
         batch = nested_shape(data) if batch_size is None else as_size(batch_size)
-        return cls._make(_flatten(data, batch, "the list"), batch)
+        return cls._make(flatten_values(data, batch, "the list"), batch)
 
     # -- the value --------------------------------------------------------------------------
     @property
@@ -201,11 +203,11 @@ class NonTensorStack(NonTensorData):
 
     @data.setter
     def data(self, value: Any) -> None:
-        self._values = _flatten(value, self._batch_size, "the new value")
+        self._values = flatten_values(value, self._batch_size, "the new value")
 
     def tolist(self) -> Any:
         """The values as nested lists, one level per batch dimension."""
-        return _nest(list(self._values), self._batch_size)
+        return nest_values(list(self._values), self._batch_size)
 
     def clone(self) -> NonTensorStack:
         """A new stack of the same values (the values themselves are not copied)."""
@@ -346,14 +348,20 @@ def nested_shape(data: Any) -> torch.Size:
     return torch.Size(shape)
 
 
-def _nest(values: list[Any], batch: torch.Size) -> Any:
+def nest_values(values: list[Any], batch: torch.Size) -> Any:
+    """The flat, row-major ``values`` as nested lists, one level per dimension of ``batch``."""
     if not batch:
         return values[0]
     step = math.prod(batch[1:])
-    return [_nest(values[i * step : (i + 1) * step], batch[1:]) for i in range(batch[0])]
+    return [nest_values(values[i * step : (i + 1) * step], batch[1:]) for i in range(batch[0])]
 
 
-def _flatten(data: Any, batch: torch.Size, what: str) -> list[Any]:
+def flatten_values(data: Any, batch: torch.Size, what: str) -> list[Any]:
+    """Nested lists of shape ``batch`` as one flat, row-major list.
+
+    Raises:
+        BatchSizeError: the nesting does not match ``batch`` (``what`` names the value).
+    """
     if not batch:
         return [data]
     if not isinstance(data, (list, tuple)) or len(data) != batch[0]:
@@ -361,7 +369,7 @@ def _flatten(data: Any, batch: torch.Size, what: str) -> list[Any]:
             f"{what} does not match the batch size {list(batch)}: expected a list of {batch[0]} elements, "
             f"got {type(data).__name__}{f' of {len(data)}' if isinstance(data, (list, tuple)) else ''}."
         )
-    return [v for item in data for v in _flatten(item, batch[1:], what)]
+    return [v for item in data for v in flatten_values(item, batch[1:], what)]
 
 
 NONTENSOR = register(NodeKind("NonTensorData", VALUE, "NonTensorData", NonTensorData, NONTENSOR_TYPE))

@@ -500,8 +500,11 @@ class TensorDictBase(CombineOps):
         changed = assign_elements(leaf, self._batch_size, idx, value)
         if changed is None:
             return
+        if isinstance(leaf, NonTensorStack):  # already one value per element: written (persisted, shared) whole
+            self._write_non_tensor(key, leaf, changed.tolist())
+            return
         first = changed._values[0]
-        if not isinstance(leaf, NonTensorStack) and all(NonTensorData(v) == first for v in changed._values):
+        if all(NonTensorData(v) == first for v in changed._values):
             self._write_non_tensor(key, leaf, first)  # the whole entry takes one value (persisted as one)
             return
         if self._is_memmap or self._is_shared:
