@@ -231,12 +231,18 @@ class TensorClassOps(TensorClassIO):
         """
         parts = unravel_key(key)
         if parts[0] not in type(self).__tdshare_fields__:
+            if len(parts) == 1 and isinstance(getattr(type(self), parts[0], None), property):
+                return getattr(self, parts[0])  # as the reference: get("batch_size") reads the property
             if default is not _NO_DEFAULT:
                 return default
             raise MissingKeyError(self._no_field(parts[0]))
         value = getattr(self, parts[0])
         if len(parts) == 1:
             return value
+        if not hasattr(value, "get") or isinstance(value, torch.Tensor):
+            if default is not _NO_DEFAULT:
+                return default
+            raise MissingKeyError(f"Cannot read {key!r}: the field {parts[0]!r} holds a leaf, not a collection.")
         if value is None:
             if default is not _NO_DEFAULT:
                 return default
