@@ -23,6 +23,7 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from ._arithmetic import OPERATORS
 from ._errors import ArgumentTypeError, FieldError, InvalidArgumentError, MissingKeyError, NotSupportedError
 from ._format import RESERVED_KEYS, WRAPPED, WRAPPED_DIR
 from ._indexing import is_key
@@ -485,14 +486,6 @@ class TensorClassOps(TensorClassIO):
             f"The truth value of a {type(self).__name__} is ambiguous: use .all() or .any() (e.g. (a == b).all())."
         )
 
-    def all(self) -> bool:
-        """Whether every element of every tensor (nested fields included) is true."""
-        return all(bool(t.all()) for t in self._tensordict._stored_tensors())
-
-    def any(self) -> bool:
-        """Whether any element of any tensor (nested fields included) is true."""
-        return any(bool(t.any()) for t in self._tensordict._stored_tensors())
-
     def __repr__(self) -> str:
         lines = []
         for name in type(self).__tdshare_fields__:
@@ -546,7 +539,8 @@ def _rewrap(tc: Any, result: Any) -> Any:
     if isinstance(result, TensorDictBase) and all(k in type(tc).__tdshare_fields__ for k in result._tensordict):
         return type(tc)._from_tensordict(result)
     if isinstance(result, tuple) and result and all(isinstance(r, TensorDictBase) for r in result):
-        return tuple(_rewrap(tc, r) for r in result)
+        items = [_rewrap(tc, r) for r in result]
+        return tuple(items) if type(result) is tuple else type(result)(items)  # e.g. torch.return_types.max
     return result
 
 
@@ -588,6 +582,21 @@ def _namespace() -> dict[str, Any]:
                 ns[name] = value
     return ns
 
+
+def _operator(name: str) -> Callable[..., Any]:
+    """A Python operator (``__add__``, ``__lt__``...) applied to the fields' tensordict, rewrapped."""
+
+    def method(self: Any, *args: Any) -> Any:
+        return _forward(self, getattr(self._tensordict, name), *args)
+
+    method.__name__ = name
+    method.__qualname__ = f"TensorClassOps.{name}"
+    method.__doc__ = f"``{name}`` of the fields' tensordict; a tensordict result is an instance of the class again."
+    return method
+
+
+for _name in OPERATORS:  # Python looks operators up on the class, never through __getattr__
+    setattr(TensorClassOps, _name, _operator(_name))
 
 _OPS = _namespace()
 _RESERVED_FIELDS = frozenset(n for n in _OPS if not n.startswith("__")) | RESERVED_KEYS | {WRAPPED_DIR}

@@ -16,6 +16,7 @@ from typing import Any, TypeGuard, TypeVar
 
 import torch
 
+from ._arithmetic import ArithmeticOps
 from ._combine import CombineOps
 from ._errors import (
     ArgumentTypeError,
@@ -31,6 +32,7 @@ from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._keys import NestedKey, unravel_key
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData, NonTensorStack
+from ._reduce_ops import ReduceOps
 from ._reductions import decode_leaf, encode_leaf
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
@@ -45,7 +47,11 @@ _LOCKED_MSG = (
 )
 
 
-class TensorDictBase(CombineOps):
+class TensorDictBase(
+    ReduceOps,
+    ArithmeticOps,
+    CombineOps,
+):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
     _tensordict: dict[str, Any]
@@ -738,6 +744,7 @@ class TensorDictBase(CombineOps):
             self._generation,
         )
         return (rebuild_tensordict, (type(self), state))
+
 
 def _preview(keys: Any, limit: int = 10) -> str:
     names = sorted(keys)
