@@ -20,7 +20,7 @@ from __future__ import annotations
 import numbers
 import operator
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -216,17 +216,26 @@ def _at_leaf(other: Any, leaf: torch.Tensor) -> Any:
     return other
 
 
-def walk(td: Any, fn: Callable[..., Any], others: tuple[Any, ...], inplace: bool, keep_lock: bool = True) -> Any:
+def walk(
+    td: Any,
+    fn: Callable[..., Any],
+    others: tuple[Any, ...],
+    inplace: bool,
+    keep_lock: bool = True,
+    keep_names: bool = True,
+) -> Any:
     """``fn(leaf, *other_leaves)`` for every tensor leaf of ``td``; a new tree, or ``td`` when ``inplace``.
 
     ``others`` were checked by :func:`_prepare`.  A lazy stack goes member by member; non-tensor
-    values are kept (copied).  The result keeps the names, and the lock when ``keep_lock``.
+    values are kept (copied).  The result keeps the names and the lock when asked to.
     """
     layout = node_layout(td)
     if layout == STACK:
         members, fields, wrap = unwrap_node(td)
         pieces = [_member_pieces(o, fields["stack_dim"], len(members)) for o in others]
-        results = [walk(m, fn, tuple(p[i] for p in pieces), inplace, keep_lock) for i, m in enumerate(members)]
+        results = [
+            walk(m, fn, tuple(p[i] for p in pieces), inplace, keep_lock, keep_names) for i, m in enumerate(members)
+        ]
         if inplace:
             return td
         out = wrap(results, fields)
@@ -244,23 +253,134 @@ def walk(td: Any, fn: Callable[..., Any], others: tuple[Any, ...], inplace: bool
             result = fn(leaf, *(_at_leaf(o, leaf) for o in theirs))
         elif kind == WRAPPED:
             inner, fields, wrap = unwrap_node(leaf)
-            result = walk(inner, fn, theirs, inplace, keep_lock)
+            result = walk(inner, fn, theirs, inplace, keep_lock, keep_names)
             result = leaf if inplace else wrap(result, fields)
         else:
-            result = walk(leaf, fn, theirs, inplace, keep_lock)
+            result = walk(leaf, fn, theirs, inplace, keep_lock, keep_names)
         if not inplace:
             leaves[key] = result
     if inplace:
         return td
+    out = type(td)._from_leaves(leaves, td._batch_size, td._device, td._names if keep_names else None)
+    out._is_locked = keep_lock and td._is_locked
+    return out
+
+
+# -- the fast path: one torch._foreach_* call over every leaf of a dense tree --------------------
+def _flat(td: Any, out: list[torch.Tensor] | None = None) -> list[torch.Tensor] | None:
+    """The tensor leaves of a tree of plain levels, in walk order; None if it holds other nodes."""
+    out = [] if out is None else out
+    for leaf in td._tensordict.values():
+        kind = node_layout(leaf)
+        if kind == "tensor":
+            if leaf.is_nested:
+                return None
+            out.append(leaf)
+        elif kind == LEVEL:
+            if _flat(leaf, out) is None:
+                return None
+        elif kind != "value":
+            return None
+    return out
+
+
+def _assemble(td: Any, results: Iterator[torch.Tensor], keep_lock: bool) -> Any:
+    """A tree shaped like ``td`` whose tensor leaves are the next ``results`` (in :func:`_flat` order)."""
+    leaves: dict[str, Any] = {}
+    for key, leaf in td._tensordict.items():
+        kind = node_layout(leaf)
+        if kind == "tensor":
+            leaves[key] = next(results)
+        elif kind == LEVEL:
+            leaves[key] = _assemble(leaf, results, keep_lock)
+        else:
+            leaves[key] = leaf.clone()
     out = type(td)._from_leaves(leaves, td._batch_size, td._device, td._names)
     out._is_locked = keep_lock and td._is_locked
     return out
 
 
-def _binary(td: Any, name: str, fn: Callable[..., Any], others: tuple[Any, ...], inplace: bool = False) -> Any:
-    prepared = tuple(_prepare(td, name, o) for o in others)
-    _check_keys(td, prepared)
+def _foreach(td: Any, name: str, args: tuple[Any, ...], inplace: bool) -> Any:
+    """``torch._foreach_<name>(leaves, *args)`` over the whole tree, or None where it does not apply."""
+    fn = getattr(torch, f"_foreach_{name}{'_' if inplace else ''}", None)
+    if fn is None:
+        return None
     if inplace:
+        leaves = [t for t in td._stored_tensors() if not t.is_nested]
+        if len(leaves) != sum(1 for _ in td._stored_tensors()):
+            return None
+        if leaves:
+            fn(leaves, *args)
+        return td
+    flat = _flat(td) if node_layout(td) == LEVEL else None
+    if not flat:
+        return None
+    try:
+        results = fn(flat, *args)
+    except (RuntimeError, TypeError):  # a dtype the fused kernel lacks: the leaf-by-leaf walk decides
+        return None
+    return _assemble(td, iter(results), keep_lock=True)
+
+
+def _flat_pairs(td: Any, other: Any, mine: list[torch.Tensor], theirs: list[torch.Tensor]) -> bool:
+    """Fill ``mine``/``theirs`` with the paired tensor leaves of two plain trees; False where they differ."""
+    for key, leaf in td._tensordict.items():
+        kind = node_layout(leaf)
+        if kind == "value":
+            continue
+        match = other._tensordict.get(key)
+        if kind == "tensor" and node_layout(match) == "tensor" and not leaf.is_nested and not match.is_nested:
+            mine.append(leaf)
+            theirs.append(match)
+        elif not (kind == LEVEL and node_layout(match) == LEVEL and _flat_pairs(leaf, match, mine, theirs)):
+            return False
+    return True
+
+
+def _foreach_pair(td: Any, name: str, other: Any, inplace: bool, kwargs: dict[str, Any]) -> Any:
+    """``torch._foreach_<name>(leaves, other_leaves)`` for two plain trees with the same keys, or None."""
+    fn = getattr(torch, f"_foreach_{name}{'_' if inplace else ''}", None)
+    mine: list[torch.Tensor] = []
+    theirs: list[torch.Tensor] = []
+    if fn is None or node_layout(td) != LEVEL or not _flat_pairs(td, other, mine, theirs) or not mine:
+        return None
+    flat_other = _flat(other)
+    if flat_other is None or len(flat_other) != len(theirs):  # extra keys in other: the walk says which
+        return None
+    if any(a.shape != b.shape for a, b in zip(mine, theirs, strict=True)):  # broadcasting: leaf by leaf
+        return None
+    try:
+        results = fn(mine, theirs, **kwargs)
+    except (RuntimeError, TypeError):
+        return None
+    return td if inplace else _assemble(td, iter(results), keep_lock=True)
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, numbers.Number) or (isinstance(value, torch.Tensor) and value.dim() == 0)
+
+
+def _binary(
+    td: Any,
+    name: str,
+    fn: Callable[..., Any],
+    others: tuple[Any, ...],
+    inplace: bool = False,
+    foreach: str | None = None,
+    foreach_kwargs: dict[str, Any] | None = None,
+) -> Any:
+    prepared = tuple(_prepare(td, name, o) for o in others)
+    if foreach is not None and len(prepared) == 1:
+        if _is_scalar(prepared[0]) and not foreach_kwargs:
+            done = _foreach(td, foreach, prepared, inplace)
+        elif node_layout(prepared[0]) == LEVEL:
+            done = _foreach_pair(td, foreach, prepared[0], inplace, foreach_kwargs or {})
+        else:
+            done = None
+        if done is not None:
+            return done
+    _check_keys(td, prepared)
+    if inplace and any(node_layout(o) in (LEVEL, STACK) for o in prepared):
         walk(td, lambda *_: None, prepared, inplace=False)  # every leaf pairs up: checked before any write
     return walk(td, fn, prepared, inplace)
 
@@ -269,7 +389,8 @@ def _unary(name: str, what: str) -> Callable[[Any], Any]:
     fn = getattr(torch, name)
 
     def method(self: Any) -> Any:
-        return walk(self, fn, (), inplace=False)
+        done = _foreach(self, name, (), inplace=False)
+        return walk(self, fn, (), inplace=False) if done is None else done
 
     method.__name__ = method.__qualname__ = name
     method.__doc__ = (
@@ -285,8 +406,9 @@ def _unary(name: str, what: str) -> Callable[[Any], Any]:
 
 def _unary_(name: str, what: str) -> Callable[[Any], Any]:
     def method(self: Any) -> Any:
-        for leaf in self._stored_tensors():
-            getattr(leaf, name + "_")()
+        if _foreach(self, name, (), inplace=True) is None:
+            for leaf in self._stored_tensors():
+                getattr(leaf, name + "_")()
         return self
 
     method.__name__ = method.__qualname__ = name + "_"
@@ -346,8 +468,9 @@ class ArithmeticOps:
         [3.0, 3.0]
         """
         if alpha is None:
-            return _binary(self, "add", torch.add, (other,))
-        return _binary(self, "add", lambda x, y: torch.add(x, y, alpha=alpha), (other,))
+            return _binary(self, "add", torch.add, (other,), foreach="add")
+        fn = lambda x, y: torch.add(x, y, alpha=alpha)  # noqa: E731
+        return _binary(self, "add", fn, (other,), foreach="add", foreach_kwargs={"alpha": alpha})
 
     def add_(self, other: Any, *, alpha: float | None = None) -> Any:
         """``self += alpha * other`` in place (memory-mapped leaves written in their files); ``self``.
@@ -359,7 +482,8 @@ class ArithmeticOps:
         [2.0, 2.0]
         """
         kw = {} if alpha is None else {"alpha": alpha}
-        return _binary(self, "add_", lambda x, y: x.add_(y, **kw), (other,), inplace=True)
+        fast = "add" if alpha is None else None
+        return _binary(self, "add_", lambda x, y: x.add_(y, **kw), (other,), inplace=True, foreach=fast)
 
     def sub(self, other: Any, *, alpha: float | None = None) -> Any:
         """``self - alpha * other`` leaf by leaf (operands as :meth:`add`).
@@ -370,7 +494,7 @@ class ArithmeticOps:
         [-2.0, -2.0]
         """
         if alpha is None:
-            return _binary(self, "sub", torch.sub, (other,))
+            return _binary(self, "sub", torch.sub, (other,), foreach="sub")
         return _binary(self, "sub", lambda x, y: torch.sub(x, y, alpha=alpha), (other,))
 
     def sub_(self, other: Any, *, alpha: float | None = None) -> Any:
@@ -382,7 +506,8 @@ class ArithmeticOps:
         [0.0, 0.0]
         """
         kw = {} if alpha is None else {"alpha": alpha}
-        return _binary(self, "sub_", lambda x, y: x.sub_(y, **kw), (other,), inplace=True)
+        fast = "sub" if alpha is None else None
+        return _binary(self, "sub_", lambda x, y: x.sub_(y, **kw), (other,), inplace=True, foreach=fast)
 
     def rsub(self, other: Any, *, alpha: float | None = None) -> Any:
         """``other - alpha * self`` leaf by leaf (``2 - td``).
@@ -403,7 +528,7 @@ class ArithmeticOps:
         >>> TensorDict(a=torch.ones(2), batch_size=[2]).mul(3)["a"].tolist()
         [3.0, 3.0]
         """
-        return _binary(self, "mul", torch.mul, (other,))
+        return _binary(self, "mul", torch.mul, (other,), foreach="mul")
 
     def mul_(self, other: Any) -> Any:
         """``self *= other`` in place; return ``self``.
@@ -413,7 +538,7 @@ class ArithmeticOps:
         >>> TensorDict(a=torch.ones(2), batch_size=[2]).mul_(3)["a"].tolist()
         [3.0, 3.0]
         """
-        return _binary(self, "mul_", lambda x, y: x.mul_(y), (other,), inplace=True)
+        return _binary(self, "mul_", lambda x, y: x.mul_(y), (other,), inplace=True, foreach="mul")
 
     def div(self, other: Any) -> Any:
         """``self / other`` leaf by leaf (true division; operands as :meth:`add`).
@@ -423,7 +548,7 @@ class ArithmeticOps:
         >>> TensorDict(a=torch.ones(2), batch_size=[2]).div(4)["a"].tolist()
         [0.25, 0.25]
         """
-        return _binary(self, "div", torch.div, (other,))
+        return _binary(self, "div", torch.div, (other,), foreach="div")
 
     def div_(self, other: Any) -> Any:
         """``self /= other`` in place; return ``self``.
@@ -433,7 +558,7 @@ class ArithmeticOps:
         >>> TensorDict(a=torch.ones(2), batch_size=[2]).div_(4)["a"].tolist()
         [0.25, 0.25]
         """
-        return _binary(self, "div_", lambda x, y: x.div_(y), (other,), inplace=True)
+        return _binary(self, "div_", lambda x, y: x.div_(y), (other,), inplace=True, foreach="div")
 
     def pow(self, other: Any) -> Any:
         """``self ** other`` leaf by leaf (operands as :meth:`add`).
@@ -443,7 +568,7 @@ class ArithmeticOps:
         >>> TensorDict(a=torch.full((2,), 3.0), batch_size=[2]).pow(2)["a"].tolist()
         [9.0, 9.0]
         """
-        return _binary(self, "pow", torch.pow, (other,))
+        return _binary(self, "pow", torch.pow, (other,), foreach="pow")
 
     def pow_(self, other: Any) -> Any:
         """``self **= other`` in place; return ``self``.
@@ -453,7 +578,7 @@ class ArithmeticOps:
         >>> TensorDict(a=torch.full((2,), 3.0), batch_size=[2]).pow_(2)["a"].tolist()
         [9.0, 9.0]
         """
-        return _binary(self, "pow_", lambda x, y: x.pow_(y), (other,), inplace=True)
+        return _binary(self, "pow_", lambda x, y: x.pow_(y), (other,), inplace=True, foreach="pow")
 
     def mod(self, other: Any) -> Any:
         """``self % other`` leaf by leaf (``torch.remainder``: the sign of the divisor).
@@ -474,7 +599,7 @@ class ArithmeticOps:
         >>> td.maximum(td * 0 + 2)["a"].tolist()
         [2.0, 5.0]
         """
-        return _binary(self, "maximum", torch.maximum, (other,))
+        return _binary(self, "maximum", torch.maximum, (other,), foreach="maximum")
 
     def maximum_(self, other: Any) -> Any:
         """``maximum`` written into the leaves; return ``self``.
@@ -485,7 +610,8 @@ class ArithmeticOps:
         >>> td.maximum_(td * 0 + 2)["a"].tolist()
         [2.0, 5.0]
         """
-        return _binary(self, "maximum_", lambda x, y: torch.maximum(x, y, out=x), (other,), inplace=True)
+        fn = lambda x, y: torch.maximum(x, y, out=x)  # noqa: E731
+        return _binary(self, "maximum_", fn, (other,), inplace=True, foreach="maximum")
 
     def minimum(self, other: Any) -> Any:
         """The element-wise minimum of ``self`` and ``other`` (``torch.minimum``).
@@ -496,7 +622,7 @@ class ArithmeticOps:
         >>> td.minimum(td * 0 + 2)["a"].tolist()
         [1.0, 2.0]
         """
-        return _binary(self, "minimum", torch.minimum, (other,))
+        return _binary(self, "minimum", torch.minimum, (other,), foreach="minimum")
 
     def minimum_(self, other: Any) -> Any:
         """``minimum`` written into the leaves; return ``self``.
@@ -507,7 +633,8 @@ class ArithmeticOps:
         >>> td.minimum_(td * 0 + 2)["a"].tolist()
         [1.0, 2.0]
         """
-        return _binary(self, "minimum_", lambda x, y: torch.minimum(x, y, out=x), (other,), inplace=True)
+        fn = lambda x, y: torch.minimum(x, y, out=x)  # noqa: E731
+        return _binary(self, "minimum_", fn, (other,), inplace=True, foreach="minimum")
 
     def clamp(self, min: Any = None, max: Any = None) -> Any:
         """Every leaf clamped into ``[min, max]`` (either may be None; numbers, tensors or tensordicts).
@@ -838,7 +965,8 @@ def _clamp(td: Any, low: Any, high: Any, inplace: bool) -> Any:
         hi = torch.as_tensor(hi, dtype=x.dtype) if hi is not None and not isinstance(hi, torch.Tensor) else hi
         return torch.clamp(x, lo, hi, out=x) if inplace else torch.clamp(x, lo, hi)
 
-    return _binary(td, "clamp_" if inplace else "clamp", fn, bounds, inplace=inplace)
+    fast = "clamp_min" if high is None else "clamp_max" if low is None else None
+    return _binary(td, "clamp_" if inplace else "clamp", fn, bounds, inplace=inplace, foreach=fast)
 
 
 def _order(td: Any, name: str, op: Callable[[Any, Any], Any], other: Any) -> Any:
@@ -853,17 +981,6 @@ def _order(td: Any, name: str, op: Callable[[Any, Any], Any], other: Any) -> Any
             stacklevel=3,
         )
         return False
-    out = _binary(td, name, op, (other,))
-    _drop_names(out)
-    return out
-
-
-def _drop_names(td: Any) -> None:
-    if node_layout(td) == LEVEL:
-        td._names = None
-        td._is_locked = False
-        for leaf in td._tensordict.values():
-            if node_layout(leaf) in (LEVEL, STACK):
-                _drop_names(leaf)
-    elif node_layout(td) == STACK:
-        td._is_locked = False
+    prepared = _prepare(td, name, other)
+    _check_keys(td, (prepared,))
+    return walk(td, op, (prepared,), inplace=False, keep_lock=False, keep_names=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import operator
 import tempfile
 import warnings
@@ -477,3 +478,119 @@ def test_readme_style_snippet_runs() -> None:
     td = TensorDict(obs=torch.arange(6.0).view(3, 2), batch_size=[3]).memmap_(tempfile.mkdtemp())
     td *= 2
     assert TensorDict.load(td._memmap_prefix)["obs"].sum().item() == 30.0
+
+
+METHODS = [m for m in ("spawn", "fork", "forkserver") if m in mp.get_all_start_methods()]
+
+
+def _child_adds(obj: Any, out: Any) -> None:
+    try:
+        obj += 1
+        obj.mul_(2)
+        out.put(("ok", obj.get("a").tolist()))
+    except BaseException as err:  # reported to the parent
+        out.put(("error", repr(err)))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_child_adds_in_place_into_the_parents_anonymous_memory(method: str, kind: str) -> None:
+    obj = build(kind).memmap_()
+    ctx = mp.get_context(method)
+    out = ctx.Queue()
+    proc = ctx.Process(target=_child_adds, args=(obj, out))
+    proc.start()
+    tag, payload = out.get(timeout=60)
+    proc.join(60)
+    assert tag == "ok", payload
+    expected = ((torch.arange(4.0) + 1) * 2).tolist()
+    assert payload == expected and obj.get("a").tolist() == expected
+    assert obj.get(("n", "b")).tolist() == [[2.0, 2.0]] * 4
+
+
+MIXED = [
+    lambda t: t + 1,
+    lambda t: t + 1.5,
+    lambda t: t - 2,
+    lambda t: t * 2,
+    lambda t: t / 2,
+    lambda t: t**2,
+    lambda t: -t,
+    lambda t: abs(t),
+    lambda t: t.exp(),
+    lambda t: t.sqrt(),
+    lambda t: t.sign(),
+    lambda t: t.clamp_min(1),
+    lambda t: t.clamp_max(1),
+    lambda t: t.maximum(t * 0 + 1),
+    lambda t: t.sum(),
+    lambda t: t.mean(dtype=torch.float64),
+    lambda t: t.prod(0),
+    lambda t: t.max(0),
+]
+
+
+def _mixed(mod: Any) -> Any:
+    return mod.TensorDict(
+        f=torch.linspace(-2, 2, 6).view(3, 2),
+        i=torch.arange(-3, 3).view(3, 2),
+        n=mod.TensorDict(h=torch.arange(3, dtype=torch.float64), batch_size=[3]),
+        batch_size=[3],
+    )
+
+
+@pytest.mark.parametrize("index", range(len(MIXED)))
+def test_integer_and_double_leaves_promote_like_the_reference(index: int) -> None:
+    same(MIXED[index](_mixed(tdshare)), MIXED[index](_mixed(ref)))
+
+
+@pytest.mark.parametrize(
+    "op", [lambda t: t.add_(1), lambda t: t.mul_(3), lambda t: t.clamp_min_(0), lambda t: t.neg_()]
+)
+def test_integer_and_double_leaves_in_place_like_the_reference(op: Any) -> None:
+    mine, theirs = _mixed(tdshare), _mixed(ref)
+    assert op(mine) is mine
+    op(theirs)
+    same(mine, theirs)
+
+
+def dig(obj: Any, key: tuple[str, ...]) -> Any:
+    """``obj[key]``, stepping into tensorclass entries by attribute."""
+    for part in key:
+        obj = getattr(obj, part) if tdshare.is_tensorclass(obj) or ref.is_tensorclass(obj) else obj.get(part)
+    return obj
+
+
+def _holder(mod: Any, sample: Any) -> Any:
+    members = [mod.TensorDict(x=torch.tensor(float(i) - 1.0), batch_size=[]) for i in range(4)]
+    return mod.TensorDict(
+        a=torch.linspace(-1, 1, 4),
+        ls=mod.LazyStackedTensorDict(*members, stack_dim=0),
+        tc=sample(a=torch.arange(4.0), n=mod.TensorDict(b=torch.ones(4, 2), batch_size=[4]), s="x", batch_size=[4]),
+        batch_size=[4],
+    )
+
+
+HOLDER = [
+    lambda t: t + 1,
+    lambda t: t * t,
+    lambda t: 1 - t,
+    lambda t: t.exp(),
+    lambda t: t < 0,
+    lambda t: t.sum(),
+    lambda t: t.mean(0),
+    lambda t: t.add_(1),
+    lambda t: t.mul_(t.clone()),
+]
+
+
+@pytest.mark.parametrize("index", range(len(HOLDER)))
+def test_a_tensordict_holding_a_lazy_stack_and_a_tensorclass(index: int) -> None:
+    mine, theirs = HOLDER[index](_holder(tdshare, Sample)), HOLDER[index](_holder(ref, RefSample))
+    assert mine.batch_size == theirs.batch_size
+    for key in [("a",), ("ls", "x"), ("tc", "a"), ("tc", "n", "b")]:
+        same(dig(mine, key), dig(theirs, key))
+    if isinstance(mine["ls"], LazyStackedTensorDict):
+        assert isinstance(theirs["ls"], ref.LazyStackedTensorDict)
+    assert type(mine["tc"]) is Sample and type(theirs["tc"]) is RefSample
