@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from ._arithmetic import node_layout, unwrap_node, walk
 from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError, MissingKeyError, NotSupportedError
 from ._format import LEVEL, STACK, WRAPPED
 from ._nontensor import NonTensorStack
+from ._tree_walk import node_layout, unwrap_node, walk
 
 __all__ = ["ReduceOps", "OMITTED"]
 

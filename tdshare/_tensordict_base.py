@@ -32,6 +32,7 @@ from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._keys import NestedKey, unravel_key
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData, NonTensorStack
+from ._pointwise import PointwiseOps
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_leaf, encode_leaf
 
@@ -50,6 +51,7 @@ _LOCKED_MSG = (
 class TensorDictBase(
     ReduceOps,
     ArithmeticOps,
+    PointwiseOps,
     CombineOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
