@@ -30,6 +30,7 @@ from ._indexing import is_key
 from ._keys import NestedKey, unravel_key
 from ._nodes import NodeKind, register
 from ._nontensor import NonTensorData
+from ._pointwise import TORCH_FUNCTIONS
 from ._tensorclass_io import TensorClassIO, class_tag
 from ._tensorclass_stack import combine_instances, plain_collection
 from ._tensordict import TensorDict
@@ -520,6 +521,15 @@ class TensorClassOps(TensorClassIO):
             return combine_instances(list(items), dim, new_dim=func is torch.stack)
         if func is torch.unbind:
             return args[0].unbind(*args[1:], **kwargs)
+        if func is torch.where and len(args) >= 2:
+            cond, first, *rest = args
+            second = rest[0] if rest else kwargs.pop("other")
+            if is_tensorclass(first):
+                return first.where(cond, second, **kwargs)
+            return second.where(cond.logical_not(), first, **kwargs)
+        name = TORCH_FUNCTIONS.get(func)
+        if name is not None and args and is_tensorclass(args[0]):  # torch.exp(obj), torch.sum(obj, 0)...
+            return getattr(args[0], name)(*args[1:], **kwargs)
         return NotImplemented
 
 

@@ -594,3 +594,52 @@ def test_a_tensordict_holding_a_lazy_stack_and_a_tensorclass(index: int) -> None
     if isinstance(mine["ls"], LazyStackedTensorDict):
         assert isinstance(theirs["ls"], ref.LazyStackedTensorDict)
     assert type(mine["tc"]) is Sample and type(theirs["tc"]) is RefSample
+
+
+MASK = torch.tensor([True, False, True, False])
+WHERE = [
+    lambda t: t.where(MASK, 0.0),
+    lambda t: t.where(MASK, torch.tensor(-1.0)),
+    lambda t: t.where(MASK, t * 10),
+    lambda t: t.where(MASK, t * 10, out=t.clone()),
+    lambda t: torch.where(MASK, t, -5.0),
+    lambda t: torch.where(MASK, -5.0, t),
+    lambda t: torch.exp(t),
+    lambda t: torch.sum(t),
+    lambda t: torch.sum(t, 0),
+    lambda t: torch.mean(t, 0),
+    lambda t: torch.std(t),
+    lambda t: torch.clamp(t, 0, 1),
+    lambda t: torch.add(t, t, alpha=2),
+    lambda t: torch.maximum(t, t * 0),
+    lambda t: torch.isnan(t),
+    lambda t: torch.sqrt_(t.abs()),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("index", range(len(WHERE)))
+def test_where_and_torch_functions_match_reference(kind: str, index: int) -> None:
+    try:
+        mine, theirs = both(kind, WHERE[index], offset=-1.5)
+    except TypeError:  # the reference's tensorclasses lack torch.sum, torch.std, ...: as its TensorDict then
+        assert kind == "tensorclass"
+        mine = WHERE[index](build(kind, -1.5))
+        assert type(mine) is Sample or isinstance(mine, torch.Tensor)
+        _, theirs = both("tensordict", WHERE[index], offset=-1.5)
+        same(getattr(mine, "_tensordict", mine), theirs)
+        return
+    same(mine, theirs, kind)
+
+
+def test_where_pads_entries_only_one_side_has() -> None:
+    td, theirs = build("tensordict"), ref_build("tensordict")
+    other = td.exclude("a").set("z", torch.ones(4))
+    ref_other = theirs.exclude("a").set("z", torch.ones(4))
+    same(td.where(MASK, other, pad=-1), theirs.where(MASK, ref_other, pad=-1))
+    with pytest.raises(KeyError):
+        theirs.where(MASK, ref_other)
+    with pytest.raises(MissingKeyError):
+        td.where(MASK, other)
+    with pytest.raises(tdshare.ArgumentTypeError, match=r"condition"):
+        td.where([True] * 4, 0.0)
