@@ -16,10 +16,12 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from ._arithmetic import OPERATORS
 from ._errors import ArgumentTypeError, FieldError, FrozenFieldError, MissingKeyError, NotSupportedError
 from ._indexing import is_key
 from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData
+from ._pointwise import TORCH_FUNCTIONS
 from ._tensorclass_io import TensorClassIO
 from ._tensorclass_options import TensorClassOptions, stored_value
 from ._tensorclass_stack import combine_instances, plain_collection
@@ -497,14 +499,6 @@ class TensorClassOps(TensorClassIO):
             f"The truth value of a {type(self).__name__} is ambiguous: use .all() or .any() (e.g. (a == b).all())."
         )
 
-    def all(self) -> bool:
-        """Whether every element of every tensor (nested fields included) is true."""
-        return all(bool(t.all()) for t in self._tensordict._stored_tensors())
-
-    def any(self) -> bool:
-        """Whether any element of any tensor (nested fields included) is true."""
-        return any(bool(t.any()) for t in self._tensordict._stored_tensors())
-
     def __repr__(self) -> str:
         lines = []
         for name in type(self).__tdshare_fields__:
@@ -539,6 +533,15 @@ class TensorClassOps(TensorClassIO):
             return combine_instances(list(items), dim, new_dim=func is torch.stack)
         if func is torch.unbind:
             return args[0].unbind(*args[1:], **kwargs)
+        if func is torch.where and len(args) >= 2:
+            cond, first, *rest = args
+            second = rest[0] if rest else kwargs.pop("other")
+            if is_tensorclass(first):
+                return first.where(cond, second, **kwargs)
+            return second.where(cond.logical_not(), first, **kwargs)
+        name = TORCH_FUNCTIONS.get(func)
+        if name is not None and args and is_tensorclass(args[0]):  # torch.exp(obj), torch.sum(obj, 0)...
+            return getattr(args[0], name)(*args[1:], **kwargs)
         return NotImplemented
 
 
@@ -558,7 +561,8 @@ def _rewrap(tc: Any, result: Any) -> Any:
     if isinstance(result, TensorDictBase) and all(k in type(tc).__tdshare_fields__ for k in result._tensordict):
         return type(tc)._from_tensordict(result)
     if isinstance(result, tuple) and result and all(isinstance(r, TensorDictBase) for r in result):
-        return tuple(_rewrap(tc, r) for r in result)
+        items = [_rewrap(tc, r) for r in result]
+        return tuple(items) if type(result) is tuple else type(result)(items)  # e.g. torch.return_types.max
     return result
 
 
@@ -566,3 +570,19 @@ def _items(other: Any) -> Any:
     if isinstance(other, TensorDictBase):
         return other._tensordict.items()
     return dict(other).items()
+
+
+def _operator(name: str) -> Callable[..., Any]:
+    """A Python operator (``__add__``, ``__lt__``...) applied to the fields' tensordict, rewrapped."""
+
+    def method(self: Any, *args: Any) -> Any:
+        return _forward(self, getattr(self._tensordict, name), *args)
+
+    method.__name__ = name
+    method.__qualname__ = f"TensorClassOps.{name}"
+    method.__doc__ = f"``{name}`` of the fields' tensordict; a tensordict result is an instance of the class again."
+    return method
+
+
+for _name in OPERATORS:  # Python looks operators up on the class, never through __getattr__
+    setattr(TensorClassOps, _name, _operator(_name))

@@ -16,6 +16,7 @@ from typing import Any, TypeGuard, TypeVar
 
 import torch
 
+from ._arithmetic import ArithmeticOps
 from ._combine import CombineOps
 from ._errors import (
     ArgumentTypeError,
@@ -31,6 +32,8 @@ from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._keys import NestedKey, unravel_key
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData, NonTensorStack, assign_elements
+from ._pointwise import PointwiseOps
+from ._reduce_ops import ReduceOps
 from ._reductions import decode_leaf, encode_leaf
 from ._settings import list_to_stack
 
@@ -46,7 +49,12 @@ _LOCKED_MSG = (
 )
 
 
-class TensorDictBase(CombineOps):
+class TensorDictBase(
+    ReduceOps,
+    ArithmeticOps,
+    PointwiseOps,
+    CombineOps,
+):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
     _tensordict: dict[str, Any]
