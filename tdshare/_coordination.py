@@ -52,6 +52,7 @@ __all__ = [
     "SharedRegistry",
     "control_paths",
     "reap_trees",
+    "registry_of",
     "remove_control_files",
     "runtime_root",
     "tree_root",
@@ -407,6 +408,17 @@ class SharedRegistry:
         if self._futex is not None:
             self._futex.wake()
         return self.state()
+
+
+def registry_of(td: Any, directory: str) -> SharedRegistry:
+    """The registry of ``directory``'s tree, cached on ``td`` (``td._registry``) so that it stays
+    mapped, and its lock open, while ``td`` lives (a fresh lookup per call costs a path walk)."""
+    cached = td._registry
+    if cached is not None and cached[0] == directory and cached[2] == os.getpid():
+        return cached[1]
+    registry = SharedRegistry.for_directory(directory)
+    td._registry = (directory, registry, os.getpid())
+    return registry
 
 
 def _reset_after_fork() -> None:

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from ._coordination import SharedRegistry, unchanged_since
+from ._compaction import add_to_level, read_level
+from ._coordination import SharedRegistry, registry_of, unchanged_since
 from ._errors import BatchSizeError, InvalidArgumentError, MemmapError, NotMemmapError, NotSupportedError
 from ._files import nested_from_buffer, replace_file, reserve_file, tensor_buffer, write_file
 from ._format import (
@@ -28,12 +29,10 @@ from ._format import (
     LEVEL,
     META_FILE,
     NO_FILE_FIELD,
-    dumps_json,
     entry_file_name,
     layout_of,
     leaf_entry,
     level_meta,
-    loads_json,
 )
 from ._indexing import contiguous_strides
 from ._keys import NestedKey, encode_key, unravel_key
@@ -41,7 +40,6 @@ from ._memmap import MemoryMappedTensor, storage_filename
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor
 from ._nontensor_files import write_nontensor as write_nontensor_folder
-from ._read import read_meta
 from ._runtime import ensure_store, read_manifest, write_manifest
 from ._shared_nontensor import SharedNonTensorData
 from ._store import user_stacklevel
@@ -159,7 +157,7 @@ def add_entry(
     file_name = entry_file_name(last, robust, LEAF_SUFFIX, "the tensordict", directory=False) + LEAF_SUFFIX
     level_dir = os.path.join(prefix, *folders)
     path = os.path.join(level_dir, file_name)
-    registry = SharedRegistry.for_directory(prefix)
+    registry = registry_of(td, prefix)
     with registry.lock():
         before = registry.state()
         metas = _read_chain(prefix, folders, parts)
@@ -220,8 +218,9 @@ def _check_nested_batch(parts: tuple[str, ...], table: torch.Tensor, batch: torc
         )
 
 
-def _publish(td: TensorDictBase, store: tuple[str, tuple[str, ...]], parts: tuple[str, ...],
-             tensor: MemoryMappedTensor) -> None:
+def _publish(
+    td: TensorDictBase, store: tuple[str, tuple[str, ...]], parts: tuple[str, ...], tensor: MemoryMappedTensor
+) -> None:
     """Record an anonymous entry in the tree's runtime manifest, so other processes can map it."""
     seg = tensor._segment
     assert seg is not None
@@ -236,10 +235,17 @@ def _publish(td: TensorDictBase, store: tuple[str, tuple[str, ...]], parts: tupl
             raise MemmapError(
                 f"The key {parts!r} was already added by another process: call memmap_refresh_() to see it."
             )
-        entries.append({
-            "key": key, "dtype": str(tensor.dtype), "shape": list(tensor.shape), "pid": os.getpid(),
-            "fd": seg.fd, "ino": os.fstat(seg.fd).st_ino, "size": seg.size,
-        })
+        entries.append(
+            {
+                "key": key,
+                "dtype": str(tensor.dtype),
+                "shape": list(tensor.shape),
+                "pid": os.getpid(),
+                "fd": seg.fd,
+                "ino": os.fstat(seg.fd).st_ino,
+                "size": seg.size,
+            }
+        )
         write_manifest(path, entries)
         after = registry.bump()
     if unchanged_since(td._generation, before):
@@ -265,7 +271,7 @@ def _read_chain(prefix: str, folders: list[str], parts: tuple[str, ...]) -> list
     writer killed before it linked it) is a new level.  A level that another process made a leaf
     or a non-tensor value cannot hold the entry.
     """
-    metas: list[dict | None] = [_read_level(prefix)[0]]
+    metas: list[dict | None] = [read_level(prefix)]
     path = prefix
     for name, part in zip(folders, parts[:-1], strict=True):
         path = os.path.join(path, name)
@@ -274,7 +280,7 @@ def _read_chain(prefix: str, folders: list[str], parts: tuple[str, ...]) -> list
         if entry is None:
             metas.append(None)
             continue
-        child = _read_level(path)[0] if isinstance(entry, dict) and "type" in entry else None
+        child = read_level(path) if isinstance(entry, dict) and "type" in entry else None
         if child is None or layout_of(child) != LEVEL:
             raise MemmapError(
                 f"Cannot add {parts!r}: another process added {part!r} as a leaf or a non-tensor value, not a "
@@ -301,62 +307,14 @@ def _commit_chain(
     names = td._names
     for depth in range(len(paths) - 1, -1, -1):
         meta = metas[depth]
-        if meta is None:
-            meta = level_meta({}, batch, names)
         if depth == len(paths) - 1:
             key, value = parts[-1], entry
         elif metas[depth + 1] is None:
             key, value = parts[depth], {"type": "TensorDict"}
         else:
             continue  # this level is unchanged
-        _append_to_level(paths[depth], meta, key, value)
-
-
-# Adding entries one by one must not cost O(entries) each: the last meta.json this process read
-# or wrote per level is kept with its (inode, size, mtime), and a new entry is appended to its
-# bytes (JSON objects keep insertion order, so this is exactly what re-encoding would give).
-_META_CACHE: dict[str, tuple[tuple[int, int, int], dict, bytes]] = {}
-_CACHE_SIZE = 64
-
-
-def _read_level(directory: str) -> tuple[dict, bytes | None]:
-    """A level's meta.json (parsed, and its bytes), from the cache when the file is unchanged."""
-    path = os.path.join(directory, META_FILE)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return read_meta(directory), None  # raises the clear error
-    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-    hit = _META_CACHE.get(path)
-    if hit is not None and hit[0] == stamp:
-        return hit[1], hit[2]
-    with open(path, "rb") as f:
-        raw = f.read()
-    meta = loads_json(raw, path)
-    _remember(path, meta, raw)
-    return meta, raw
-
-
-def _remember(path: str, meta: dict, raw: bytes) -> None:
-    st = os.stat(path)
-    if len(_META_CACHE) >= _CACHE_SIZE:
-        _META_CACHE.pop(next(iter(_META_CACHE)))
-    _META_CACHE[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), meta, raw)
-
-
-def _append_to_level(directory: str, meta: dict, key: str, value: dict) -> None:
-    """Replace a level's meta.json with ``key: value`` added at the end."""
-    path = os.path.join(directory, META_FILE)
-    new_meta = {**meta, key: value}
-    hit = _META_CACHE.get(path)
-    raw = hit[2] if hit is not None and hit[1] is meta else None
-    body = raw.rstrip() if raw is not None else b""
-    if body.endswith(b"}") and body != b"{}" and key not in meta:
-        data = body[:-1] + b", " + dumps_json({key: value})[1:-1] + b"}"
-    else:
-        data = dumps_json(new_meta)
-    replace_file(path, data)
-    _remember(path, new_meta, data)
+        batch_fields = level_meta({}, batch, names) if meta is None else None
+        add_to_level(paths[depth], meta, key, value, batch_fields, replace_file)
 
 
 def insert_entry(
@@ -470,7 +428,6 @@ def storage_entry_checks(
             f"permitted: the entry's file is {expected!r}, storage.filename is {stored!r}."
         )
     return True
-
 
 
 # -- non-tensor values written in place ---------------------------------------------------------

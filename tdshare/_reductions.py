@@ -18,6 +18,7 @@ import torch
 from ._files import jagged_from_buffer, nested_from_buffer
 from ._format import LEAF_SUFFIX
 from ._keys import encode_key
+from ._lazy_leaves import PendingLeaf
 from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor, storage_filename
 from ._segments import Segment
@@ -66,6 +67,12 @@ def _decode_nested(code: tuple[Any, ...], path: str | None) -> torch.Tensor:
 
 def encode_leaf(value: Any, folder: str | None, key: str) -> Any:
     """The compact pickled form of a leaf of the level saved in ``folder`` under ``key``."""
+    if type(value) is PendingLeaf:  # not mapped here: its handle travels as it is
+        if value.segment is not None:
+            return value.code(None)
+        if folder is not None and value.path == os.path.join(folder, encode_key(key) + LEAF_SUFFIX):
+            return value.code(value.path)
+        value = value.resolve()
     if type(value) is not MemoryMappedTensor:
         if isinstance(value, torch.Tensor) and value.is_nested:  # strided (a Tensor) or jagged (a subclass)
             return _encode_nested(value, folder, key)
@@ -87,4 +94,7 @@ def decode_leaf(code: Any, folder: str | None, key: str) -> Any:
     path = None if folder is None else os.path.join(folder, encode_key(key) + LEAF_SUFFIX)
     if code[0] == _NESTED:
         return _decode_nested(code, path)
-    return LeafHandle.from_code(code, path).map()
+    handle = LeafHandle.from_code(code, path)
+    if handle.numel == 0:
+        return handle.map()
+    return PendingLeaf.from_handle(handle)  # mapped (and its file checked) when first read

@@ -27,6 +27,7 @@ from ._errors import InvalidArgumentError, MemmapError, NotAFolderError
 from ._files import check_not_symlink, jagged_from_buffer, nested_from_buffer, replace_file
 from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR, dumps_level, level_meta
 from ._future import TensorDictFuture
+from ._journal import drop_journal
 from ._keys import encode_key
 from ._leaf_files import Listing, write_batch, write_leaf
 from ._memmap import MemoryMappedTensor
@@ -130,6 +131,7 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
             changed = True
         else:
             changed = replace_if_changed(os.path.join(level.path, META_FILE), data) or changed
+            drop_journal(level.path)  # meta.json now says everything: a record left would add stale entries
         src._meta_seen = meta
     return changed, kept
 
@@ -423,9 +425,7 @@ class FolderWriter(TreeWriter):
         return dest
 
 
-def _run_writes(
-    root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None
-) -> None:
+def _run_writes(root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None) -> None:
     """Write every leaf file of the tree; ``progress(done, total)`` after each level (each leaf
     with threads), from the calling thread."""
     levels = root.walk()

@@ -43,6 +43,7 @@ PUBLIC = [
     "TerminalProgress",
     "UnsupportedFormatError",
     "__version__",
+    "compact_metadata",
     "is_tensorclass",
     "load",
     "load_memmap",

@@ -34,6 +34,8 @@ LAYERS: dict[str, list[str]] = {
         "_memmap",
         "_leaf_files",
         "_leaf_handle",
+        "_lazy_leaves",
+        "_journal",
         "_coordination",
         "_runtime",
         "_atomic",
@@ -43,7 +45,7 @@ LAYERS: dict[str, list[str]] = {
         "_nontensor_files",
     ],
     "model": ["_nontensor", "_shared_nontensor", "_reductions", "_combine", "_tensordict_base", "_nodes", "_future"],
-    "io": ["_plan", "_write", "_archive", "_read", "_entries", "_refresh", "_save"],
+    "io": ["_plan", "_write", "_archive", "_read", "_compaction", "_entries", "_refresh", "_save"],
     "api": [
         "_memmap_family",
         "_tensordict",
