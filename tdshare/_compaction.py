@@ -93,7 +93,7 @@ def read_level(directory: str) -> dict:
     merged = merge_entries(meta, entries)
     if merged is meta:
         merged = dict(meta)
-    jst = None if journal is None else (journal.ino, journal.size)
+    jst = None if journal is None else (journal.ino, journal.end)  # a torn last line is cut at the next append
     _keep(directory, _Level(_stamp(os.stat(path)), jst, merged, n_meta, len(entries)))
     return merged
 

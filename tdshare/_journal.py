@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _CLOEXEC
+_APPEND = os.O_RDWR | os.O_APPEND | os.O_CREAT | _CLOEXEC
 
 
 class Journal:
