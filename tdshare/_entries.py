@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ._compaction import add_to_level, read_level
-from ._coordination import SharedRegistry, registry_of, unchanged_since
+from ._coordination import SharedRegistry, level_in_tree, registry_of, unchanged_since
 from ._errors import BatchSizeError, InvalidArgumentError, MemmapError, NotMemmapError, NotSupportedError
 from ._files import nested_from_buffer, replace_file, reserve_file, tensor_buffer, write_file
 from ._format import (
@@ -181,6 +181,7 @@ def add_entry(
             if not has_file:
                 entry[NO_FILE_FIELD] = True
             _commit_chain(prefix, folders, parts, metas, entry, batch, td)
+            top = max(i for i, m in enumerate(metas) if m is not None)  # the shallowest level written
         except BaseException:
             if tensor is not None and has_file and creates_file and tensor.numel():
                 os.unlink(path)
@@ -189,7 +190,7 @@ def add_entry(
             for folder in reversed(created):
                 shutil.rmtree(folder, ignore_errors=True)
             raise
-        after = registry.bump()
+        after = registry.bump(level=level_in_tree(registry.root, os.path.join(prefix, *folders[:top])))
     if table is not None:  # the entry: a nested tensor viewing the packed elements, a MemoryMappedTensor
         nested = nested_from_buffer(tensor, table).as_subclass(MemoryMappedTensor)
         nested._filename = tensor._filename

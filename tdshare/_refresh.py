@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from ._coordination import registry_of, unchanged_since
+from ._coordination import level_in_tree, registry_of, unchanged_since
 from ._entries import insert_entry
 from ._errors import CorruptDataError, MemmapError, NotMemmapError
 from ._format import JOURNAL_FILE, LEVEL, META_FILE, RESERVED_KEYS, VALUE, layout_of, parse_level, str_to_dtype
 from ._journal import merge_entries, parse_entries, read_journal
 from ._keys import encode_key
-from ._lazy_leaves import PendingLeaf, is_pending, raw_get, raw_items, rebuilt, with_pending
+from ._lazy_leaves import PendingLeaf, is_pending, raw_get, raw_items, raw_values, rebuilt, with_pending
 from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
@@ -54,9 +54,58 @@ def refresh(td: TensorDictBase, allow_pickle: bool | None = None) -> TensorDictB
     seen = td._generation
     same_files = state is not None and seen is not None and state[1] == seen[1]
     store = DirectoryStore(prefix, True, None, allow_pickle)
-    _refresh_level(type(td), store, td, prefix, same_files)
+    if not (
+        same_files
+        and seen is not None
+        and state is not None
+        and (paths := registry.changes_since(seen[0], state[0])) is not None
+        and _refresh_changed(type(td), store, td, level_in_tree(registry.root, prefix), paths)
+    ):
+        _refresh_level(type(td), store, td, prefix, same_files)
     td._generation = state
     return td
+
+
+def _refresh_changed(cls: Any, store: DirectoryStore, td: TensorDictBase, here: str | None, paths: list[str]) -> bool:
+    """Refresh only the levels the ring of changes names (each alone, not its nested levels).
+
+    ``here``: ``td``'s own level in the tree.  A change outside ``td``'s levels concerns it not;
+    a level it cannot find (restructured meanwhile) makes it return False: read every level."""
+    if here is None:
+        return False
+    nodes: list[TensorDictBase] = []
+    for path in dict.fromkeys(paths):
+        if path == here:
+            parts: list[str] = []
+        elif here == "" or path.startswith(here + os.sep):
+            parts = (path if here == "" else path[len(here) + 1 :]).split(os.sep)
+        else:
+            continue
+        node: TensorDictBase | None = td
+        for name in parts:
+            node = _child_level(node, name) if node is not None else None
+        if node is None or node._memmap_prefix is None:
+            return False
+        nodes.append(node)
+    for node in nodes:
+        assert node._memmap_prefix is not None
+        _refresh_level(cls, store, node, node._memmap_prefix, True, recurse=False)
+    return True
+
+
+def _child_level(node: TensorDictBase, name: str) -> TensorDictBase | None:
+    """The nested level of ``node`` saved in its folder ``name`` (None if there is none)."""
+    prefix = node._memmap_prefix
+    if prefix is None:
+        return None
+    expected = prefix + os.sep + name
+    child = raw_get(node._tensordict, name)
+    if is_collection(child) and child._memmap_prefix == expected:
+        return child
+    for value in raw_values(node._tensordict):  # an encoded key: its folder name is not the key
+        if is_collection(value) and value._memmap_prefix == expected:
+            return value
+    return None
 
 
 _Stamp = tuple[tuple[int, int, int] | None, tuple[int, int] | None]
@@ -101,7 +150,10 @@ def _extend_child_keys(old: dict, meta: dict, new: dict) -> None:
     _CHILDREN[id(meta)] = (meta, hit[1] + [k for k, v in new.items() if isinstance(v, dict) and "type" in v])
 
 
-def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, directory: str, same_files: bool) -> None:
+def _refresh_level(
+    cls: Any, store: DirectoryStore, td: TensorDictBase, directory: str, same_files: bool, recurse: bool = True
+) -> None:
+    """Bring one level up to date with its metadata; ``recurse``: its unchanged nested levels too."""
     meta_path = os.path.join(directory, META_FILE)
     mstamp, jstamp = _stamps(directory)
     old_stamp = td._meta_stamp
@@ -111,7 +163,7 @@ def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, director
     if same_files and seen_meta is not None and mstamp is not None and old_stamp is not None and old_stamp[0] == mstamp:
         old_j = old_stamp[1]
         if old_j == jstamp:
-            _refresh_additions(cls, store, td, directory, same_files, seen_meta, {}, old_stamp)
+            _refresh_additions(cls, store, td, directory, same_files, seen_meta, {}, old_stamp, recurse)
             return
         if jstamp is not None and old_j is not None and old_j[0] == jstamp[0] and jstamp[1] > old_j[1]:
             tail = read_journal(directory, old_j[1])
@@ -122,7 +174,8 @@ def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, director
                     meta = {**seen_meta, **new} if new else seen_meta
                     if new:
                         _extend_child_keys(seen_meta, meta, new)
-                    _refresh_additions(cls, store, td, directory, same_files, meta, new, (mstamp, (tail.ino, tail.end)))
+                    grown: _Stamp = (mstamp, (tail.ino, tail.end))
+                    _refresh_additions(cls, store, td, directory, same_files, meta, new, grown, recurse)
                     return
     journal = read_journal(directory)  # before meta.json, as every reader
     meta = read_meta(directory, journal=False)
@@ -140,7 +193,7 @@ def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, director
     else:
         changed, removed = meta, list(td._tensordict)
     if not removed and all(k not in td._tensordict for k in changed):
-        _refresh_additions(cls, store, td, directory, same_files, meta, changed, stamp)
+        _refresh_additions(cls, store, td, directory, same_files, meta, changed, stamp, recurse)
         return
     level = parse_level({**changed, "shape": meta["shape"]}, meta_path)
     batch = _checked_batch(td, level.batch_size, meta_path)
@@ -174,7 +227,7 @@ def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, director
     # (a SharedNonTensorData re-reads itself on use)
     child_keys += [
         k
-        for k, v in raw_items(leaves, lambda k: k not in changed)
+        for k, v in (raw_items(leaves, lambda k: k not in changed) if recurse else [])
         if is_collection(v) or (kind_of(v) is NONTENSOR and not isinstance(v, SharedNonTensorData))
     ]
     _refresh_children(cls, store, td, directory, child_keys, changed, leaves, same_files, batch)
@@ -201,6 +254,7 @@ def _refresh_additions(
     meta: dict,
     new: dict,
     stamp: _Stamp,
+    recurse: bool = True,
 ) -> None:
     """A level where only new keys appeared (``new``): they are mapped and added in place (in the
     metadata's order, at the end), and every nested level is refreshed in turn."""
@@ -221,7 +275,7 @@ def _refresh_additions(
             current = td._tensordict = with_pending(current)
         dict.update(current, opened)
         children = [k for k, _ in level.children]
-    keys = [k for k in _child_keys(meta) if k not in new]
+    keys = [k for k in _child_keys(meta) if k not in new] if recurse else []
     if keys or children:
         old_keys = [
             k

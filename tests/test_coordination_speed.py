@@ -324,3 +324,35 @@ def test_a_pending_leaf_pickles_as_a_handle_without_mapping(tmp_path: Path) -> N
     again = pickle.loads(pickle.dumps(loaded))
     assert type(dict.__getitem__(again._tensordict, "a")) is PendingLeaf
     assert (again == src).all() and (td == src).all()
+
+
+# -- the ring of changes: a refresh reads only the levels that changed ---------------------------
+def test_refresh_follows_the_ring_and_falls_back_when_it_cannot(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    src = TensorDict(
+        {f"s{j}": TensorDict({"x": torch.zeros(2)}, batch_size=[]) for j in range(5)}, s="old", batch_size=[]
+    )
+    writer = src.memmap_(folder)
+    reader = TensorDict.load_memmap(folder).memmap_(folder)
+    reader.memmap_refresh_()
+    writer.make_memmap_from_tensor(("s3", "y"), torch.ones(2))  # one nested level changed: in the ring
+    writer.make_memmap_from_tensor("top", torch.full((2,), 2.0))
+    reader.memmap_refresh_()
+    assert reader["s3", "y"].tolist() == [1.0, 1.0] and reader["top"].tolist() == [2.0, 2.0]
+    writer.set_("s", "new")  # a non-tensor write says no level: every level is read
+    writer.make_memmap_from_tensor(("s1", "y"), torch.ones(2))
+    reader.memmap_refresh_()
+    assert reader["s"] == "new" and ("s1", "y") in reader.keys(True)
+    for i in range(70):  # more commits than the ring holds
+        writer.make_memmap(("s0", f"z{i}"), [1])
+    writer.make_memmap_from_tensor(("fresh", "deep"), torch.ones(2))  # a new nested level
+    reader.memmap_refresh_()
+    assert len([k for k in reader["s0"].keys() if k.startswith("z")]) == 70
+    assert reader["fresh", "deep"].tolist() == [1.0, 1.0]
+    sub = TensorDict.load_memmap(folder, subpath="s2").memmap_(folder / "s2")
+    sub.memmap_refresh_()
+    writer.make_memmap(("s2", "w"), [2])
+    writer.make_memmap(("s4", "w"), [2])  # outside the sub-level: nothing to do there
+    sub.memmap_refresh_()
+    assert sorted(sub.keys()) == ["w", "x"]
+    assert sorted(TensorDict.load_memmap(folder)["s4"].keys()) == ["w", "x"]
