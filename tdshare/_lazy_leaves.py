@@ -54,7 +54,6 @@ class PendingLeaf(LeafHandle):
         self,
         dtype: Any,
         shape: tuple[int, ...],
-        *,
         path: str | None = None,
         mode: str | None = None,
         segment: Segment | None = None,
@@ -62,8 +61,9 @@ class PendingLeaf(LeafHandle):
         ino: int | None = None,
         where: str | None = None,
     ) -> None:
-        super().__init__(dtype, shape, path=path, mode=mode, segment=segment, offset=offset, ino=ino)
-        self.where = where
+        # positional and the slots set here directly: thousands of these are made per load
+        self.dtype, self.shape, self.path, self.mode = dtype, shape, path, mode
+        self.segment, self.offset, self.ino, self.where = segment, offset, ino, where
 
     @classmethod
     def from_handle(cls, handle: LeafHandle, where: str | None = None) -> PendingLeaf:

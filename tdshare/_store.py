@@ -444,7 +444,7 @@ class DirectoryStore(Store):
                 out[key] = self.open_leaf(level, info, meta_where)
                 continue
             if lazy:  # checked now, mapped when first read (the checks run again then)
-                out[key] = pending(dtype, shape, path=path, mode=mode, ino=st.st_ino, where=meta_where)
+                out[key] = pending(dtype, shape, path, mode, None, 0, st.st_ino, meta_where)
                 continue
             if shared and (euid == 0 or (st.st_uid == euid and st.st_mode & stat.S_IWUSR)):
                 flat = from_file(path, shared=True, size=numel, dtype=dtype)

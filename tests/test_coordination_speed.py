@@ -356,3 +356,14 @@ def test_refresh_follows_the_ring_and_falls_back_when_it_cannot(tmp_path: Path) 
     sub.memmap_refresh_()
     assert sorted(sub.keys()) == ["w", "x"]
     assert sorted(TensorDict.load_memmap(folder)["s4"].keys()) == ["w", "x"]
+
+
+def test_packing_a_folder_with_a_record_keeps_every_entry(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    _add(td, 0, MANY)
+    assert (folder / "meta.jsonl").exists()
+    archive = tdshare.pack_memmap(folder, tmp_path / "t.tdz")
+    loaded = TensorDict.load_memmap(archive)
+    assert list(loaded.keys()) == [f"k{i}" for i in range(MANY)]
+    assert loaded[f"k{MANY - 1}"].tolist() == [float(MANY - 1)] * 3
