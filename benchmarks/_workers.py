@@ -46,7 +46,7 @@ def live_reader(inbox: Any, conn: Connection) -> None:
     value read, then the worker replies (its first message says it is ready)."""
     conn.send("ready")
     while (td := inbox.get()) is not None:
-        conn.send(float(td.reshape(-1)[0]) if isinstance(td, torch.Tensor) else first_leaf_value(td))
+        conn.send(0.0 if isinstance(td, bytes) else first_leaf_value(td))
         del td
     conn.close()
 

@@ -543,6 +543,44 @@ def make_memmap(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[
             )
         )
     rows.append(_from_storage_row(cfg, backends, scratch))
+    rows.extend(_flatness_rows(cfg, backends, scratch))
+    return rows
+
+
+def _flatness_rows(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
+    """Whether an addition costs the same however many entries the level holds: 10 x n entries one
+    by one into one level and into 100 levels, timed per 100; tdshare only (tensordict's cost grows
+    with the level, 10 x n additions would take minutes). Rows: the time per entry of the second
+    hundred and of the last hundred."""
+    n = 10 * cfg.make_entries
+    ours = [b for b in backends if hasattr(b.module, "compact_metadata")]
+    rows: list[Row] = []
+    for levels in (1, 100):
+        early: list[float] = []
+        late: list[float] = []
+        for rep in range(cfg.reps + cfg.warmup):
+            for b in ours:
+                folder = scratch.fresh(b.name)
+                subs = {f"s{j}": b.TensorDict({}, batch_size=[]) for j in range(levels)} if levels > 1 else {}
+                td = b.TensorDict(subs, batch_size=[]).memmap_(folder)
+                batches = []
+                for start in range(0, n, 100):
+                    t0 = time.perf_counter()
+                    for i in range(start, start + 100):
+                        td.make_memmap((f"s{i % levels}", f"k{i}") if levels > 1 else f"k{i}", (cfg.small_leaf_floats,))
+                    batches.append((time.perf_counter() - t0) / 100)
+                if rep >= cfg.warmup:
+                    early.append(batches[1])
+                    late.append(batches[-1])
+                del td
+                scratch.remove(folder)
+        where = "one level" if levels == 1 else f"{levels} levels"
+        for label, values in (("entries 101-200", early), (f"entries {n - 99:,}-{n:,}", late)):
+            cells = {b.name: Cell(values=values) for b in ours}
+            cells.update({b.name: Cell(error="not run") for b in backends if b not in ours})
+            rows.append(
+                Row("make_memmap", f"make_memmap of {n:,} entries into {where}: each of {label}", "time", cells)
+            )
     return rows
 
 
@@ -755,7 +793,7 @@ def _live_handoff(
     for where in ("folder", "anonymous"):
         log(f"  {group}: a live worker receives a td with {n:,} leaves ({where})")
         cases: dict[str, Case] = {b.name: case_for(b, where) for b in backends}
-        cases[LIMIT] = lambda: round_trip(torch.zeros(1))
+        cases[LIMIT] = lambda: round_trip(b"x")
         res = run_interleaved(cases, cfg.reps, cfg.warmup)
         rows.append(
             Row(
@@ -763,7 +801,7 @@ def _live_handoff(
                 f"hand a memory-mapped td ({n:,} leaves, {where}) to a live worker until it reads one value",
                 "time",
                 res[""],
-                limit_name="queue round trip of one small tensor",
+                limit_name="queue round trip of a small message",
             )
         )
     inbox.put(None)
