@@ -20,6 +20,7 @@ values with :func:`raw_items` / :func:`raw_get` and keeps pending leaves as they
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -36,7 +37,9 @@ __all__ = [
     "raw_items",
     "raw_values",
     "rebuilt",
+    "resolve_under",
     "resolved",
+    "track",
     "with_pending",
 ]
 
@@ -96,6 +99,12 @@ class PendingLeaf(LeafHandle):
                 f"The file {self.path!r}{listed} is missing: expected {self.nbytes} bytes of {self.dtype} data. "
                 "It was removed after the tensordict was loaded; load the folder again."
             ) from None
+        if self.ino is not None and st.st_ino != self.ino:
+            raise CorruptDataError(
+                f"The file {self.path!r} was replaced (by a re-save in another process) after this tensordict was "
+                "loaded and before this leaf was first read, so its loaded content is gone: call memmap_refresh_() "
+                "or load the folder again."
+            )
         self.check(st, self.where or self.path, os.path.basename(self.path))
         return self.map(st)
 
@@ -116,7 +125,7 @@ class LazyLeaves(dict):
     ({'a': 1}, 1, [1])
     """
 
-    __slots__ = ("_lazy",)
+    __slots__ = ("__weakref__", "_lazy")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -205,6 +214,37 @@ class LazyLeaves(dict):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (dict, (dict(self.items()),))
+
+
+# This process's dicts with pending file leaves, by folder: a re-save of a folder here maps them
+# first (:func:`resolve_under`), so that they keep the bytes they were loaded with, as eager ones do.
+_LIVE: dict[str, weakref.WeakValueDictionary[int, LazyLeaves]] = {}  # (a dict is unhashable: by id)
+
+
+def track(d: dict, folder: str) -> None:
+    """Remember that ``d`` may hold pending leaves of files in ``folder``."""
+    if type(d) is LazyLeaves:
+        live = _LIVE.get(folder)
+        if live is None:
+            if len(_LIVE) >= 1024:  # forget the folders whose dicts are all gone
+                for gone in [w for w, v in _LIVE.items() if not len(v)]:
+                    del _LIVE[gone]
+            live = _LIVE[folder] = weakref.WeakValueDictionary()
+        live[id(d)] = d
+
+
+def resolve_under(folder: str) -> None:
+    """Map every pending leaf of this process whose file is in ``folder`` or below (before its files
+    are replaced).
+
+    Raises:
+        CorruptDataError: such a leaf's file is already missing or damaged.
+    """
+    head = folder.rstrip(os.sep) + os.sep
+    for where in [w for w in _LIVE if w == folder or w.startswith(head)]:
+        live = _LIVE.pop(where, None)
+        for d in list(live.values()) if live is not None else []:
+            d.resolve_all()
 
 
 def raw_items(d: dict, keep: Callable[[Any], bool] | None = None) -> Iterable[tuple[Any, Any]]:

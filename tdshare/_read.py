@@ -44,7 +44,7 @@ from ._format import (
     layout_of,
 )
 from ._keys import encode_key, unravel_key
-from ._lazy_leaves import is_pending, raw_get, raw_items, rebuilt, resolved
+from ._lazy_leaves import is_pending, raw_get, raw_items, rebuilt, resolved, track
 from ._nodes import kind_for_tag
 from ._nontensor import NonTensorData, NonTensorStack, nested_shape
 from ._store import Deferred, DirectoryStore, Store, check_load_args, member_without_meta, read_meta, user_stacklevel
@@ -214,6 +214,7 @@ def _load_collection(
     # a new tensordict even with ``out``: load_tree moves the result into ``out`` only once all loaded
     result = cls._from_leaves({}, torch.Size(batch), None, None if parsed.names is None else list(parsed.names))
     result._tensordict = rebuilt([(k, leaves[k]) for k in meta if k in leaves])
+    track(result._tensordict, level)  # a re-save here maps its pending leaves first
     if store.defers:
         for k, v in result._tensordict.items():
             if isinstance(v, Deferred):  # filled in by store.finish once the whole tree is known

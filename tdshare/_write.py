@@ -29,6 +29,7 @@ from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR, dumps_level, le
 from ._future import TensorDictFuture
 from ._journal import drop_journal
 from ._keys import encode_key
+from ._lazy_leaves import resolve_under
 from ._leaf_files import Listing, write_batch, write_leaf
 from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
@@ -390,6 +391,8 @@ class FolderWriter(TreeWriter):
             )
         fresh = not os.path.exists(os.path.join(path, META_FILE))
         registry = None if fresh else SharedRegistry.for_directory(path)
+        if not fresh:  # this process's leaves loaded from here and not read yet keep their bytes
+            resolve_under(os.path.abspath(path))
         if opts.atomic:
             return self._save_atomic(td, opts, inplace, registry)
         seen = td._generation if td._memmap_prefix == path else None

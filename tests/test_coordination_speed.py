@@ -391,3 +391,18 @@ def test_dataloader_workers_read_lazy_leaves_like_eager_ones(method: str, tmp_pa
     got = [batch for batch in loader]
     assert [b["a"].tolist() for b in got] == [src["a"][:2].tolist(), src["a"][2:].tolist()]
     assert [b["n", "c"].tolist() for b in got] == [src["n", "c"][:2].tolist(), src["n", "c"][2:].tolist()]
+
+
+def test_a_resave_here_keeps_unread_leaves_a_file_replaced_elsewhere_is_named(tmp_path: Path) -> None:
+    src, folder = _saved(tmp_path)
+    held = TensorDict.load_memmap(folder)
+    assert type(dict.__getitem__(held._tensordict, "a")) is PendingLeaf
+    TensorDict(a=torch.zeros(4, 3), b=torch.zeros(4, dtype=torch.int64), batch_size=[4]).memmap(folder)
+    assert torch.equal(held["a"], src["a"])  # mapped before this process replaced the file
+    other = TensorDict.load_memmap(folder)
+    tmp = folder / "b.memmap.new"
+    tmp.write_bytes(torch.arange(4).numpy().tobytes())
+    os.replace(tmp, folder / "b.memmap")  # what another process's re-save does
+    with pytest.raises(CorruptDataError, match=r"b\.memmap.*replaced"):
+        other["b"]
+    assert TensorDict.load_memmap(folder)["b"].tolist() == [0, 1, 2, 3]  # loading again reads the new file
