@@ -406,3 +406,14 @@ def test_a_resave_here_keeps_unread_leaves_a_file_replaced_elsewhere_is_named(tm
     with pytest.raises(CorruptDataError, match=r"b\.memmap.*replaced"):
         other["b"]
     assert TensorDict.load_memmap(folder)["b"].tolist() == [0, 1, 2, 3]  # loading again reads the new file
+
+
+def test_the_info_command_lists_entries_not_compacted_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tdshare.__main__ import main
+
+    folder = tmp_path / "t"
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    _add(td, 0, MANY)
+    assert (folder / "meta.jsonl").exists()
+    assert main(["info", str(folder)]) == 0
+    assert f"k{MANY - 1}  float32  [3]" in capsys.readouterr().out
