@@ -552,7 +552,7 @@ def _flatness_rows(cfg: Config, backends: list[Backend], scratch: Scratch) -> li
     by one into one level and into 100 levels, timed per 100; tdshare only (tensordict's cost grows
     with the level, 10 x n additions would take minutes). Rows: the time per entry of the second
     hundred and of the last hundred."""
-    n = 10 * cfg.make_entries
+    n = max(10 * cfg.make_entries, 200)  # at least two hundreds
     ours = [b for b in backends if hasattr(b.module, "compact_metadata")]
     rows: list[Row] = []
     for levels in (1, 100):
