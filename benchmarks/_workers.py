@@ -41,6 +41,16 @@ def read_one(td: Any, conn: Connection) -> None:
     conn.close()
 
 
+def live_reader(inbox: Any, conn: Connection) -> None:
+    """Hand-off to a live worker: each tensordict that arrives on ``inbox`` (None: stop) has one
+    value read, then the worker replies (its first message says it is ready)."""
+    conn.send("ready")
+    while (td := inbox.get()) is not None:
+        conn.send(0.0 if isinstance(td, bytes) else first_leaf_value(td))
+        del td
+    conn.close()
+
+
 def peak_rss_mib() -> float:
     """This process's peak RSS in MiB: ``VmHWM``, which starts afresh at ``exec``.
 

@@ -276,7 +276,12 @@ def family(cfg: Config, backends: list[Backend], scratch: Scratch, shm: Scratch 
     rows: list[Row] = []
     for kind, label, build, folders in (
         ("lazy", f"a lazy stack of {n:,} one-leaf members", lazy, n),
-        ("tensorclass", f"a tensorclass of {n:,} leaves ({cfg.small_subtds} sub-tds)", tensorclass_of, cfg.small_subtds),  # noqa: E501
+        (
+            "tensorclass",
+            f"a tensorclass of {n:,} leaves ({cfg.small_subtds} sub-tds)",
+            tensorclass_of,
+            cfg.small_subtds,
+        ),
     ):
 
         def write_case(b: Backend, build: Callable[[Backend], Any] = build) -> Case:
@@ -378,7 +383,13 @@ def refresh(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]
             td, _, _ = setup(b)
             t0 = time.perf_counter()
             td.memmap_refresh_()
-            return time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            if dt < 1e-3:  # a fast no-op: the mean of 1,000 calls, as the limit's stat() is measured
+                t0 = time.perf_counter()
+                for _ in range(1000):
+                    td.memmap_refresh_()
+                dt = (time.perf_counter() - t0) / 1000
+            return dt
 
         return case
 
@@ -531,7 +542,100 @@ def make_memmap(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[
                 limit_name=f"create {n:,} files",
             )
         )
+    rows.append(_from_storage_row(cfg, backends, scratch))
+    rows.extend(_flatness_rows(cfg, backends, scratch))
     return rows
+
+
+def _flatness_rows(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
+    """Whether an addition costs the same however many entries the level holds: 10 x n entries one
+    by one into one level and into 100 levels, timed per 100; tdshare only (tensordict's cost grows
+    with the level, 10 x n additions would take minutes). Rows: the time per entry of the second
+    hundred and of the last hundred."""
+    n = max(10 * cfg.make_entries, 200)  # at least two hundreds
+    ours = [b for b in backends if hasattr(b.module, "compact_metadata")]
+    rows: list[Row] = []
+    for levels in (1, 100):
+        early: list[float] = []
+        late: list[float] = []
+        for rep in range(cfg.reps + cfg.warmup):
+            for b in ours:
+                folder = scratch.fresh(b.name)
+                subs = {f"s{j}": b.TensorDict({}, batch_size=[]) for j in range(levels)} if levels > 1 else {}
+                td = b.TensorDict(subs, batch_size=[]).memmap_(folder)
+                batches = []
+                for start in range(0, n, 100):
+                    t0 = time.perf_counter()
+                    for i in range(start, start + 100):
+                        td.make_memmap((f"s{i % levels}", f"k{i}") if levels > 1 else f"k{i}", (cfg.small_leaf_floats,))
+                    batches.append((time.perf_counter() - t0) / 100)
+                if rep >= cfg.warmup:
+                    early.append(batches[1])
+                    late.append(batches[-1])
+                del td
+                scratch.remove(folder)
+        where = "one level" if levels == 1 else f"{levels} levels"
+        for label, values in (("entries 101-200", early), (f"entries {n - 99:,}-{n:,}", late)):
+            cells = {b.name: Cell(values=values) for b in ours}
+            cells.update({b.name: Cell(error="not run") for b in backends if b not in ours})
+            rows.append(
+                Row("make_memmap", f"make_memmap of {n:,} entries into {where}: each of {label}", "time", cells)
+            )
+    return rows
+
+
+def _from_storage_row(cfg: Config, backends: list[Backend], scratch: Scratch) -> Row:
+    """make_memmap_from_storage of n entries whose files exist already (written untimed); the
+    limit is one stat() per file."""
+    n = cfg.make_entries
+    payload = bytes(cfg.small_leaf_floats * 4)
+
+    def case_for(b: Backend) -> Case:
+        def case() -> float:
+            require(b.TensorDict, "make_memmap_from_storage")
+            folder = scratch.fresh(b.name)
+            td = b.TensorDict({}, batch_size=[]).memmap_(folder)
+            storages = []
+            for i in range(n):
+                path = os.path.join(folder, f"k{i}.memmap")
+                with open(path, "wb") as f:
+                    f.write(payload)
+                storages.append(torch.UntypedStorage.from_file(path, shared=True, nbytes=len(payload)))
+            make = require(td, "make_memmap_from_storage")
+            t0 = time.perf_counter()
+            for i in range(n):
+                make(f"k{i}", storages[i], (cfg.small_leaf_floats,), dtype=torch.float32)
+            dt = time.perf_counter() - t0
+            if len(list(td.keys())) != n:
+                raise RuntimeError(f"make_memmap_from_storage left {len(list(td.keys()))} entries, not {n}")
+            del td, make, storages
+            scratch.remove(folder)
+            return dt
+
+        return case
+
+    raw = scratch.fresh("raw-storage")
+    paths = limits.make_small_files(raw, n, 1, payload)
+
+    def stat_all() -> float:
+        t0 = time.perf_counter()
+        for p in paths:
+            os.stat(p)
+        return time.perf_counter() - t0
+
+    log(f"  make_memmap: make_memmap_from_storage x {n}")
+    cases: dict[str, Case] = {b.name: case_for(b) for b in backends}
+    cases[LIMIT] = stat_all
+    res = run_interleaved(cases, cfg.reps, cfg.warmup)
+    scratch.remove(raw)
+    return Row(
+        "make_memmap",
+        f"make_memmap_from_storage of {n:,} entries (the files exist), one by one",
+        "time",
+        res[""],
+        per=n,
+        limit_name=f"stat {n:,} files",
+    )
 
 
 # -- hand-off to another process ------------------------------------------------------------------
@@ -615,6 +719,7 @@ def handoff(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]
 
         return case
 
+    rows.extend(_live_handoff(cfg, backends, tds, paths, leaves))
     spawn_what = [("many", f"{n:,} leaves")] + ([("big", f"one {big_label} leaf")] if cfg.spawn_big_handoff else [])
     for what, label in spawn_what:
         log(f"  {group}: spawned worker receives a td with {label}")
@@ -634,6 +739,74 @@ def handoff(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]
     gc.collect()
     for folder in paths.values():
         scratch.remove(folder)
+    return rows
+
+
+def _live_handoff(
+    cfg: Config,
+    backends: list[Backend],
+    tds: dict[str, dict[str, Any]],
+    paths: dict[tuple[str, str], str],
+    leaves: list[torch.Tensor],
+) -> list[Row]:
+    """Hand a memory-mapped td of many leaves (from a folder, and anonymous) to a live spawned
+    worker through a queue, until the worker has read one value; the limit is the same round
+    trip of a small message."""
+    group = "hand-off"
+    ctx = mp.get_context("spawn")
+    n = cfg.pickle_leaves
+    rows: list[Row] = []
+    anon: dict[str, Any] = {}
+    for b in backends:
+        try:
+            anon[b.name] = small_td(b, leaves, cfg.small_subtds).memmap_(None)
+        except Exception as e:  # a library without anonymous memory maps
+            anon[b.name] = e
+    inbox, (here, there) = ctx.Queue(), ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_workers.live_reader, args=(inbox, there))
+    proc.start()
+    there.close()
+    if not here.poll(120):
+        raise TimeoutError("the live worker did not start in 120 s")
+    here.recv()
+
+    def round_trip(obj: Any) -> float:
+        t0 = time.perf_counter()
+        inbox.put(obj)
+        if not here.poll(60):
+            raise TimeoutError("the live worker did not answer in 60 s")
+        here.recv()
+        return time.perf_counter() - t0
+
+    def case_for(b: Backend, where: str) -> Case:
+        def case() -> float:
+            if where == "folder":
+                _raise_if_failed({b.name: paths["many", b.name]}, b)
+                return round_trip(tds["many"][b.name])
+            td = anon[b.name]
+            if isinstance(td, Exception):
+                raise td
+            return round_trip(td)
+
+        return case
+
+    for where in ("folder", "anonymous"):
+        log(f"  {group}: a live worker receives a td with {n:,} leaves ({where})")
+        cases: dict[str, Case] = {b.name: case_for(b, where) for b in backends}
+        cases[LIMIT] = lambda: round_trip(b"x")
+        res = run_interleaved(cases, cfg.reps, cfg.warmup)
+        rows.append(
+            Row(
+                group,
+                f"hand a memory-mapped td ({n:,} leaves, {where}) to a live worker until it reads one value",
+                "time",
+                res[""],
+                limit_name="queue round trip of a small message",
+            )
+        )
+    inbox.put(None)
+    proc.join(60)
+    anon.clear()
     return rows
 
 

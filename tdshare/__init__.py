@@ -2,6 +2,7 @@
 and shared memory, in the on-disk format of tensordict 0.15.3."""
 
 from ._archive import pack_memmap, refresh_archive_checksums, unpack_memmap
+from ._compaction import compact_metadata
 from ._coordination import SharedRegistry
 from ._errors import (
     ArgumentTypeError,
@@ -70,6 +71,7 @@ __all__ = [
     "UnsupportedFormatError",
     "__version__",
     "capture_non_tensor_stack",
+    "compact_metadata",
     "is_tensorclass",
     "list_to_stack",
     "load",

@@ -25,7 +25,8 @@ from ._archive import pack_memmap, unpack_memmap
 from ._atomic import STAGING_PREFIX
 from ._crc import crc32_threaded
 from ._errors import CorruptDataError, FileExistsRuntimeError, TdshareError
-from ._format import META_FILE, VALUE, VALUE_STACK, layout_of, loads_json
+from ._format import JOURNAL_FILE, META_FILE, VALUE, VALUE_STACK, layout_of, loads_json
+from ._journal import merge_entries, parse_entries
 from ._keys import encode_key
 from ._progress import TerminalProgress
 from ._tdz import Archive
@@ -55,6 +56,9 @@ def _describe(read: Reader, d: str, shown: str, lines: list[str]) -> None:
         lines.append(f"{shown or '.'}  (missing {META_FILE})")
         return
     meta = loads_json(raw, d + META_FILE)
+    record = read(d + JOURNAL_FILE)  # entries added since the last compaction
+    if record:
+        meta = merge_entries(meta, parse_entries(record[: record.rfind(b"\n") + 1], d + JOURNAL_FILE))
     if layout_of(meta) in (VALUE, VALUE_STACK):
         value = repr(meta["data"]) if "data" in meta else "<pickled>"
         lines.append(f"{shown}  {value if len(value) <= 60 else value[:57] + '...'}")

@@ -29,11 +29,11 @@ from ._errors import (
     NotSupportedError,
 )
 from ._files import TMP_MARK, tmp_name
-from ._format import LEAF_SUFFIX, META_FILE, dumps_level
+from ._format import JOURNAL_FILE, LEAF_SUFFIX, META_FILE, dumps_json, dumps_level
 from ._options import SaveOptions
 from ._plan import PlannedLevel, PlannedWrapper, TreeWriter, plan_tree
 from ._progress import ProgressCallback, counted
-from ._read import load_tree
+from ._read import load_tree, read_meta
 from ._tdz import Archive, Entry, Source, inflate, parse_compression, pwrite_all, write_archive
 from ._tensordict_base import TensorDictBase
 
@@ -188,9 +188,14 @@ def _folder_entries(root: str, directory: str = "", rel: str = "") -> Iterator[t
         if real != root and not real.startswith(root + os.sep):
             raise CorruptDataError(f"{entry.path!r} is a symbolic link that leads outside {root!r}: refusing it.")
         (dirs if entry.is_dir() else files).append(entry.name)
+    journal = JOURNAL_FILE in files  # entries not compacted yet: the archive's meta.json holds them all
     for name in sorted(files, key=lambda n: n != META_FILE):  # meta.json first, the others stay sorted
         path = os.path.join(directory, name)
-        if name.endswith(LEAF_SUFFIX):
+        if journal and name == JOURNAL_FILE:
+            continue
+        if journal and name == META_FILE:
+            yield rel + name, dumps_json(read_meta(directory))
+        elif name.endswith(LEAF_SUFFIX):
             yield rel + name, path
         else:
             with open(path, "rb") as f:

@@ -20,6 +20,10 @@ ever written beside or inside the tree for coordination:
     generation's low word).
 ``<key>.path``
     The tree's path, for ``python -m tdshare gc`` and :meth:`SharedRegistry.describe`.
+``<key>.changes``
+    A ring of the last 64 generations and the one level each changed (written by ``make_memmap*``
+    before its bump), so a refresh reads that level only; a generation missing from it (any
+    other commit) means "read every level".
 
 Commit order for writers: data files, then each ``meta.json`` replaced whole, then the bump.  A
 reader that sees the new counter therefore finds the new metadata; one that reads the counter
@@ -52,6 +56,8 @@ __all__ = [
     "SharedRegistry",
     "control_paths",
     "reap_trees",
+    "registry_of",
+    "level_in_tree",
     "remove_control_files",
     "runtime_root",
     "tree_root",
@@ -59,6 +65,9 @@ __all__ = [
 ]
 
 _TREES = ".trees"  # a dot name: the reaper of anonymous stores passes it over
+_SLOT = 256  # one ring slot: the generation (8 bytes), the path's length (2), the path
+_RING_SLOTS = 64
+_RING_BYTES = _SLOT * _RING_SLOTS
 
 
 def runtime_root() -> str:
@@ -122,7 +131,7 @@ def remove_control_files(root: str) -> None:
 
 
 def _remove_base(base: str) -> None:
-    for suffix in (".gen", ".lock", ".path"):
+    for suffix in (".gen", ".lock", ".path", ".changes"):
         try:
             os.unlink(base + suffix)
         except FileNotFoundError:
@@ -225,6 +234,8 @@ class SharedRegistry:
         self._lock_pid = os.getpid()
         self._map: mmap.mmap | None = None
         self._futex: Futex | None = None
+        self._ring: mmap.mmap | None = None  # the ring of changes, mapped on first use
+        self._ring_pid = 0
 
     # -- finding the registry -------------------------------------------------------------------
     @classmethod
@@ -389,16 +400,69 @@ class SharedRegistry:
             self._lock_pid = os.getpid()
         return self._lock
 
-    def bump(self, files_replaced: bool = False) -> tuple[int, int] | None:
+    def _changes(self, create: bool) -> mmap.mmap | None:
+        """The ring of recent changes (``<key>.changes``): which level each generation changed."""
+        if self._ring is None or self._ring_pid != os.getpid():
+            self._ring = None
+            path = self.gen_path[: -len(".gen")] + ".changes"
+            try:
+                fd = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDWR, 0o600)
+            except OSError:
+                return None
+            try:
+                if os.fstat(fd).st_size < _RING_BYTES:
+                    if not create:
+                        return None
+                    os.ftruncate(fd, _RING_BYTES)
+                self._ring = mmap.mmap(fd, _RING_BYTES)
+                self._ring_pid = os.getpid()
+            except OSError:
+                return None
+            finally:
+                os.close(fd)
+        return self._ring
+
+    def changes_since(self, seen: int, now: int) -> list[str] | None:
+        """The levels (paths relative to the tree's top, ``""`` for the top) that the commits after
+        generation ``seen`` up to ``now`` changed, or None when unknown (a commit that did not say,
+        one too far back, or no ring): the caller then reads every level."""
+        if not 0 < now - seen <= _RING_SLOTS // 2:
+            return None
+        ring = self._changes(create=False)
+        if ring is None:
+            return None
+        paths = []
+        for gen in range(seen + 1, now + 1):
+            at = (gen % _RING_SLOTS) * _SLOT
+            slot = ring[at : at + _SLOT]
+            size = int.from_bytes(slot[8:10], "little")
+            if int.from_bytes(slot[:8], "little") != gen or size > _SLOT - 10:
+                return None
+            paths.append(slot[10 : 10 + size].decode("utf-8", "surrogateescape"))
+        state = self.state()
+        if state is None or state[0] - seen > _RING_SLOTS // 2:  # slots may have been reused while read
+            return None
+        return paths
+
+    def bump(self, files_replaced: bool = False, level: str | None = None) -> tuple[int, int] | None:
         """Advance the generation after a commit (writers call it with the lock held).
 
         ``files_replaced``: existing leaf files got new content (a re-save), so readers must
-        check every leaf, not only the new ones.  The epoch is written before the generation,
-        then every waiter is woken.
+        check every leaf, not only the new ones.  ``level``: the only level whose metadata
+        changed (relative to the tree's top, ``""`` for it), recorded in the ring of changes so
+        that a refresh reads that level alone.  The epoch and the ring are written before the
+        generation, then every waiter is woken.
         """
         m = self._counter(create=True)
         if m is None:
             return None
+        if level is not None:
+            raw = level.encode("utf-8", "surrogateescape")
+            ring = self._changes(create=True) if len(raw) <= _SLOT - 10 else None
+            if ring is not None:
+                nxt = (int.from_bytes(m[:8], "little") + 1) & 0xFFFFFFFFFFFFFFFF
+                at = (nxt % _RING_SLOTS) * _SLOT
+                ring[at : at + 10 + len(raw)] = nxt.to_bytes(8, "little") + len(raw).to_bytes(2, "little") + raw
         if files_replaced:
             epoch = (int.from_bytes(m[8:16], "little") + 1) & 0xFFFFFFFFFFFFFFFF
             m[8:16] = epoch.to_bytes(8, "little")
@@ -407,6 +471,24 @@ class SharedRegistry:
         if self._futex is not None:
             self._futex.wake()
         return self.state()
+
+
+def level_in_tree(root: str, level: str) -> str | None:
+    """``level``'s path inside the tree at ``root`` (``""`` for the top), None if it is not inside."""
+    if level == root:
+        return ""
+    return level[len(root) + 1 :] if level.startswith(root + os.sep) else None
+
+
+def registry_of(td: Any, directory: str) -> SharedRegistry:
+    """The registry of ``directory``'s tree, cached on ``td`` (``td._registry``) so that it stays
+    mapped, and its lock open, while ``td`` lives (a fresh lookup per call costs a path walk)."""
+    cached = td._registry
+    if cached is not None and cached[0] == directory and cached[2] == os.getpid():
+        return cached[1]
+    registry = SharedRegistry.for_directory(directory)
+    td._registry = (directory, registry, os.getpid())
+    return registry
 
 
 def _reset_after_fork() -> None:

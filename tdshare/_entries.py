@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from ._coordination import SharedRegistry, unchanged_since
+from ._compaction import add_to_level, read_level
+from ._coordination import SharedRegistry, level_in_tree, registry_of, unchanged_since
 from ._errors import BatchSizeError, InvalidArgumentError, MemmapError, NotMemmapError, NotSupportedError
 from ._files import nested_from_buffer, replace_file, reserve_file, tensor_buffer, write_file
 from ._format import (
@@ -30,12 +31,10 @@ from ._format import (
     NO_FILE_FIELD,
     PICKLE_FILE,
     STACK_PICKLE_FILE,
-    dumps_json,
     entry_file_name,
     layout_of,
     leaf_entry,
     level_meta,
-    loads_json,
 )
 from ._indexing import contiguous_strides
 from ._keys import NestedKey, encode_key, unravel_key
@@ -43,7 +42,6 @@ from ._memmap import MemoryMappedTensor, storage_filename
 from ._nontensor import NonTensorData, NonTensorStack
 from ._nontensor_files import encode_nontensor, encode_nontensor_stack
 from ._nontensor_files import write_nontensor as write_nontensor_folder
-from ._read import read_meta
 from ._runtime import ensure_store, read_manifest, write_manifest
 from ._shared_nontensor import is_shared_value
 from ._store import user_stacklevel
@@ -161,7 +159,7 @@ def add_entry(
     file_name = entry_file_name(last, robust, LEAF_SUFFIX, "the tensordict", directory=False) + LEAF_SUFFIX
     level_dir = os.path.join(prefix, *folders)
     path = os.path.join(level_dir, file_name)
-    registry = SharedRegistry.for_directory(prefix)
+    registry = registry_of(td, prefix)
     with registry.lock():
         before = registry.state()
         metas = _read_chain(prefix, folders, parts)
@@ -185,6 +183,7 @@ def add_entry(
             if not has_file:
                 entry[NO_FILE_FIELD] = True
             _commit_chain(prefix, folders, parts, metas, entry, batch, td)
+            top = max(i for i, m in enumerate(metas) if m is not None)  # the shallowest level written
         except BaseException:
             if tensor is not None and has_file and creates_file and tensor.numel():
                 os.unlink(path)
@@ -193,7 +192,7 @@ def add_entry(
             for folder in reversed(created):
                 shutil.rmtree(folder, ignore_errors=True)
             raise
-        after = registry.bump()
+        after = registry.bump(level=level_in_tree(registry.root, os.path.join(prefix, *folders[:top])))
     if table is not None:  # the entry: a nested tensor viewing the packed elements, a MemoryMappedTensor
         nested = nested_from_buffer(tensor, table).as_subclass(MemoryMappedTensor)
         nested._filename = tensor._filename
@@ -275,7 +274,7 @@ def _read_chain(prefix: str, folders: list[str], parts: tuple[str, ...]) -> list
     writer killed before it linked it) is a new level.  A level that another process made a leaf
     or a non-tensor value cannot hold the entry.
     """
-    metas: list[dict | None] = [_read_level(prefix)[0]]
+    metas: list[dict | None] = [read_level(prefix)]
     path = prefix
     for name, part in zip(folders, parts[:-1], strict=True):
         path = os.path.join(path, name)
@@ -284,7 +283,7 @@ def _read_chain(prefix: str, folders: list[str], parts: tuple[str, ...]) -> list
         if entry is None:
             metas.append(None)
             continue
-        child = _read_level(path)[0] if isinstance(entry, dict) and "type" in entry else None
+        child = read_level(path) if isinstance(entry, dict) and "type" in entry else None
         if child is None or layout_of(child) != LEVEL:
             raise MemmapError(
                 f"Cannot add {parts!r}: another process added {part!r} as a leaf or a non-tensor value, not a "
@@ -311,62 +310,14 @@ def _commit_chain(
     names = td._names
     for depth in range(len(paths) - 1, -1, -1):
         meta = metas[depth]
-        if meta is None:
-            meta = level_meta({}, batch, names)
         if depth == len(paths) - 1:
             key, value = parts[-1], entry
         elif metas[depth + 1] is None:
             key, value = parts[depth], {"type": "TensorDict"}
         else:
             continue  # this level is unchanged
-        _append_to_level(paths[depth], meta, key, value)
-
-
-# Adding entries one by one must not cost O(entries) each: the last meta.json this process read
-# or wrote per level is kept with its (inode, size, mtime), and a new entry is appended to its
-# bytes (JSON objects keep insertion order, so this is exactly what re-encoding would give).
-_META_CACHE: dict[str, tuple[tuple[int, int, int], dict, bytes]] = {}
-_CACHE_SIZE = 64
-
-
-def _read_level(directory: str) -> tuple[dict, bytes | None]:
-    """A level's meta.json (parsed, and its bytes), from the cache when the file is unchanged."""
-    path = os.path.join(directory, META_FILE)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return read_meta(directory), None  # raises the clear error
-    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-    hit = _META_CACHE.get(path)
-    if hit is not None and hit[0] == stamp:
-        return hit[1], hit[2]
-    with open(path, "rb") as f:
-        raw = f.read()
-    meta = loads_json(raw, path)
-    _remember(path, meta, raw)
-    return meta, raw
-
-
-def _remember(path: str, meta: dict, raw: bytes) -> None:
-    st = os.stat(path)
-    if len(_META_CACHE) >= _CACHE_SIZE:
-        _META_CACHE.pop(next(iter(_META_CACHE)))
-    _META_CACHE[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), meta, raw)
-
-
-def _append_to_level(directory: str, meta: dict, key: str, value: dict) -> None:
-    """Replace a level's meta.json with ``key: value`` added at the end."""
-    path = os.path.join(directory, META_FILE)
-    new_meta = {**meta, key: value}
-    hit = _META_CACHE.get(path)
-    raw = hit[2] if hit is not None and hit[1] is meta else None
-    body = raw.rstrip() if raw is not None else b""
-    if body.endswith(b"}") and body != b"{}" and key not in meta:
-        data = body[:-1] + b", " + dumps_json({key: value})[1:-1] + b"}"
-    else:
-        data = dumps_json(new_meta)
-    replace_file(path, data)
-    _remember(path, new_meta, data)
+        batch_fields = level_meta({}, batch, names) if meta is None else None
+        add_to_level(paths[depth], meta, key, value, batch_fields, replace_file)
 
 
 def insert_entry(

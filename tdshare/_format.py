@@ -49,6 +49,7 @@ from ._keys import encode_key, is_safe_legacy_name
 __all__ = [
     "FORMAT_VERSION",
     "META_FILE",
+    "JOURNAL_FILE",
     "PICKLE_FILE",
     "LEAF_SUFFIX",
     "TD_TYPE",
@@ -92,6 +93,9 @@ __all__ = [
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 PICKLE_FILE = "other.pickle"
+#: The append-only record of a level's entries added since its meta.json was last compacted
+#: (:mod:`tdshare._journal`); tensordict ignores it and reads meta.json only.
+JOURNAL_FILE = "meta.jsonl"
 LEAF_SUFFIX = ".memmap"
 TD_TYPE = "<class 'tensordict._td.TensorDict'>"
 TD_CLASS = "tensordict:TensorDict"
@@ -182,7 +186,7 @@ def entry_file_name(key: str, robust: bool, suffix: str, where: str, directory: 
                 "robust_key=True, which percent-encodes it."
             )
         name = key
-    if directory and name in (META_FILE, PICKLE_FILE):
+    if directory and name in (META_FILE, PICKLE_FILE, JOURNAL_FILE):
         raise InvalidArgumentError(
             f"The nested key {key!r} (in {where}) would collide with the level's own {name}; rename it."
         )

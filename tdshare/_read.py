@@ -44,6 +44,7 @@ from ._format import (
     layout_of,
 )
 from ._keys import encode_key, unravel_key
+from ._lazy_leaves import is_pending, raw_get, raw_items, rebuilt, resolved, track
 from ._nodes import kind_for_tag
 from ._nontensor import NonTensorData, NonTensorStack, nested_shape
 from ._store import Deferred, DirectoryStore, Store, check_load_args, member_without_meta, read_meta, user_stacklevel
@@ -153,9 +154,7 @@ def _load_stack(cls: type[T], store: Store, level: str, meta: dict, out: Any, pa
     return result
 
 
-def _load_wrapped(
-    cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any
-) -> Any:
+def _load_wrapped(cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any) -> Any:
     """A class around a collection (a tensorclass): the collection in ``_tensordict/``.
 
     A registered kind (:func:`tdshare._nodes.kind_for_tag`) rebuilds its own class; any other is
@@ -211,9 +210,11 @@ def _load_collection(
     device_obj = torch.device(device) if device is not None else None
     if device_obj is not None and device_obj.type != "cpu":
         leaves = {k: v.to(device_obj) if isinstance(v, torch.Tensor) else v for k, v in leaves.items()}
+        leaves = {k: resolved(v).to(device_obj) if is_pending(v) else v for k, v in leaves.items()}
     # a new tensordict even with ``out``: load_tree moves the result into ``out`` only once all loaded
     result = cls._from_leaves({}, torch.Size(batch), None, None if parsed.names is None else list(parsed.names))
-    result._tensordict = {k: leaves[k] for k in meta if k in leaves}
+    result._tensordict = rebuilt([(k, leaves[k]) for k in meta if k in leaves])
+    track(result._tensordict, level)  # a re-save here maps its pending leaves first
     if store.defers:
         for k, v in result._tensordict.items():
             if isinstance(v, Deferred):  # filled in by store.finish once the whole tree is known
@@ -369,13 +370,13 @@ def _levels(td: TensorDictBase, key: Any = "") -> list[tuple[Any, TensorDictBase
 def _transplant(loaded: TensorDictBase, out: TensorDictBase) -> None:
     """Move a loaded tree into ``out``, reusing ``out``'s nested tensordicts (same objects)."""
     values: dict[str, Any] = {}
-    for key, value in loaded._tensordict.items():
-        old = out._tensordict.get(key)
+    for key, value in raw_items(loaded._tensordict):
+        old = raw_get(out._tensordict, key)
         if is_collection(value) and is_collection(old) and old is not out:
             _transplant(value, old)
             value = old
         values[key] = value
-    out._tensordict = values
+    out._tensordict = rebuilt(values.items())
     out._batch_size = loaded._batch_size
     out._names = loaded._names
     out._device = loaded._device

@@ -18,6 +18,7 @@ import torch
 from ._files import jagged_from_buffer, nested_from_buffer
 from ._format import LEAF_SUFFIX
 from ._keys import encode_key
+from ._lazy_leaves import PendingLeaf
 from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor, storage_filename
 from ._segments import Segment
@@ -64,8 +65,35 @@ def _decode_nested(code: tuple[Any, ...], path: str | None) -> torch.Tensor:
     return build(LeafHandle.file(path, dtype, (numel,), code[4]).map(), sizes)
 
 
+def _leaf_path(folder: str, key: str) -> str:
+    """``<folder>/<enc(key)>.memmap`` (an identifier is its own encoding: no call for it)."""
+    return folder + os.sep + (key if key.isidentifier() else encode_key(key)) + LEAF_SUFFIX
+
+
 def encode_leaf(value: Any, folder: str | None, key: str) -> Any:
     """The compact pickled form of a leaf of the level saved in ``folder`` under ``key``."""
+    if (  # the common case, in few steps: a whole leaf file of this level, mapped
+        type(value) is MemoryMappedTensor
+        and folder is not None
+        and value._offset is None
+        and value._segment is None
+        and value._filename is not None
+        and value._filename == _leaf_path(folder, key)
+        and value.storage_offset() == 0
+        and value.is_contiguous()
+        and 0 < value.numel() * value.dtype.itemsize == value.untyped_storage().nbytes()
+    ):
+        shape = tuple(value.shape)
+        return (value.dtype, shape) if value._mode is None else (value.dtype, shape, value._mode)
+    if type(value) is MemoryMappedTensor and value._segment is not None and value.numel() and value.is_contiguous():
+        seg = value._segment  # a contiguous slice of an anonymous segment
+        return (seg, value.data_ptr() - seg.buffer.data_ptr(), value.dtype, tuple(value.shape))
+    if type(value) is PendingLeaf:  # not mapped here: its handle travels as it is
+        if value.segment is not None:
+            return value.code(None)
+        if folder is not None and value.path == os.path.join(folder, encode_key(key) + LEAF_SUFFIX):
+            return value.code(value.path)
+        value = value.resolve()
     if type(value) is not MemoryMappedTensor:
         if isinstance(value, torch.Tensor) and value.is_nested:  # strided (a Tensor) or jagged (a subclass)
             return _encode_nested(value, folder, key)
@@ -84,7 +112,14 @@ def decode_leaf(code: Any, folder: str | None, key: str) -> Any:
     """The leaf that :func:`encode_leaf` encoded (mapped again in this process)."""
     if not isinstance(code, tuple):
         return code
-    path = None if folder is None else os.path.join(folder, encode_key(key) + LEAF_SUFFIX)
+    path = None if folder is None else _leaf_path(folder, key)
+    if len(code) == 2 and path is not None and type(code[0]) is torch.dtype and all(code[1]):
+        return PendingLeaf(code[0], tuple(code[1]), path)  # the common case: mapped when first read
+    if len(code) == 4 and type(code[0]) is Segment and all(code[3]):
+        return PendingLeaf(code[2], tuple(code[3]), None, None, code[0], code[1])
     if code[0] == _NESTED:
         return _decode_nested(code, path)
-    return LeafHandle.from_code(code, path).map()
+    handle = LeafHandle.from_code(code, path)
+    if handle.numel == 0:
+        return handle.map()
+    return PendingLeaf.from_handle(handle)  # mapped (and its file checked) when first read

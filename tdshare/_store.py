@@ -34,8 +34,10 @@ from ._errors import (
     PickleRefusedError,
 )
 from ._files import jagged_from_buffer, nested_from_buffer, shaped
-from ._format import LEAF_SUFFIX, META_FILE, LeafInfo, LevelMeta, loads_json, parse_level
+from ._format import JOURNAL_FILE, LEAF_SUFFIX, META_FILE, LeafInfo, LevelMeta, loads_json, parse_level
+from ._journal import merge_entries, parse_entries, read_journal
 from ._keys import encode_key, is_safe_legacy_name
+from ._lazy_leaves import PendingLeaf
 from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor
 from ._tdz import Entry
@@ -76,14 +78,19 @@ def _read_file(path: str, flags: int = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
         os.close(fd)
 
 
-def read_meta(directory: str, *, nofollow: bool = False, parsed: dict[bytes, dict] | None = None) -> dict:
+def read_meta(
+    directory: str, *, nofollow: bool = False, parsed: dict[bytes, dict] | None = None, journal: bool = True
+) -> dict:
     """The parsed ``meta.json`` of a saved folder (missing or malformed: an error naming it).
 
     ``nofollow``: refuse a symbolic link (``OSError`` ELOOP), so the caller can check where it leads.
     ``parsed``: a cache from file bytes to parsed metadata, for one load (the members of a lazy
     stack usually hold the same bytes); what it returns is shared and must not be changed.
+    ``journal``: lay the level's record of new entries (``meta.jsonl``, :mod:`tdshare._journal`)
+    over it, read first so that a compaction in between loses nothing (False: the caller reads it).
     """
     path = os.path.join(directory, META_FILE)
+    record = read_journal(directory) if journal else None
     try:
         raw = _read_file(path, _NOFOLLOW) if nofollow else _read_file(path)
     except FileNotFoundError:
@@ -99,12 +106,16 @@ def read_meta(directory: str, *, nofollow: bool = False, parsed: dict[bytes, dic
     except IsADirectoryError:
         raise CorruptDataError(f"{path} is a directory, not a metadata file.") from None
     if parsed is None:
-        return loads_json(raw, path)
-    meta = parsed.get(raw)
-    if meta is None:
         meta = loads_json(raw, path)
-        if len(raw) <= _CACHED_META_BYTES:
-            parsed[raw] = meta
+    else:
+        hit = parsed.get(raw)
+        if hit is None:
+            hit = loads_json(raw, path)
+            if len(raw) <= _CACHED_META_BYTES:
+                parsed[raw] = hit
+        meta = hit
+    if record is not None and record.raw:
+        meta = merge_entries(meta, parse_entries(record.raw, os.path.join(directory, JOURNAL_FILE)))
     return meta
 
 
@@ -282,6 +293,7 @@ class DirectoryStore(Store):
         self._names: dict[str, dict[str, os.DirEntry]] = {}  # one scan per level, on first use
         self._links: set[str] = set()  # sub-levels child() found to be symbolic links
         self._plain: set[str] = set()  # and those it found to be real entries
+        self.lazy = True  # leaves are checked at load and mapped on first read (:mod:`tdshare._lazy_leaves`)
 
     def where(self, level: str, name: str = "") -> str:
         return level + _SEP + name if name else level  # levels are absolute and normalized: a plain join
@@ -413,6 +425,7 @@ class DirectoryStore(Store):
         from_file, adopt, isreg, lstat = torch.from_file, MemoryMappedTensor._adopt, stat.S_ISREG, os.lstat
         euid = os.geteuid()
         shared = mode is None
+        lazy, pending = self.lazy, PendingLeaf
         out: dict[str, Any] = {}
         for info in infos:
             key, shape, dtype, nested = info
@@ -429,6 +442,9 @@ class DirectoryStore(Store):
             numel = shape[0] if len(shape) == 1 else math.prod(shape)
             if st is None or not numel or st.st_size < numel * dtype.itemsize or not isreg(st.st_mode):
                 out[key] = self.open_leaf(level, info, meta_where)
+                continue
+            if lazy:  # checked now, mapped when first read (the checks run again then)
+                out[key] = pending(dtype, shape, path, mode, None, 0, st.st_ino, meta_where)
                 continue
             if shared and (euid == 0 or (st.st_uid == euid and st.st_mode & stat.S_IWUSR)):
                 flat = from_file(path, shared=True, size=numel, dtype=dtype)

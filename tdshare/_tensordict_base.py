@@ -30,6 +30,7 @@ from ._errors import (
 from ._format import LEVEL, TD_TYPE
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._keys import NestedKey, unravel_key
+from ._lazy_leaves import raw_items, raw_values, rebuilt
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData, NonTensorStack, assign_elements
 from ._pointwise import PointwiseOps
@@ -97,7 +98,7 @@ class TensorDictBase(
         self._memmap_prefix = None
         self._generation: tuple[int, int] | None = None  # registry state last seen (memory-mapped folders)
         self._meta_seen: dict | None = None  # this level's meta.json as the last refresh read it
-        self._meta_stamp: tuple[int, int, int] | None = None  # its (inode, size, mtime) then
+        self._meta_stamp: Any = None  # the stamps of its meta.json and meta.jsonl then (see _refresh)
         # anonymous memory-mapped trees: (runtime store path, this level's key from the root)
         self._anon_store: tuple[str, tuple[str, ...]] | None = None
         self._registry: Any = None  # (folder, SharedRegistry) held while this tensordict lives
@@ -239,7 +240,7 @@ class TensorDictBase(
 
     def _propagate(self, fn: Callable[[TensorDictBase], None]) -> None:
         fn(self)
-        for leaf in self._tensordict.values():
+        for leaf in raw_values(self._tensordict):  # a pending leaf is no collection: it stays unmapped
             if isinstance(leaf, TensorDictBase):
                 leaf._propagate(fn)
             elif type(leaf) is not torch.Tensor and (inner := wrapped_collection(leaf)) is not None:  # a tensorclass
@@ -763,7 +764,7 @@ class TensorDictBase(
         # memory-mapped leaves travel as compact handles (see _reductions), never as bytes
         prefix = self._memmap_prefix
         state = (
-            {k: encode_leaf(v, prefix, k) for k, v in self._tensordict.items()},
+            {k: encode_leaf(v, prefix, k) for k, v in raw_items(self._tensordict)},  # pending leaves stay unmapped
             tuple(self._batch_size),
             self._device,
             self._names,
@@ -803,7 +804,7 @@ def _put(td: TensorDictBase, parts: tuple[str, ...], value: Any) -> None:
 def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
     """Rebuild a pickled tensordict of class ``cls`` from the state its ``__reduce__`` made."""
     leaves, batch, device, names, locked, memmap, shared, prefix, anon_store, generation = state
-    leaves = {k: decode_leaf(v, prefix, k) for k, v in leaves.items()}
+    leaves = rebuilt((k, decode_leaf(v, prefix, k)) for k, v in leaves.items())  # mapped on first read
     out = cls._from_leaves(leaves, torch.Size(batch), device, names)
     out._is_memmap, out._is_shared, out._memmap_prefix = memmap, shared, prefix
     out._anon_store, out._generation = anon_store, generation

@@ -27,7 +27,9 @@ from ._errors import InvalidArgumentError, MemmapError, NotAFolderError
 from ._files import check_not_symlink, jagged_from_buffer, nested_from_buffer, replace_file
 from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR, dumps_level, level_meta
 from ._future import TensorDictFuture
+from ._journal import drop_journal
 from ._keys import encode_key
+from ._lazy_leaves import resolve_under
 from ._leaf_files import Listing, write_batch, write_leaf
 from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
@@ -130,6 +132,7 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
             changed = True
         else:
             changed = replace_if_changed(os.path.join(level.path, META_FILE), data) or changed
+            drop_journal(level.path)  # meta.json now says everything: a record left would add stale entries
         src._meta_seen = meta
     return changed, kept
 
@@ -390,6 +393,8 @@ class FolderWriter(TreeWriter):
             )
         fresh = not os.path.exists(os.path.join(path, META_FILE))
         registry = None if fresh else SharedRegistry.for_directory(path)
+        if not fresh:  # this process's leaves loaded from here and not read yet keep their bytes
+            resolve_under(os.path.abspath(path))
         if opts.atomic:
             return self._save_atomic(td, opts, inplace, registry)
         seen = td._generation if td._memmap_prefix == path else None

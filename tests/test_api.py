@@ -47,6 +47,7 @@ PUBLIC = [
     "UnsupportedFormatError",
     "__version__",
     "capture_non_tensor_stack",
+    "compact_metadata",
     "is_tensorclass",
     "list_to_stack",
     "load",

@@ -34,6 +34,8 @@ LAYERS: dict[str, list[str]] = {
         "_memmap",
         "_leaf_files",
         "_leaf_handle",
+        "_lazy_leaves",
+        "_journal",
         "_coordination",
         "_runtime",
         "_atomic",
@@ -55,7 +57,7 @@ LAYERS: dict[str, list[str]] = {
         "_nodes",
         "_future",
     ],
-    "io": ["_plan", "_write", "_archive", "_read", "_entries", "_refresh", "_save"],
+    "io": ["_plan", "_write", "_archive", "_read", "_compaction", "_entries", "_refresh", "_save"],
     "api": [
         "_memmap_family",
         "_tensordict",

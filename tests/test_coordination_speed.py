@@ -1,0 +1,419 @@
+"""The coordination path at speed: the per-level record of new entries (meta.jsonl) and its
+compaction, a writer killed mid-append, and leaves mapped on first read against eager ones."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _kinds import KINDS, build
+
+import tdshare
+from tdshare import CorruptDataError, TensorDict, compact_metadata
+from tdshare._compaction import WRITE_THROUGH
+from tdshare._lazy_leaves import LazyLeaves, PendingLeaf
+
+WAIT = 60
+METHODS = [m for m in ("spawn", "fork", "forkserver") if m in mp.get_all_start_methods()]
+MANY = WRITE_THROUGH + 40  # past the write-through size: the later entries go to the record
+
+
+def _ctx(method: str) -> Any:
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["torch", "tdshare"])
+    return ctx
+
+
+def _meta_keys(folder: Path) -> list[str]:
+    return [k for k in json.loads((folder / "meta.json").read_text()) if k.startswith("k")]
+
+
+def _add(td: Any, start: int, stop: int) -> None:
+    for i in range(start, stop):
+        td.make_memmap_from_tensor(f"k{i}", torch.full((3,), float(i)))
+
+
+# -- the record and its compaction -------------------------------------------------------------
+def test_small_levels_write_meta_json_at_once(tmp_path: Path) -> None:
+    tensordict = pytest.importorskip("tensordict")
+    td = TensorDict({}, batch_size=[]).memmap_(tmp_path / "t")
+    _add(td, 0, 10)
+    assert not (tmp_path / "t" / "meta.jsonl").exists()
+    ref = tensordict.TensorDict.load_memmap(tmp_path / "t")
+    assert sorted(ref.keys()) == sorted(f"k{i}" for i in range(10)) and ref["k7"].tolist() == [7.0] * 3
+
+
+def test_tensordict_lags_until_compaction_tdshare_does_not(tmp_path: Path) -> None:
+    tensordict = pytest.importorskip("tensordict")
+    folder = tmp_path / "t"
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    _add(td, 0, MANY)
+    assert (folder / "meta.jsonl").exists()
+    on_disk = _meta_keys(folder)
+    assert len(on_disk) < MANY  # meta.json lags: the rest is in the record
+    assert on_disk == [f"k{i}" for i in range(len(on_disk))]  # a prefix, in order
+    ours = TensorDict.load_memmap(folder)
+    assert list(ours.keys()) == [f"k{i}" for i in range(MANY)]
+    assert all(ours[f"k{i}"].tolist() == [float(i)] * 3 for i in range(MANY))
+    ref = tensordict.TensorDict.load_memmap(folder)
+    assert sorted(ref.keys()) == sorted(on_disk)  # up to the last compaction
+    assert compact_metadata(td) == 1
+    assert not (folder / "meta.jsonl").exists()
+    assert _meta_keys(folder) == [f"k{i}" for i in range(MANY)]
+    ref = tensordict.TensorDict.load_memmap(folder)
+    assert ref[f"k{MANY - 1}"].tolist() == [float(MANY - 1)] * 3 and len(list(ref.keys())) == MANY
+    assert compact_metadata(str(folder)) == 0  # nothing left to do
+
+
+def test_compaction_cost_is_bounded_by_the_level_size(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    n = 4 * WRITE_THROUGH + 7
+    for i in range(n):
+        td.make_memmap(f"k{i}", [1])
+        record = folder / "meta.jsonl"
+        pending = record.read_bytes().count(b"\n") if record.exists() else 0
+        fields = len(json.loads((folder / "meta.json").read_text()))
+        assert pending <= max(WRITE_THROUGH, fields)  # never more than meta.json holds
+    assert len(list(TensorDict.load_memmap(folder).keys())) == n
+
+
+def test_nested_levels_and_refresh_read_the_record(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    writer = TensorDict({"n": TensorDict({}, batch_size=[])}, batch_size=[]).memmap_(folder)
+    reader = TensorDict.load_memmap(folder).memmap_(folder)
+    reader.memmap_refresh_()
+    for i in range(MANY):
+        writer.make_memmap_from_tensor(("n", f"k{i}"), torch.full((2,), float(i)))
+        if i % 37 == 0:
+            reader.memmap_refresh_()
+            assert ("n", f"k{i}") in reader.keys(True)
+    writer.make_memmap_from_tensor(("m", "deep"), torch.ones(2))
+    reader.memmap_refresh_()
+    assert [k for k in reader["n"].keys()] == [f"k{i}" for i in range(MANY)]
+    assert reader["n", f"k{MANY - 1}"].tolist() == [float(MANY - 1)] * 2 and reader["m", "deep"].tolist() == [1.0, 1.0]
+    compact_metadata(folder)
+    writer.make_memmap("after", [2])
+    reader.memmap_refresh_()
+    assert "after" in reader.keys() and len(list(reader["n"].keys())) == MANY
+
+
+def test_a_whole_resave_drops_the_record(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    _add(td, 0, MANY)
+    assert (folder / "meta.jsonl").exists()
+    TensorDict({"only": torch.ones(2)}, batch_size=[]).memmap(folder)
+    assert not (folder / "meta.jsonl").exists()
+    assert list(TensorDict.load_memmap(folder).keys()) == ["only"]
+
+
+def test_a_torn_last_line_is_ignored_then_cut_off(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    _add(td, 0, MANY)
+    with open(folder / "meta.jsonl", "ab") as f:
+        f.write(b'{"torn": {"shape": [3], "dty')  # a writer killed mid-append
+    assert list(TensorDict.load_memmap(folder).keys()) == [f"k{i}" for i in range(MANY)]
+    other = TensorDict.load_memmap(folder).memmap_(folder)
+    other.make_memmap_from_tensor("next", torch.ones(3))
+    loaded = TensorDict.load_memmap(folder)
+    assert list(loaded.keys())[-1] == "next" and "torn" not in loaded.keys()
+    assert all(line.endswith(b"}") for line in (folder / "meta.jsonl").read_bytes().splitlines())
+
+
+def test_a_damaged_record_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    _add(td, 0, MANY)
+    with open(folder / "meta.jsonl", "ab") as f:
+        f.write(b"garbage\n")
+    with pytest.raises(CorruptDataError, match=r"meta\.jsonl"):
+        TensorDict.load_memmap(folder)
+
+
+def _appender(folder: str, ready: Any, release: Any) -> None:
+    td = TensorDict.load_memmap(folder).memmap_(folder)
+    _add(td, 0, MANY)
+    ready.set()
+    i = MANY
+    while not release.is_set():  # keeps appending until killed
+        td.make_memmap_from_tensor(f"k{i}", torch.full((3,), float(i)))
+        i += 1
+
+
+def _exits_normally(folder: str, done: Any) -> None:
+    td = TensorDict.load_memmap(folder).memmap_(folder)
+    _add(td, 0, MANY)
+    done.set()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+def test_sigkill_mid_append_leaves_a_folder_both_libraries_load(method: str, tmp_path: Path) -> None:
+    tensordict = pytest.importorskip("tensordict")
+    ctx = _ctx(method)
+    folder = tmp_path / f"t-{uuid.uuid4().hex}"
+    TensorDict({}, batch_size=[]).memmap_(folder)
+    ready, release = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_appender, args=(str(folder), ready, release), daemon=True)
+    proc.start()
+    try:
+        assert ready.wait(timeout=WAIT)
+    finally:
+        proc.kill()
+        proc.join(timeout=WAIT)
+    assert proc.exitcode == -signal.SIGKILL
+    ours = TensorDict.load_memmap(folder)
+    keys = list(ours.keys())
+    assert keys[:MANY] == [f"k{i}" for i in range(MANY)]  # every entry committed before the kill
+    assert keys == [f"k{i}" for i in range(len(keys))]
+    assert all(ours[k].tolist() == [float(k[1:])] * 3 for k in keys)
+    ref = tensordict.TensorDict.load_memmap(folder)
+    assert sorted(ref.keys()) == sorted(_meta_keys(folder))  # up to the last compaction
+    TensorDict.load_memmap(folder).memmap_(folder).make_memmap("after", [3])  # the lock is free
+    assert "after" in TensorDict.load_memmap(folder).keys()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_writer_that_exits_normally_compacts(method: str, tmp_path: Path) -> None:
+    tensordict = pytest.importorskip("tensordict")
+    ctx = _ctx(method)
+    folder = tmp_path / f"t-{uuid.uuid4().hex}"
+    TensorDict({}, batch_size=[]).memmap_(folder)
+    done = ctx.Event()
+    proc = ctx.Process(target=_exits_normally, args=(str(folder), done))
+    proc.start()
+    assert done.wait(timeout=WAIT)
+    proc.join(timeout=WAIT)
+    assert proc.exitcode == 0
+    assert not (folder / "meta.jsonl").exists()
+    assert len(list(tensordict.TensorDict.load_memmap(folder).keys())) == MANY
+
+
+# -- leaves mapped on first read -----------------------------------------------------------------
+def _mapped(path: str) -> bool:
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip().endswith(path) for line in f)
+
+
+def _saved(tmp_path: Path) -> tuple[TensorDict, Path]:
+    src = TensorDict(
+        a=torch.arange(12.0).reshape(4, 3),
+        b=torch.arange(4),
+        n=TensorDict(c=torch.ones(4, 2, dtype=torch.float64), batch_size=[4]),
+        batch_size=[4],
+    )
+    folder = tmp_path / "lazy"
+    src.memmap(folder)
+    return src, folder
+
+
+def test_a_loaded_leaf_is_mapped_only_when_read(tmp_path: Path) -> None:
+    src, folder = _saved(tmp_path)
+    td = TensorDict.load_memmap(folder)
+    raw = td._tensordict
+    assert isinstance(raw, LazyLeaves) and type(dict.__getitem__(raw, "a")) is PendingLeaf
+    path_a = str(folder / "a.memmap")
+    assert not _mapped(path_a)
+    assert td["b"].tolist() == [0, 1, 2, 3]
+    assert not _mapped(path_a) and type(dict.__getitem__(raw, "a")) is PendingLeaf
+    assert torch.equal(td["a"], src["a"]) and _mapped(path_a)
+    assert isinstance(td["a"], tdshare.MemoryMappedTensor) and td["a"].filename == path_a
+
+
+def test_lazy_leaves_read_exactly_like_eager_ones(tmp_path: Path) -> None:
+    src, folder = _saved(tmp_path)
+
+    def fresh() -> dict:
+        return TensorDict.load_memmap(folder)["n"]._tensordict | {}  # resolved through the mapping protocol
+
+    for read in (
+        lambda d: dict(d),
+        lambda d: {**d},
+        lambda d: dict(d.copy()),
+        lambda d: dict(d.items()),
+        lambda d: dict(zip(d.keys(), d.values(), strict=True)),
+        lambda d: {k: d.get(k) for k in d},
+        lambda d: {k: d[k] for k in list(d)},
+        lambda d: pickle.loads(pickle.dumps(d)),
+    ):
+        lazy = TensorDict.load_memmap(folder)._tensordict
+        got = read(lazy)
+        for key, value in dict.items(got):
+            assert type(value) is not PendingLeaf
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, src[key])
+    assert set(fresh()) == {"c"}
+    lazy = TensorDict.load_memmap(folder)._tensordict
+    assert lazy.pop("a").tolist() == src["a"].tolist() and lazy.setdefault("b").tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loaded_kinds_equal_their_source_through_every_reader(kind: str, tmp_path: Path) -> None:
+    src = build(kind)
+    src.memmap(tmp_path / kind)
+    lazy = type(src).load_memmap(tmp_path / kind)
+    assert (lazy == src).all()
+    pairs = zip(lazy.values(True, True), src.values(True, True), strict=True)
+    assert all(torch.equal(a, b) if isinstance(b, torch.Tensor) else a == b for a, b in pairs)
+    assert [k for k, _ in lazy.items(True, True)] == [k for k, _ in src.items(True, True)]
+    assert (lazy.apply(lambda t: t * 2) == src.apply(lambda t: t * 2)).all()
+    again = pickle.loads(pickle.dumps(type(src).load_memmap(tmp_path / kind)))
+    assert (again == src).all()
+
+
+def test_a_leaf_removed_after_load_is_named_when_read(tmp_path: Path) -> None:
+    _, folder = _saved(tmp_path)
+    td = TensorDict.load_memmap(folder)
+    os.unlink(folder / "a.memmap")
+    with pytest.raises(CorruptDataError, match=r"a\.memmap"):
+        td["a"]
+    os.truncate(folder / "n" / "c.memmap", 8)
+    with pytest.raises(CorruptDataError, match=r"c\.memmap.*truncated"):
+        td["n", "c"]
+    assert td["b"].tolist() == [0, 1, 2, 3]
+
+
+def test_load_still_checks_every_file(tmp_path: Path) -> None:
+    _, folder = _saved(tmp_path)
+    os.truncate(folder / "a.memmap", 4)
+    with pytest.raises(CorruptDataError, match=r"a\.memmap"):
+        TensorDict.load_memmap(folder)
+
+
+def _read_one(td: Any, key: Any, out: Any) -> None:
+    raw = td._tensordict
+    out.put((type(raw).__name__, td[key].tolist(), sum(type(v) is PendingLeaf for v in dict.values(raw))))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("anonymous", [False, True], ids=["folder", "anonymous"])
+def test_a_handed_off_td_maps_only_what_the_worker_reads(method: str, anonymous: bool, tmp_path: Path) -> None:
+    ctx = _ctx(method)
+    src = TensorDict({f"x{i}": torch.full((2,), float(i)) for i in range(20)}, batch_size=[])
+    td = src.memmap_(None if anonymous else tmp_path / f"t-{uuid.uuid4().hex}")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_read_one, args=(td, "x7", out))
+    proc.start()
+    try:
+        kind, value, pending = out.get(timeout=WAIT)
+    finally:
+        proc.join(timeout=WAIT)
+    assert value == [7.0, 7.0]
+    if method != "fork":  # a forked child inherits the parent's mapped leaves; the others unpickle handles
+        assert kind == "LazyLeaves" and pending == 19
+
+
+def test_a_pending_leaf_pickles_as_a_handle_without_mapping(tmp_path: Path) -> None:
+    src, folder = _saved(tmp_path)
+    td = TensorDict.load_memmap(folder).memmap_(folder)  # writes nothing: the files are the same
+    loaded = TensorDict.load_memmap(folder)
+    loaded._memmap_prefix = str(folder)
+    again = pickle.loads(pickle.dumps(loaded))
+    assert type(dict.__getitem__(again._tensordict, "a")) is PendingLeaf
+    assert (again == src).all() and (td == src).all()
+
+
+# -- the ring of changes: a refresh reads only the levels that changed ---------------------------
+def test_refresh_follows_the_ring_and_falls_back_when_it_cannot(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    src = TensorDict(
+        {f"s{j}": TensorDict({"x": torch.zeros(2)}, batch_size=[]) for j in range(5)}, s="old", batch_size=[]
+    )
+    writer = src.memmap_(folder)
+    reader = TensorDict.load_memmap(folder).memmap_(folder)
+    reader.memmap_refresh_()
+    writer.make_memmap_from_tensor(("s3", "y"), torch.ones(2))  # one nested level changed: in the ring
+    writer.make_memmap_from_tensor("top", torch.full((2,), 2.0))
+    reader.memmap_refresh_()
+    assert reader["s3", "y"].tolist() == [1.0, 1.0] and reader["top"].tolist() == [2.0, 2.0]
+    writer.set_("s", "new")  # a non-tensor write says no level: every level is read
+    writer.make_memmap_from_tensor(("s1", "y"), torch.ones(2))
+    reader.memmap_refresh_()
+    assert reader["s"] == "new" and ("s1", "y") in reader.keys(True)
+    for i in range(70):  # more commits than the ring holds
+        writer.make_memmap(("s0", f"z{i}"), [1])
+    writer.make_memmap_from_tensor(("fresh", "deep"), torch.ones(2))  # a new nested level
+    reader.memmap_refresh_()
+    assert len([k for k in reader["s0"].keys() if k.startswith("z")]) == 70
+    assert reader["fresh", "deep"].tolist() == [1.0, 1.0]
+    sub = TensorDict.load_memmap(folder, subpath="s2").memmap_(folder / "s2")
+    sub.memmap_refresh_()
+    writer.make_memmap(("s2", "w"), [2])
+    writer.make_memmap(("s4", "w"), [2])  # outside the sub-level: nothing to do there
+    sub.memmap_refresh_()
+    assert sorted(sub.keys()) == ["w", "x"]
+    assert sorted(TensorDict.load_memmap(folder)["s4"].keys()) == ["w", "x"]
+
+
+def test_packing_a_folder_with_a_record_keeps_every_entry(tmp_path: Path) -> None:
+    folder = tmp_path / "t"
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    _add(td, 0, MANY)
+    assert (folder / "meta.jsonl").exists()
+    archive = tdshare.pack_memmap(folder, tmp_path / "t.tdz")
+    loaded = TensorDict.load_memmap(archive)
+    assert list(loaded.keys()) == [f"k{i}" for i in range(MANY)]
+    assert loaded[f"k{MANY - 1}"].tolist() == [float(MANY - 1)] * 3
+
+
+class _Gather:
+    """A DataLoader collate function that indexes a tensordict (pickled to spawned workers)."""
+
+    def __init__(self, td: Any) -> None:
+        self.td = td
+
+    def __call__(self, idx: list[int]) -> Any:
+        return self.td[torch.tensor(idx)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_dataloader_workers_read_lazy_leaves_like_eager_ones(method: str, tmp_path: Path) -> None:
+    src, folder = _saved(tmp_path)
+    lazy = TensorDict.load_memmap(folder)
+    assert type(dict.__getitem__(lazy._tensordict, "a")) is PendingLeaf
+    loader = torch.utils.data.DataLoader(
+        range(4), batch_size=2, num_workers=1, collate_fn=_Gather(lazy), multiprocessing_context=method
+    )
+    got = [batch for batch in loader]
+    assert [b["a"].tolist() for b in got] == [src["a"][:2].tolist(), src["a"][2:].tolist()]
+    assert [b["n", "c"].tolist() for b in got] == [src["n", "c"][:2].tolist(), src["n", "c"][2:].tolist()]
+
+
+def test_a_resave_here_keeps_unread_leaves_a_file_replaced_elsewhere_is_named(tmp_path: Path) -> None:
+    src, folder = _saved(tmp_path)
+    held = TensorDict.load_memmap(folder)
+    assert type(dict.__getitem__(held._tensordict, "a")) is PendingLeaf
+    TensorDict(a=torch.zeros(4, 3), b=torch.zeros(4, dtype=torch.int64), batch_size=[4]).memmap(folder)
+    assert torch.equal(held["a"], src["a"])  # mapped before this process replaced the file
+    other = TensorDict.load_memmap(folder)
+    tmp = folder / "b.memmap.new"
+    tmp.write_bytes(torch.arange(4).numpy().tobytes())
+    os.replace(tmp, folder / "b.memmap")  # what another process's re-save does
+    with pytest.raises(CorruptDataError, match=r"b\.memmap.*replaced"):
+        other["b"]
+    assert TensorDict.load_memmap(folder)["b"].tolist() == [0, 1, 2, 3]  # loading again reads the new file
+
+
+def test_the_info_command_lists_entries_not_compacted_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tdshare.__main__ import main
+
+    folder = tmp_path / "t"
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    _add(td, 0, MANY)
+    assert (folder / "meta.jsonl").exists()
+    assert main(["info", str(folder)]) == 0
+    assert f"k{MANY - 1}  float32  [3]" in capsys.readouterr().out
