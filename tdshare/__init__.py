@@ -2,6 +2,7 @@
 and shared memory, in the on-disk format of tensordict 0.15.3."""
 
 from ._archive import pack_memmap, refresh_archive_checksums, unpack_memmap
+from ._consolidate import consolidated_parts
 from ._coordination import SharedRegistry
 from ._errors import (
     ArgumentTypeError,
@@ -30,7 +31,7 @@ from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
 from ._tensorclass import is_tensorclass, tensorclass
-from ._tensordict import TensorDict, load, load_memmap, memmap, save
+from ._tensordict import TensorDict, from_consolidated, from_consolidated_parts, load, load_memmap, memmap, save
 
 __version__ = "0.1.0"
 
@@ -63,6 +64,9 @@ __all__ = [
     "TerminalProgress",
     "UnsupportedFormatError",
     "__version__",
+    "consolidated_parts",
+    "from_consolidated",
+    "from_consolidated_parts",
     "is_tensorclass",
     "load",
     "load_memmap",

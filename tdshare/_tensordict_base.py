@@ -17,6 +17,8 @@ from typing import Any, TypeGuard, TypeVar
 import torch
 
 from ._combine import CombineOps
+from ._consolidate import ConsolidateOps
+from ._dataloader import LoaderOps
 from ._errors import (
     ArgumentTypeError,
     BatchSizeError,
@@ -45,7 +47,11 @@ _LOCKED_MSG = (
 )
 
 
-class TensorDictBase(CombineOps):
+class TensorDictBase(
+    CombineOps,
+    ConsolidateOps,
+    LoaderOps,
+):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
     _tensordict: dict[str, Any]

@@ -42,7 +42,17 @@ LAYERS: dict[str, list[str]] = {
         "_archive_store",
         "_nontensor_files",
     ],
-    "model": ["_nontensor", "_shared_nontensor", "_reductions", "_combine", "_tensordict_base", "_nodes", "_future"],
+    "model": [
+        "_nontensor",
+        "_shared_nontensor",
+        "_reductions",
+        "_combine",
+        "_consolidate",
+        "_dataloader",
+        "_tensordict_base",
+        "_nodes",
+        "_future",
+    ],
     "io": ["_plan", "_write", "_archive", "_read", "_entries", "_refresh", "_save"],
     "api": [
         "_memmap_family",
