@@ -164,7 +164,7 @@ class ConsolidateOps:
             torch.device("cpu") if path is not None else (dev if dev is not None else getattr(self, "device", None))
         )
         result = self if inplace else None
-        built = _mirror(self, schema, storage, result_device, inplace)
+        built = _mirror(self, schema, _Viewer(storage), result_device, inplace)
         if result is None:
             result = built
         if path is not None and use_buffer:
@@ -405,7 +405,7 @@ class _Plan:
 
 def _flat_bytes(tensor: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
     """The tensor's bytes as a 1-D ``uint8`` tensor on ``device`` (a copy only where needed)."""
-    flat = tensor.detach().reshape(-1)
+    flat = tensor if tensor.dim() == 1 and not tensor.requires_grad else tensor.detach().reshape(-1)
     if type(flat) is not torch.Tensor:  # a MemoryMappedTensor or another subclass: plain bytes
         flat = torch.Tensor.as_subclass(flat, torch.Tensor)
     if flat.stride(0) != 1 or flat.is_conj() or flat.is_neg():
@@ -434,15 +434,45 @@ def _where(where: tuple[str, ...]) -> str:
 
 
 # -- the result: the same tree, with views -------------------------------------------------------
-def _views(meta: dict[str, Any], storage: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The leaves of one schema level, as views of ``storage`` (jagged leaves put back together)."""
+class _Viewer:
+    """Makes the views of one storage: one ``as_strided`` call per leaf on a per-dtype view of it."""
+
+    def __init__(self, storage: torch.Tensor) -> None:
+        self.storage = storage
+        self.size = storage.numel()
+        self.bases: dict[torch.dtype, torch.Tensor | None] = {}
+
+    def view(self, dtype: torch.dtype, shape: torch.Size, start: int, nbytes: int) -> torch.Tensor:
+        itemsize = dtype.itemsize
+        base = self.bases.get(dtype, _UNSET)
+        if base is _UNSET:
+            try:
+                base = self.storage[: self.size - self.size % itemsize].view(dtype)
+            except RuntimeError:  # a storage offset that this dtype cannot view
+                base = None
+            self.bases[dtype] = base
+        if base is None or start % itemsize:
+            return self.storage[start : start + nbytes].view(dtype).view(shape)
+        strides, step = [], 1
+        for dim in reversed(shape):
+            strides.append(step)
+            step *= max(dim, 1)
+        return base.as_strided(shape, strides[::-1], base.storage_offset() + start // itemsize)
+
+
+_UNSET: Any = object()
+_DTYPES: dict[str, torch.dtype] = {}
+
+
+def _views(meta: dict[str, Any], viewer: _Viewer) -> dict[str, torch.Tensor]:
+    """The leaves of one schema level, as views of the storage (jagged leaves put back together)."""
     out: dict[str, torch.Tensor] = {}
     parts: dict[str, dict[str, Any]] = {}
-    size = storage.numel()
+    size = viewer.size
     for key, spec in meta["leaves"].items():
         try:
             dtype_name, shape, start, stop, pad = spec[:5]
-            dtype = _dtype(dtype_name)
+            dtype = _DTYPES.get(dtype_name) or _dtype(dtype_name)
             shape = torch.Size(shape)
             nbytes = stop - start - pad
         except (TypeError, ValueError) as e:
@@ -452,8 +482,8 @@ def _views(meta: dict[str, Any], storage: torch.Tensor) -> dict[str, torch.Tenso
                 f"consolidated schema: the leaf {key!r} ({dtype_name}{list(shape)}, bytes {start}-{stop}) does not "
                 f"fit the {size}-byte storage."
             )
-        view = storage[start : start + nbytes].view(dtype).view(shape)
-        prefix = next((p for p in _NJT if key.startswith(p)), None)
+        view = viewer.view(dtype, shape, start, nbytes)
+        prefix = None if key[:1] != "<" else next((p for p in _NJT if key.startswith(p)), None)
         if prefix is None:
             out[key] = view
             continue
@@ -468,7 +498,7 @@ def _views(meta: dict[str, Any], storage: torch.Tensor) -> dict[str, torch.Tenso
     return out
 
 
-def _mirror(node: Any, meta: dict[str, Any], storage: torch.Tensor, device: torch.device | None, inplace: bool) -> Any:
+def _mirror(node: Any, meta: dict[str, Any], storage: _Viewer, device: torch.device | None, inplace: bool) -> Any:
     """``node`` with its tensors replaced by views of ``storage``: a new tree, or ``node`` itself."""
     kind = kind_of(node)
     if kind is not None and kind.layout == STACK and kind.unwrap is not None and kind.wrap is not None:
@@ -523,14 +553,14 @@ def rebuild_consolidated(storage: torch.Tensor, schema: dict[str, Any], level_cl
             f"rebuild_consolidated: storage must be a 1-D uint8 tensor, got {type(storage).__name__}"
             f"{'' if not isinstance(storage, torch.Tensor) else f' {storage.dtype}{list(storage.shape)}'}."
         )
-    out = _build(schema, storage, level_class, ())
+    out = _build(schema, _Viewer(storage), level_class, ())
     root = kind_of(out)
     target = out if root is None or root.layout != WRAPPED or root.unwrap is None else root.unwrap(out)[0]
     target._consolidated = {"storage": storage, "metadata": schema, "filename": None, "marks": marks_of(target)}
     return out
 
 
-def _build(meta: Any, storage: torch.Tensor, level_class: Any, where: tuple[str, ...]) -> Any:
+def _build(meta: Any, storage: _Viewer, level_class: Any, where: tuple[str, ...]) -> Any:
     try:
         cls, non_tensors, leaves, cls_meta = (meta[f] for f in SCHEMA_FIELDS)
         subs = {k: v for k, v in meta.items() if k not in SCHEMA_FIELDS and k not in _IGNORED_FIELDS}
@@ -690,6 +720,7 @@ def _dtype(name: Any) -> torch.dtype:
     dtype = getattr(torch, str(name).removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise CorruptDataError(f"consolidated schema: unknown dtype {name!r}.")
+    _DTYPES[str(name)] = dtype
     return dtype
 
 
@@ -714,6 +745,7 @@ def _mark(node: Any, marks: list[Mark]) -> None:
             _mark(m, marks)
         return
     entries = node._tensordict
+    marks.append((_same_attr, node, "_tensordict", entries))  # memmap_ may swap the whole dict
     marks.append((_same_len, entries, len(entries)))
     marks.append((_same_attr, node, "_batch_size", node._batch_size))
     if node._is_locked:
