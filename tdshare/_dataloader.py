@@ -20,6 +20,7 @@ import torch
 from torch.utils.data._utils.collate import default_collate_fn_map
 
 from ._format import LAZY_STACK_TYPE, LEVEL, STACK, WRAPPED
+from ._indexing import index_names
 from ._nodes import kind_for_tag, kind_of
 
 __all__ = ["LoaderOps", "collate_tensordicts", "is_tensor_collection"]
@@ -32,6 +33,7 @@ class LoaderOps:
     """``__getitems__`` and ``pin_memory``: a mixin of ``TensorDictBase``."""
 
     _tensordict: dict[str, Any]
+    _batch_size: torch.Size
     _is_locked: bool
 
     def __getitems__(self: T, indices: Any) -> T:
@@ -54,6 +56,14 @@ class LoaderOps:
         """
         if isinstance(indices, (list, tuple)):
             indices = torch.as_tensor(indices)  # a sequence of rows, never a multi-dim index
+        if (
+            isinstance(indices, torch.Tensor)
+            and indices.dim() == 1
+            and indices.dtype in _ROW_DTYPES
+            and _layout(self) == LEVEL
+            and len(self._batch_size)
+        ):
+            return _gather(self, indices)
         return self[indices]
 
     def __getitem__(self, idx: Any) -> Any:
@@ -96,6 +106,34 @@ class LoaderOps:
         if self._is_locked:
             out.lock_()  # type: ignore[attr-defined]
         return out
+
+
+_ROW_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _layout(value: Any) -> str | None:
+    kind = kind_of(value)
+    return None if kind is None else kind.layout
+
+
+def _gather(node: Any, rows: torch.Tensor) -> Any:
+    """``node[rows]`` for a 1-D tensor of row numbers: what ``_index`` gives, with the batch size
+    known from the index (no probe tensor), level by level."""
+    batch = torch.Size((rows.numel(), *node._batch_size[1:]))
+    idx = (rows,)
+    leaves: dict[str, Any] = {}
+    for key, leaf in node._tensordict.items():
+        if isinstance(leaf, torch.Tensor):
+            leaves[key] = leaf[rows]
+        elif _layout(leaf) == LEVEL:
+            leaves[key] = _gather(leaf, rows)
+        elif isinstance(leaf, LoaderOps) or hasattr(leaf, "_index"):  # a lazy stack, a non-tensor value
+            leaves[key] = leaf._index(idx)
+        else:  # a tensorclass instance indexes itself
+            leaves[key] = leaf[rows]
+    out = type(node)._from_leaves(leaves, batch, node._device, index_names(node._names, idx, len(batch)))
+    out._is_memmap, out._is_shared, out._is_locked = node._is_memmap, node._is_shared, node._is_locked
+    return out
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:
