@@ -310,3 +310,26 @@ def test_corrupt_files_raise(tmp_path: Path) -> None:
     schema["x"] = dict(schema, cls="<class 'nowhere.Missing'>")
     with pytest.raises(tdshare.UnsupportedFormatError, match=r"nowhere\.Missing"):
         tdshare.from_consolidated_parts(torch.zeros(16, dtype=torch.uint8), schema)
+
+
+def test_lazy_stack_file_goes_both_ways(tmp_path: Path) -> None:
+    members = [{"x": torch.zeros(2)}, {"x": torch.ones(2), "y": torch.arange(3)}]
+    LazyStackedTensorDict(*[TensorDict(m) for m in members]).consolidate(filename=tmp_path / "ours.bin")
+    theirs = tensordict.TensorDict.from_consolidated(tmp_path / "ours.bin")
+    assert isinstance(theirs, tensordict.LazyStackedTensorDict) and theirs.tensordicts[1]["y"].tolist() == [0, 1, 2]
+    ref = tensordict.LazyStackedTensorDict(*[tensordict.TensorDict(m) for m in members])
+    ref.consolidate(filename=tmp_path / "theirs.bin")
+    ours = TensorDict.from_consolidated(tmp_path / "theirs.bin")
+    assert type(ours) is LazyStackedTensorDict and ours.is_consolidated()
+    assert ours.tensordicts[1]["y"].tolist() == [0, 1, 2] and "y" not in ours.tensordicts[0]
+
+
+def test_pin_memory_storage_as_the_reference() -> None:
+    td = TensorDict(a=torch.zeros(2), batch_size=[2])
+    if torch.accelerator.is_available():
+        assert td.consolidate(pin_memory=True)._consolidated["storage"].is_pinned()
+    else:  # no pinned memory without an accelerator: torch's RuntimeError, as in the reference
+        with pytest.raises(RuntimeError):
+            tensordict.TensorDict(a=torch.zeros(2), batch_size=[2]).consolidate(pin_memory=True)
+        with pytest.raises(RuntimeError):
+            td.consolidate(pin_memory=True)
