@@ -36,6 +36,11 @@ class LoaderOps:
     _batch_size: torch.Size
     _is_locked: bool
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # the exact class too: torch's collate looks the element's type up before any isinstance
+        default_collate_fn_map.setdefault(cls, collate_tensordicts)
+
     def __getitems__(self: T, indices: Any) -> T:
         """The rows ``indices`` of the first batch dimension, gathered in one indexing call.
 
