@@ -170,7 +170,13 @@ class ConsolidateOps:
         if path is not None and use_buffer:
             assert whole is not None
             _replace_file(path, whole.numpy().tobytes())
-        state = {"storage": storage, "metadata": schema, "filename": None if path is None else os.path.realpath(path)}
+        state: dict[str, Any] = {
+            "storage": storage,
+            "metadata": schema,
+            "filename": None if path is None else os.path.realpath(path),
+        }
+        if path is not None and not use_buffer:  # the leaves map the file: pickles name it
+            state["file"] = (os.path.realpath(path), _file_id(path), size)
         result.lock_()
         state["marks"] = marks_of(result)
         result._consolidated = state
@@ -265,6 +271,8 @@ class ConsolidateOps:
         # a consolidated tensordict pickles as its storage (once) and the schema
         state = self._consolidated
         if state is not None and self.is_consolidated():
+            if "file" in state:  # the receiver maps the same file: writes are shared, no bytes travel
+                return (_unpickle_file, (type(self), *state["file"], state["metadata"]))
             return (_unpickle, (type(self), state["storage"], state["metadata"]))
         return self.__reduce__()
 
@@ -617,6 +625,37 @@ def _build(meta: Any, storage: _Viewer, level_class: Any, where: tuple[str, ...]
 
 def _unpickle(cls: type, storage: torch.Tensor, schema: dict[str, Any]) -> Any:
     return rebuild_consolidated(storage, schema, cls._level_class())  # type: ignore[attr-defined]
+
+
+def _unpickle_file(cls: type, path: str, file_id: tuple[int, int], size: int, schema: dict[str, Any]) -> Any:
+    """A consolidated tensordict whose storage is the first ``size`` bytes of ``path``, mapped shared."""
+    try:
+        same = _file_id(path) == tuple(file_id)
+    except OSError:
+        same = False
+    if not same:
+        raise CorruptDataError(
+            f"{path}: the consolidated file this tensordict was pickled from was removed or replaced since; "
+            "pickle it again (or consolidate without filename= to send the bytes)."
+        )
+    whole = torch.from_file(path, shared=True, size=os.path.getsize(path), dtype=torch.uint8)
+    out = rebuild_consolidated(whole[:size], schema, cls._level_class())  # type: ignore[attr-defined]
+    state = _state_of(out)
+    state["filename"], state["file"] = path, (path, tuple(file_id), size)
+    return out
+
+
+def _file_id(path: str | os.PathLike) -> tuple[int, int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
+
+
+def _state_of(obj: Any) -> dict[str, Any]:
+    kind = kind_of(obj)
+    target = obj if kind is None or kind.layout != WRAPPED or kind.unwrap is None else kind.unwrap(obj)[0]
+    state = target._consolidated
+    assert state is not None
+    return state
 
 
 def consolidated_parts(td: Any) -> tuple[torch.Tensor, dict[str, Any]]:

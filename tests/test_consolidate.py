@@ -219,6 +219,38 @@ def test_shared_storage_crosses_processes(context: str) -> None:
     assert c["a"][0].item() == 99.0
 
 
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_file_backed_storage_crosses_processes_as_the_file(context: str, tmp_path: Path) -> None:
+    ctx = mp.get_context(context)
+    path = tmp_path / "td.bin"
+    c = TensorDict(_mixed(), batch_size=[3]).consolidate(filename=path)
+    q, done = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_child_writes, args=(q, done))
+    proc.start()
+    try:
+        q.put(c)
+        consolidated, text, storages = done.get(timeout=TIMEOUT)
+    finally:
+        proc.join(TIMEOUT)
+        if proc.is_alive():
+            proc.kill()
+    assert proc.exitcode == 0 and consolidated and text == "a string" and storages == 1
+    assert c["a"][0].item() == 99.0 and TensorDict.from_consolidated(path)["a"][0].item() == 99.0
+
+
+def test_file_backed_pickle_is_a_handle(tmp_path: Path) -> None:
+    path = tmp_path / "big.bin"
+    c = TensorDict(x=torch.zeros(1 << 20), batch_size=[]).consolidate(filename=path)  # 4 MiB
+    data = pickle.dumps(c)
+    assert len(data) < 2_000  # the path, the file's identity and the schema: no bytes
+    back = pickle.loads(data)
+    back["x"][3] = 1.0  # the same file, mapped shared
+    assert c["x"][3].item() == 1.0 and back.is_consolidated()
+    TensorDict(x=torch.ones(2), batch_size=[]).consolidate(filename=path)  # the file is replaced
+    with pytest.raises(tdshare.CorruptDataError, match="replaced"):
+        pickle.loads(data)
+
+
 # -- staleness -----------------------------------------------------------------------------------
 def test_in_place_tensor_writes_keep_it_consolidated() -> None:
     c = TensorDict(_mixed(), batch_size=[3]).consolidate()
