@@ -12,6 +12,7 @@ from ._errors import (
     FieldError,
     FileExistsRuntimeError,
     FormatError,
+    FrozenFieldError,
     InvalidArgumentError,
     KeyTypeError,
     LockedError,
@@ -22,6 +23,7 @@ from ._errors import (
     NotMemmapError,
     NotSupportedError,
     PickleRefusedError,
+    ReservedFieldError,
     TdshareError,
     UnsupportedFormatError,
 )
@@ -30,7 +32,8 @@ from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
-from ._tensorclass import is_tensorclass, tensorclass
+from ._settings import capture_non_tensor_stack, list_to_stack, set_capture_non_tensor_stack, set_list_to_stack
+from ._tensorclass import TensorClass, is_tensorclass, tensorclass
 from ._tensordict import TensorDict, from_consolidated, from_consolidated_parts, load, load_memmap, memmap, save
 
 __version__ = "0.1.0"
@@ -43,6 +46,7 @@ __all__ = [
     "FieldError",
     "FileExistsRuntimeError",
     "FormatError",
+    "FrozenFieldError",
     "InvalidArgumentError",
     "KeyTypeError",
     "LazyStackedTensorDict",
@@ -57,23 +61,29 @@ __all__ = [
     "NotMemmapError",
     "NotSupportedError",
     "PickleRefusedError",
+    "ReservedFieldError",
     "SharedRegistry",
     "TdshareError",
+    "TensorClass",
     "TensorDict",
     "TensorDictFuture",
     "TerminalProgress",
     "UnsupportedFormatError",
     "__version__",
+    "capture_non_tensor_stack",
     "consolidated_parts",
     "from_consolidated",
     "from_consolidated_parts",
     "is_tensorclass",
+    "list_to_stack",
     "load",
     "load_memmap",
     "memmap",
     "pack_memmap",
     "refresh_archive_checksums",
     "save",
+    "set_capture_non_tensor_stack",
+    "set_list_to_stack",
     "tensorclass",
     "unpack_memmap",
 ]

@@ -23,8 +23,17 @@ from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._format import NONTENSOR_STACK_TYPE, NONTENSOR_TYPE, VALUE, VALUE_STACK
 from ._indexing import as_size, check_dim, normalize_index
 from ._nodes import NodeKind, register
+from ._settings import capture_non_tensor_stack
 
-__all__ = ["NonTensorData", "NonTensorStack", "NONTENSOR", "NONTENSOR_STACK", "stack_non_tensor", "nested_shape"]
+__all__ = [
+    "assign_elements",
+    "NonTensorData",
+    "NonTensorStack",
+    "NONTENSOR",
+    "NONTENSOR_STACK",
+    "stack_non_tensor",
+    "nested_shape",
+]
 
 _SCALAR = torch.Size([])
 
@@ -286,9 +295,42 @@ def stack_non_tensor(values: Sequence[NonTensorData], batches: Sequence[torch.Si
     :class:`NonTensorStack` of the combined batch shape."""
     first = values[0]
     plain = all(type(v) is not NonTensorStack and not isinstance(v, NonTensorStack) for v in values)
-    if plain and all(first == v for v in values[1:]):
+    if plain and capture_non_tensor_stack() and all(first == v for v in values[1:]):
         return NonTensorData(first.data)
     return NonTensorStack._combine(list(values), list(batches), dim, new_dim)
+
+
+def assign_elements(leaf: NonTensorData, batch: torch.Size, idx: Any, value: Any) -> NonTensorStack | None:
+    """``leaf`` with the elements at ``idx`` (of a tensordict of batch ``batch``) set to ``value``.
+
+    What ``td[idx] = other`` does to a non-tensor entry, as in the reference: values equal to the
+    entry's leave it alone (None is returned); others make it a :class:`NonTensorStack` holding one
+    value per element.  ``value`` is a plain value, a ``NonTensorData``, or a ``NonTensorStack`` of
+    the indexed shape.
+
+    Raises:
+        BatchSizeError: a ``NonTensorStack`` value whose element count is not the index's.
+    """
+    full = leaf.batch_size if isinstance(leaf, NonTensorStack) else batch
+    positions = torch.arange(math.prod(full)).reshape(full)[idx].flatten().tolist()
+    if isinstance(value, NonTensorStack):
+        new = list(value._values)
+        if len(new) != len(positions):
+            raise BatchSizeError(
+                f"td[index] = value: the index selects {len(positions)} elements, but the non-tensor value "
+                f"holds {len(new)}."
+            )
+    else:
+        new = [value.data if isinstance(value, NonTensorData) else value] * len(positions)
+    if isinstance(leaf, NonTensorStack):
+        values = list(leaf._values)
+    elif all(NonTensorData(leaf.data) == v for v in new):
+        return None
+    else:
+        values = [leaf.data] * math.prod(full)
+    for at, v in zip(positions, new, strict=True):
+        values[at] = v
+    return NonTensorStack._make(values, full)
 
 
 def nested_shape(data: Any) -> torch.Size:

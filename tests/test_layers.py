@@ -25,7 +25,7 @@ import tdshare
 PACKAGE = Path(tdshare.__file__).resolve().parent
 
 LAYERS: dict[str, list[str]] = {
-    "base": ["_errors", "_keys", "_format", "_indexing", "_bulk", "_crc", "_progress", "_options"],
+    "base": ["_errors", "_keys", "_format", "_indexing", "_bulk", "_crc", "_progress", "_options", "_settings"],
     "storage": [
         "_files",
         "_segments",
@@ -60,6 +60,8 @@ LAYERS: dict[str, list[str]] = {
         "_lazy",
         "_tensorclass_io",
         "_tensorclass_stack",
+        "_tensorclass_options",
+        "_tensorclass_ops",
         "_tensorclass",
         "_td",
         "__init__",
