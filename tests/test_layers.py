@@ -47,6 +47,7 @@ LAYERS: dict[str, list[str]] = {
         "_shared_nontensor",
         "_reductions",
         "_combine",
+        "_consolidated_read",
         "_consolidate",
         "_dataloader",
         "_tensordict_base",
