@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import psutil
 import torch
 
 from . import _workers, limits
@@ -1017,12 +1018,16 @@ def dataloader(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[R
 
         def case() -> dict[str, float]:
             n = 0
+            it = iter(loader)  # persistent workers: started by the first epoch, reused after
+            workers = [psutil.Process(p.pid) for p in getattr(loader._iterator, "_workers", [])]
+            cpu0 = _cpu_seconds(workers)
             t0 = time.perf_counter()
-            for got in loader:
+            for got in it:
                 if n == 0 and name != LIMIT and tuple(got.batch_size) != (batch,):
                     raise RuntimeError(f"{name}: a batch of batch size {tuple(got.batch_size)}, not ({batch},)")
                 n += 1
-            return {"rate": n / (time.perf_counter() - t0)}
+            wall = time.perf_counter() - t0
+            return {"rate": n / wall, "cpu": (_cpu_seconds(workers) - cpu0) / n}
 
         return case
 
@@ -1043,13 +1048,25 @@ def dataloader(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[R
         gc.collect()
         for folder in folders:
             scratch.remove(folder)
-    cells = dict(res.get("rate", {}))
-    for name, why in errors.items():
-        cells[name] = Cell(error=why)
-    label = (
-        f"DataLoader(td, batch_size={batch}, num_workers={w}), {rows_n:,} mapped rows, one shuffled epoch (batches/s)"
-    )
-    return [Row(group, label, "rate", cells, limit_name="plain mapped tensors, Dataset.__getitems__")]
+    rows = []
+    label = f"DataLoader(td, batch_size={batch}, num_workers={w}), {rows_n:,} mapped rows, one shuffled epoch"
+    for metric, kind, what in (("rate", "rate", "batches/s"), ("cpu", "time", "CPU time per batch, main + workers")):
+        cells = dict(res.get(metric, {}))
+        for name, why in errors.items():
+            cells[name] = Cell(error=why)
+        limit_name = "plain mapped tensors, Dataset.__getitems__"
+        rows.append(Row(group, f"{label} ({what})", kind, cells, limit_name=limit_name))
+    return rows
+
+
+def _cpu_seconds(workers: list[Any]) -> float:
+    """User + system CPU seconds of this process (every thread) and of the ``workers`` (psutil processes)."""
+    own = os.times()
+    total = own.user + own.system
+    for proc in workers:
+        times = proc.cpu_times()
+        total += times.user + times.system
+    return total
 
 
 # -- consolidate ---------------------------------------------------------------------------------
