@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import torch
 
-__all__ = ["loader_worker", "noop", "pipe_waiter", "read_one", "registry_waiter"]
+__all__ = ["MappedColumns", "identity", "loader_worker", "noop", "pipe_waiter", "read_one", "registry_waiter"]
 
 
 def noop(conn: Connection) -> None:
@@ -86,6 +86,36 @@ def _raw_tensors(spec: list[tuple[str, str, tuple[int, ...], str]]) -> dict[str,
             n *= s
         out[name] = torch.from_file(path, shared=True, size=n, dtype=dtype).view(shape)
     return out
+
+
+class MappedColumns:
+    """The DataLoader limit: plain mapped tensors in a map-style Dataset with ``__getitems__``.
+
+    It pickles as its file spec (a few bytes) and maps the files in each worker on first use,
+    so a batch costs exactly one gather per column, and collate is :func:`identity`.
+    """
+
+    def __init__(self, spec: list[tuple[str, str, tuple[int, ...], str]]) -> None:
+        self.spec = spec
+        self.rows = spec[0][2][0]
+        self._columns: dict[str, torch.Tensor] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec, "rows": self.rows, "_columns": None}
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        if self._columns is None:
+            self._columns = _raw_tensors(self.spec)
+        idx = torch.as_tensor(indices)
+        return {k: v[idx] for k, v in self._columns.items()}
+
+
+def identity(batch: Any) -> Any:
+    """A collate_fn that passes the fetched batch on (a dict of gathered columns)."""
+    return batch
 
 
 def loader_worker(payload: Any, raw: bool, batch: int, seed: int, conn: Connection) -> None:

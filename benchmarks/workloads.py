@@ -12,6 +12,7 @@ import gc
 import json
 import multiprocessing as mp
 import os
+import pickle
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -19,12 +20,37 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import psutil
 import torch
 
 from . import _workers, limits
-from ._common import LIMIT, Backend, Cell, Config, Row, Scratch, UnsupportedError, log, require, run_interleaved
+from ._common import (
+    LIMIT,
+    Backend,
+    Cell,
+    Config,
+    Row,
+    Scratch,
+    UnsupportedError,
+    describe_error,
+    log,
+    require,
+    run_interleaved,
+)
 
-__all__ = ["GROUPS", "big_leaves", "family", "handoff", "loader", "make_memmap", "refresh", "small_leaves", "tdz"]
+__all__ = [
+    "GROUPS",
+    "big_leaves",
+    "consolidate",
+    "dataloader",
+    "family",
+    "handoff",
+    "loader",
+    "make_memmap",
+    "refresh",
+    "small_leaves",
+    "tdz",
+]
 
 Case = Callable[[], "float | Mapping[str, float]"]
 
@@ -1093,6 +1119,212 @@ def loader(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
     ]
 
 
+# -- torch's DataLoader ---------------------------------------------------------------------------
+def _dataloader_rows(cfg: Config) -> int:
+    return {"full": 100_000, "quick": 20_000}.get(cfg.mode, 1_000)
+
+
+def dataloader(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
+    """``DataLoader(td, batch_size=256, num_workers=2)`` over a memory-mapped tensordict.
+
+    One shuffled epoch per repetition, with persistent spawned workers (the warm-up epoch starts
+    them); the collate is the DataLoader's default, so each library's own batch fetch
+    (``__getitems__``) and collate entry are what is measured.  The limit is the same columns as
+    plain mapped tensors in a map-style Dataset with ``__getitems__`` (one gather per column)
+    and a collate that passes the batch on.
+    """
+    from torch.utils.data import DataLoader, RandomSampler
+
+    group = "DataLoader"
+    rows_n, w, batch = _dataloader_rows(cfg), cfg.loader_workers, cfg.loader_batch
+    columns: dict[str, torch.Tensor] = {
+        "obs": torch.randn(rows_n, 32),
+        "action": torch.randint(0, 10, (rows_n,)),
+        "reward": torch.randn(rows_n),
+        "done": torch.zeros(rows_n, dtype=torch.bool),
+        "next_obs": torch.randn(rows_n, 32),
+    }
+    folders: list[str] = []
+    datasets: dict[str, tuple[Any, Any]] = {}
+    errors: dict[str, str] = {}
+    log(f"  {group}: writing {rows_n:,} rows")
+    for b in backends:
+        folder = scratch.fresh(b.name)
+        folders.append(folder)
+        try:
+            td = b.TensorDict(
+                {
+                    "obs": columns["obs"],
+                    "action": columns["action"],
+                    "reward": columns["reward"],
+                    "done": columns["done"],
+                    "next": b.TensorDict({"obs": columns["next_obs"]}, batch_size=[rows_n]),
+                },
+                batch_size=[rows_n],
+            )
+            datasets[b.name] = (td.memmap_(folder), None)
+        except Exception as e:
+            errors[b.name] = type(e).__name__
+    raw = scratch.fresh("raw")
+    folders.append(raw)
+    limits.write_files(raw, list(columns.values()))
+    spec = [
+        (name, os.path.join(raw, f"{i}.bin"), tuple(t.shape), str(t.dtype).split(".")[1])
+        for i, (name, t) in enumerate(columns.items())
+    ]
+    datasets[LIMIT] = (_workers.MappedColumns(spec), _workers.identity)
+    del columns
+    loaders: dict[str, Any] = {}
+    for name, (dataset, collate) in datasets.items():
+        loaders[name] = DataLoader(
+            dataset,
+            batch_size=batch,
+            sampler=RandomSampler(range(rows_n), generator=torch.Generator().manual_seed(0)),
+            num_workers=w,
+            multiprocessing_context="spawn",
+            persistent_workers=True,
+            collate_fn=collate,
+        )
+
+    def epoch(name: str) -> Case:
+        loader = loaders[name]
+
+        def case() -> dict[str, float]:
+            n = 0
+            it = iter(loader)  # persistent workers: started by the first epoch, reused after
+            workers = [psutil.Process(p.pid) for p in getattr(loader._iterator, "_workers", [])]
+            cpu0 = _cpu_seconds(workers)
+            t0 = time.perf_counter()
+            for got in it:
+                if n == 0 and name != LIMIT and tuple(got.batch_size) != (batch,):
+                    raise RuntimeError(f"{name}: a batch of batch size {tuple(got.batch_size)}, not ({batch},)")
+                n += 1
+            wall = time.perf_counter() - t0
+            return {"rate": n / wall, "cpu": (_cpu_seconds(workers) - cpu0) / n}
+
+        return case
+
+    log(f"  {group}: one epoch of {-(-rows_n // batch):,} batches per repetition, {w} spawned workers each")
+    try:
+        res = run_interleaved(
+            {name: epoch(name) for name in [LIMIT, *[b.name for b in backends]] if name in loaders},
+            cfg.reps,
+            max(cfg.warmup, 1),
+        )
+    finally:
+        for loader in loaders.values():
+            iterator = getattr(loader, "_iterator", None)
+            if iterator is not None:
+                iterator._shutdown_workers()  # persistent workers: end them now, not at exit
+        loaders.clear()
+        datasets.clear()
+        gc.collect()
+        for folder in folders:
+            scratch.remove(folder)
+    rows = []
+    label = f"DataLoader(td, batch_size={batch}, num_workers={w}), {rows_n:,} mapped rows, one shuffled epoch"
+    for metric, kind, what in (("rate", "rate", "batches/s"), ("cpu", "time", "CPU time per batch, main + workers")):
+        cells = dict(res.get(metric, {}))
+        for name, why in errors.items():
+            cells[name] = Cell(error=why)
+        limit_name = "plain mapped tensors, Dataset.__getitems__"
+        rows.append(Row(group, f"{label} ({what})", kind, cells, limit_name=limit_name))
+    return rows
+
+
+def _cpu_seconds(workers: list[Any]) -> float:
+    """User + system CPU seconds of this process (every thread) and of the ``workers`` (psutil processes)."""
+    own = os.times()
+    total = own.user + own.system
+    for proc in workers:
+        times = proc.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+# -- consolidate ---------------------------------------------------------------------------------
+def consolidate(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
+    """``consolidate()`` of a tensordict of small leaves, and the pickle round trip it buys.
+
+    The leaves are ``cfg.pickle_leaves`` leaves of 16 floats in 100 sub-tensordicts.  The pickle
+    rows pickle and unpickle the consolidated tensordict (``pickle``, in memory); the limit is
+    the same round trip of its buffer alone, a single ``uint8`` tensor.
+    """
+    group = "consolidate"
+    n = cfg.pickle_leaves
+    per = max(1, n // cfg.small_subtds)
+
+    def source(b: Backend) -> Any:
+        return b.TensorDict(
+            {f"g{i}": {f"x{j}": torch.full((16,), float(j)) for j in range(per)} for i in range(cfg.small_subtds)},
+            batch_size=[],
+        )
+
+    sources = {b.name: source(b) for b in backends}
+    made: dict[str, Any] = {}
+    plain: dict[str, Any] = {}
+    for b in backends:
+        try:
+            made[b.name] = require(sources[b.name], "consolidate")()
+        except Exception as e:
+            made[b.name] = e
+    buffer = torch.zeros(n * 64, dtype=torch.uint8)
+
+    def make(name: str) -> Case:
+        def case() -> float:
+            fn = require(sources[name], "consolidate")
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+
+        return case
+
+    def round_trip(obj: Any) -> Case:
+        def case() -> float:
+            if isinstance(obj, Exception):
+                raise obj
+            t0 = time.perf_counter()
+            pickle.loads(pickle.dumps(obj))
+            return time.perf_counter() - t0
+
+        return case
+
+    res_make = run_interleaved({b.name: make(b.name) for b in backends}, cfg.small_reps, cfg.warmup)
+    cases = {LIMIT: round_trip(buffer), **{name: round_trip(obj) for name, obj in made.items()}}
+    cases.update({f"{name} (not consolidated)": round_trip(td) for name, td in sources.items()})
+    res_pickle = run_interleaved(cases, cfg.small_reps, cfg.warmup)[""]
+    sizes: dict[str, Cell] = {}
+    for name, obj in made.items():
+        sizes[name] = (
+            Cell(error=describe_error(obj)) if isinstance(obj, Exception) else Cell(values=[len(pickle.dumps(obj))])
+        )
+        plain[name] = res_pickle.get(f"{name} (not consolidated)")
+    sizes[LIMIT] = Cell(values=[len(pickle.dumps(buffer))])
+    rows = [
+        Row(group, f"consolidate() of {n:,} leaves ({cfg.small_subtds} sub-tds)", "time", res_make[""]),
+        Row(
+            group,
+            f"pickle.dumps + loads of the consolidated td, {n:,} leaves",
+            "time",
+            {k: v for k, v in res_pickle.items() if "(not" not in k},
+            limit_name="the buffer alone",
+        ),
+        Row(
+            group,
+            f"pickled size of the consolidated td, {n:,} leaves (bytes)",
+            "bytes",
+            sizes,
+            limit_name="the buffer alone",
+        ),
+    ]
+    not_consolidated = {name: cell for name, cell in plain.items() if cell is not None}
+    if not_consolidated:
+        rows.append(
+            Row(group, f"pickle.dumps + loads of the same td not consolidated, {n:,} leaves", "time", not_consolidated)
+        )
+    return rows
+
+
 Group = Callable[..., list[Row]]
 
 #: name -> (function, needs the /dev/shm scratch)
@@ -1105,4 +1337,6 @@ GROUPS: dict[str, tuple[Group, bool]] = {
     "handoff": (handoff, False),
     "tdz": (tdz, False),
     "loader": (loader, False),
+    "dataloader": (dataloader, False),
+    "consolidate": (consolidate, False),
 }

@@ -3,6 +3,7 @@ and shared memory, in the on-disk format of tensordict 0.15.3."""
 
 from ._archive import pack_memmap, refresh_archive_checksums, unpack_memmap
 from ._compaction import compact_metadata
+from ._consolidate import consolidated_parts
 from ._coordination import SharedRegistry
 from ._errors import (
     ArgumentTypeError,
@@ -34,7 +35,7 @@ from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
 from ._settings import capture_non_tensor_stack, list_to_stack, set_capture_non_tensor_stack, set_list_to_stack
 from ._tensorclass import TensorClass, is_tensorclass, tensorclass
-from ._tensordict import TensorDict, load, load_memmap, memmap, save
+from ._tensordict import TensorDict, from_consolidated, from_consolidated_parts, load, load_memmap, memmap, save
 
 __version__ = "0.1.0"
 
@@ -72,6 +73,9 @@ __all__ = [
     "__version__",
     "capture_non_tensor_stack",
     "compact_metadata",
+    "consolidated_parts",
+    "from_consolidated",
+    "from_consolidated_parts",
     "is_tensorclass",
     "list_to_stack",
     "load",

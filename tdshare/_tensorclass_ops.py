@@ -363,6 +363,8 @@ class TensorClassOps(TensorClassIO):
             return self.get(idx)
         return type(self)._from_tensordict(self._tensordict[idx])
 
+    __getitems__ = __getitem__  # torch's DataLoader fetches a batch in one call
+
     def __setitem__(self, idx: Any, value: Any) -> None:
         if is_key(idx):
             self.set(idx, value)

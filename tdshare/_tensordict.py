@@ -8,7 +8,7 @@ from typing import Any
 from ._memmap_family import MemmapFamily
 from ._tensordict_base import rebuild_tensordict
 
-__all__ = ["TensorDict", "load", "load_memmap", "save", "memmap"]
+__all__ = ["TensorDict", "from_consolidated", "from_consolidated_parts", "load", "load_memmap", "save", "memmap"]
 
 PathLike = str | os.PathLike
 
@@ -43,6 +43,16 @@ def save(td: TensorDict, prefix: PathLike | None = None, *args: Any, **kwargs: A
 def memmap(td: TensorDict, prefix: PathLike | None = None, *args: Any, **kwargs: Any) -> Any:
     """``td.memmap(prefix, ...)``."""
     return td.memmap(prefix, *args, **kwargs)
+
+
+def from_consolidated(filename: PathLike) -> Any:
+    """``TensorDict.from_consolidated(filename)``: read a file that ``consolidate(filename=...)`` wrote."""
+    return TensorDict.from_consolidated(filename)
+
+
+def from_consolidated_parts(buffer: Any, schema: dict) -> Any:
+    """``TensorDict.from_consolidated_parts(buffer, schema)``: rebuild from :func:`tdshare.consolidated_parts`."""
+    return TensorDict.from_consolidated_parts(buffer, schema)
 
 
 # Pickles made by tdshare 0.1.0 name ``tdshare._tensordict._rebuild`` (and ``tdshare._td.TensorDict``,

@@ -18,6 +18,8 @@ import torch
 
 from ._arithmetic import ArithmeticOps
 from ._combine import CombineOps
+from ._consolidate import ConsolidateOps
+from ._dataloader import LoaderOps
 from ._errors import (
     ArgumentTypeError,
     BatchSizeError,
@@ -55,6 +57,8 @@ class TensorDictBase(
     ArithmeticOps,
     PointwiseOps,
     CombineOps,
+    ConsolidateOps,
+    LoaderOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
