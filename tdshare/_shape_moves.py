@@ -169,7 +169,8 @@ class MoveOps:
                 raise InvalidArgumentError(f"roll: without dims, shifts must be one int, got {shifts!r}.")
             flat = self.reshape(-1) if ndim != 1 else self
             rolled = flat.roll(shift_list[0], 0).reshape(self.batch_size)
-            rolled.names = self._names_kept()
+            if rolled._stack_parts() is None:  # a lazy stack's names are its members': leave them
+                rolled.names = self._names_kept()
             return self._rebind_(rolled, "roll") if inplace else rolled
         dim_list = [batch_dim(d, ndim, "roll") for d in int_list(dims, "roll", "dims")]
         if len(dim_list) != len(shift_list):

@@ -322,7 +322,8 @@ class ShapeOps(MoveOps):
         """Move the batch dims ``source`` to the positions ``destination`` (as ``torch.movedim``).
 
         Raises:
-            InvalidArgumentError: ``source`` and ``destination`` differ in length or repeat a dim.
+            InvalidArgumentError: ``source`` and ``destination`` differ in length.
+            BatchSizeError: a dim repeated in ``source`` or ``destination`` (a ``RuntimeError``).
             DimensionError: a dim out of range.
 
         >>> from tdshare import TensorDict
@@ -332,10 +333,13 @@ class ShapeOps(MoveOps):
         ndim = self.batch_dims
         src = [batch_dim(d, ndim, "movedim") for d in int_list(source, "movedim", "source")]
         dst = [batch_dim(d, ndim, "movedim") for d in int_list(destination, "movedim", "destination")]
-        if len(src) != len(dst) or len(set(src)) != len(src) or len(set(dst)) != len(dst):
+        if len(src) != len(dst):
             raise InvalidArgumentError(
-                f"movedim: source {src} and destination {dst} must have the same length and no repeated dim."
+                f"movedim: source {src} and destination {dst} must have the same number of elements."
             )
+        for name, dims in (("source", src), ("destination", dst)):
+            if len(set(dims)) != len(dims):
+                raise BatchSizeError(f"movedim: repeated dim in {name} {dims}; each dim can move once.")
         rest = iter(d for d in range(ndim) if d not in src)
         placed = dict(zip(dst, src, strict=True))
         return self.permute([placed[i] if i in placed else next(rest) for i in range(ndim)])
@@ -474,7 +478,8 @@ class ShapeOps(MoveOps):
                 out = out.unsqueeze(0)
         reps = [1] * (out.batch_dims - len(reps)) + reps
         out = out.repeat(*reps)
-        out.names = None
+        if out._stack_parts() is None:  # a lazy stack's names are its members': leave them
+            out.names = None
         return out
 
     def repeat_interleave(
@@ -534,8 +539,8 @@ class ShapeOps(MoveOps):
 
 
 # -- torch functions --------------------------------------------------------------------------
-def _collection_arg(args: tuple) -> int:
-    return next(i for i, a in enumerate(args) if isinstance(a, ShapeOps) or inner_collection(a) is not None)
+def _is_collection(value: Any) -> bool:
+    return isinstance(value, ShapeOps) or inner_collection(value) is not None
 
 
 def _method(name: str) -> Callable[..., Any]:
@@ -546,7 +551,7 @@ def _method(name: str) -> Callable[..., Any]:
 
 
 def _torch_where(condition: Any, input: Any, other: Any, *, out: Any = None) -> Any:
-    if isinstance(input, ShapeOps) or inner_collection(input) is not None:
+    if _is_collection(input):
         return input.where(condition, other, out=out)
     return other.where(condition.logical_not(), input, out=out)
 
@@ -597,6 +602,6 @@ def shape_torch_function(func: Any, args: tuple, kwargs: dict[str, Any] | None) 
     handler = SHAPE_TORCH_FUNCTIONS.get(func)
     if handler is None:
         return NotImplemented
-    if func is not torch.where and _collection_arg(args) != 0:
-        return NotImplemented
+    if func is not torch.where and not (args and _is_collection(args[0])):
+        return NotImplemented  # the tensordict is not the input (e.g. passed as a keyword)
     return handler(*args, **(kwargs or {}))

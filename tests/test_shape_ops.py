@@ -438,6 +438,9 @@ BAD: list[tuple[Callable[[Any], Any], type[Exception], str]] = [
     (lambda t: t.unsqueeze(3), BatchSizeError, r"out of range"),
     (lambda t: t.permute(0, 0), InvalidArgumentError, r"permutation"),
     (lambda t: t.transpose(0, 2), InvalidArgumentError, r"batch dims"),
+    (lambda t: t.movedim((0, 0), (1, 0)), BatchSizeError, r"repeated dim in source"),
+    (lambda t: t.movedim((0,), (1, 0)), InvalidArgumentError, r"same number of elements"),
+    (lambda t: t.movedim(0, 2), DimensionError, r"out of range"),
     (lambda t: t.expand(4, 3), BatchSizeError, r"only dims of size 1"),
     (lambda t: t.expand(3), BatchSizeError, r"fewer dims"),
     (lambda t: t.repeat(2), InvalidArgumentError, r"one\s+non-negative count"),
@@ -468,3 +471,62 @@ def test_bad_arguments_raise_before_anything_is_built(
     if kind != "lazy":  # the reference's lazy stacks accept some of these (with a FutureWarning)
         with pytest.raises(builtin):  # the reference raises the same builtin
             op(ref)
+
+
+def test_expand_as_a_tensordict_expands_every_leaf_as_its_match() -> None:
+    def content(lib: Any) -> tuple[Any, Any]:
+        small = lib.TensorDict({"a": torch.ones(3, 1, 4), "b": {"c": torch.ones(3, 2, 1, 4)}}, batch_size=[3])
+        big = lib.TensorDict({"a": torch.zeros(2, 3, 5, 4), "b": {"c": torch.zeros(2, 3, 2, 6, 4)}}, batch_size=[2, 3])
+        return small, big
+
+    (small, big), (ref_small, ref_big) = content(tdshare), content(tensordict)
+    got, want = small.expand_as(big), ref_small.expand_as(ref_big)
+    assert got.batch_size == want.batch_size and got["b", "c"].shape == want["b", "c"].shape == (2, 3, 2, 6, 4)
+    assert torch.equal(got["a"], want["a"])
+    with pytest.raises(KeyError):
+        small.expand_as(big.exclude("a"))
+
+
+def test_split_keeps_nested_tensors_and_memory_mapped_leaves() -> None:
+    jagged = torch.nested.as_nested_tensor([torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6, 7])], layout=torch.jagged)
+    first, second = TensorDict(ids=jagged, batch_size=[2]).chunk(2)
+    assert first["ids"].is_nested and torch.equal(second["ids"].unbind(0)[0], torch.tensor([4, 5, 6, 7]))
+    td = TensorDict(a=torch.arange(6.0), batch_size=[6]).memmap_(tempfile.mkdtemp())
+    pieces = td.split([2, 4])
+    assert [p["a"].tolist() for p in pieces] == [[0.0, 1.0], [2.0, 3.0, 4.0, 5.0]]
+    assert all(p.is_locked for p in pieces)
+    pieces[1]["a"][0] = -1.0  # a view: writes reach the mapped file
+    assert td["a"][2] == -1.0
+    ref = tensordict.TensorDict(a=torch.arange(6.0), batch_size=[6])
+    assert [p.batch_size for p in TensorDict(a=torch.arange(6.0), batch_size=[6]).split(4)] == [
+        p.batch_size for p in ref.split(4)
+    ]
+
+
+def test_nested_lazy_stack_and_tensorclass_entries_get_the_operation() -> None:
+    inner = LazyStackedTensorDict(
+        TensorDict(x=torch.zeros(3, 2), batch_size=[3]), TensorDict(x=torch.ones(3, 5), batch_size=[3]), stack_dim=1
+    )
+    outer = TensorDict(
+        child=inner,
+        pair=Pair(
+            a=torch.arange(6.0).reshape(3, 2),
+            n=TensorDict(b=torch.zeros(3, 2), batch_size=[3, 2]),
+            s="p",
+            batch_size=[3, 2],
+        ),
+        batch_size=[3, 2],
+    )
+    moved = outer.permute(1, 0)
+    assert isinstance(moved["child"], LazyStackedTensorDict) and moved["child"].batch_size == (2, 3)
+    assert moved["child"].stack_dim == 0 and moved["child"].tensordicts[1]["x"].shape == (3, 5)
+    assert type(moved["pair"]) is Pair and torch.equal(moved["pair"].a, torch.arange(6.0).reshape(3, 2).T)
+    flat = outer.flatten()
+    assert flat["child"].batch_size == (6,) and flat["pair"].batch_size == (6,) and flat["pair"].s == "p"
+
+
+def test_lazy_results_never_rename_the_original_members() -> None:
+    ls, _ = pair("lazy")
+    for op in (lambda t: t.roll(1), lambda t: t.tile((1, 1)), lambda t: t.reshape(3, 2), lambda t: t.flip(0)):
+        op(ls)
+        assert [m.names for m in ls.tensordicts] == [["y"], ["y"]] and ls.names == ["x", "y"]
