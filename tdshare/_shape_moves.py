@@ -100,12 +100,15 @@ class MoveOps:
         lock: bool = True,
         spread: bool = False,
         collapse: bool = False,
+        copy: bool = False,
     ) -> T:
         """A new level: ``leaf`` on every tensor, ``nested`` on every child collection.
 
         ``spread`` turns a single non-tensor value into a ``NonTensorStack`` of the new batch
         (as the reference's expand and unsqueeze do); otherwise the value is kept.  ``collapse``
         turns a ``NonTensorStack`` whose values are all equal back into one value (squeeze).
+        ``copy`` (operations whose tensors are copies) gives the result its own non-tensor values;
+        otherwise a value is shared with this tensordict, as indexing shares it.
         """
         batch = torch.Size(batch)
         leaves: dict[str, Any] = {}
@@ -115,7 +118,7 @@ class MoveOps:
             elif isinstance(value, NonTensorStack):
                 leaves[key] = move_values(value, leaf, collapse)
             elif isinstance(value, NonTensorData):
-                leaves[key] = spread_value(value.data, batch) if spread else value
+                leaves[key] = spread_value(value.data, batch) if spread else value.clone() if copy else value
             elif isinstance(value, torch.Tensor):
                 leaves[key] = leaf(torch.Tensor.as_subclass(value, torch.Tensor))
             elif (kind := kind_of(value)) is not None and kind.unwrap is not None and kind.wrap is not None:
@@ -184,6 +187,7 @@ class MoveOps:
             lambda c: c.roll(shift_list, dim_list),
             self.batch_size,
             self._names_kept(),
+            copy=True,
         )
         return self._rebind_(result, "roll") if inplace else result
 
@@ -202,7 +206,11 @@ class MoveOps:
         if self._stack_parts() is not None:
             return stack_rules.flip(self, dim_list)
         return self._rebuild(
-            lambda t: t.flip(dim_list), lambda c: c.flip(dim_list), self.batch_size, self._names_kept()
+            lambda t: t.flip(dim_list),
+            lambda c: c.flip(dim_list),
+            self.batch_size,
+            self._names_kept(),
+            copy=True,
         )
 
     def fliplr(self: T) -> T:
@@ -390,7 +398,7 @@ class MoveOps:
             def nested(c: Any) -> Any:
                 return c.gather(d, gather_index(index, d, c.batch_size, self.batch_size))
 
-            result = self._rebuild(leaf, nested, index.shape, names, lock=False)
+            result = self._rebuild(leaf, nested, index.shape, names, lock=False, copy=True)
         if inplace:
             return self._rebind_(result, "gather")
         if out is not None:
@@ -419,7 +427,12 @@ class MoveOps:
             return t.masked_fill(align_right(mask, t, nd), value)
 
         return self._rebuild(
-            leaf, lambda c: c.masked_fill(mask, value), self.batch_size, self._names_kept(), lock=False
+            leaf,
+            lambda c: c.masked_fill(mask, value),
+            self.batch_size,
+            self._names_kept(),
+            lock=False,
+            copy=True,
         )
 
     def masked_fill_(self: T, mask: torch.Tensor, value: float | bool) -> T:
@@ -475,7 +488,11 @@ class MoveOps:
                 return torch.where(align_right(condition, t, nd), t, other)
 
             result = self._rebuild(
-                leaf, lambda c: c.where(condition, other, pad=pad), self.batch_size, self._names_kept()
+                leaf,
+                lambda c: c.where(condition, other, pad=pad),
+                self.batch_size,
+                self._names_kept(),
+                copy=True,
             )
         if out is not None:
             out.update(result)

@@ -459,6 +459,7 @@ class ShapeOps(MoveOps):
             lambda c: c.repeat(*reps, *[1] * (c.batch_dims - ndim)),
             new,
             self._names_kept(),
+            copy=True,
         )
         return self._rebind_(result, "repeat") if inplace else result
 
@@ -534,6 +535,7 @@ class ShapeOps(MoveOps):
             lambda c: c.repeat_interleave(repeats, d, output_size=output_size),
             new,
             self._names_kept(),
+            copy=True,
         )
         return self._rebind_(result, "repeat_interleave") if inplace else result
 

@@ -530,3 +530,13 @@ def test_lazy_results_never_rename_the_original_members() -> None:
     for op in (lambda t: t.roll(1), lambda t: t.tile((1, 1)), lambda t: t.reshape(3, 2), lambda t: t.flip(0)):
         op(ls)
         assert [m.names for m in ls.tensordicts] == [["y"], ["y"]] and ls.names == ["x", "y"]
+
+
+def test_copies_own_their_non_tensor_values_views_share_them() -> None:
+    td = TensorDict(a=torch.arange(3), s="text", batch_size=[3])
+    flipped, viewed = td.flip(0), td.reshape(3, 1)
+    flipped.set_("s", "copy")
+    viewed.set_("s", "view")  # a view shares the value, as td[...] does
+    assert td["s"] == "view" and flipped["s"] == "copy"
+    flipped["a"][0] = 9  # a copy: the original keeps its tensor
+    assert td["a"].tolist() == [0, 1, 2]
