@@ -113,7 +113,9 @@ class MoveOps:
         batch = torch.Size(batch)
         leaves: dict[str, Any] = {}
         for key, value in self._tensordict.items():
-            if isinstance(value, MoveOps):
+            if type(value) is torch.Tensor:  # the common case first
+                leaves[key] = leaf(value)
+            elif isinstance(value, MoveOps):
                 leaves[key] = nested(value)
             elif isinstance(value, NonTensorStack):
                 leaves[key] = move_values(value, leaf, collapse)
@@ -392,8 +394,13 @@ class MoveOps:
         else:
             names = self._names_kept() if index.dim() == ndim else None
 
+            expanded: dict[torch.Size, torch.Tensor] = {}  # one expanded index per leaf shape
+
             def leaf(t: torch.Tensor) -> torch.Tensor:
-                return torch.gather(t, d, gather_index(index, d, t.shape, self.batch_size))
+                idx = expanded.get(t.shape)
+                if idx is None:
+                    idx = expanded[t.shape] = gather_index(index, d, t.shape, self.batch_size)
+                return torch.gather(t, d, idx)
 
             def nested(c: Any) -> Any:
                 return c.gather(d, gather_index(index, d, c.batch_size, self.batch_size))
@@ -423,8 +430,13 @@ class MoveOps:
             return stack_rules.masked(self, mask, lambda m, mask_i: m.masked_fill(mask_i, value))
         nd = mask.dim()
 
+        aligned: dict[torch.Size, torch.Tensor] = {}  # one mask per leaf shape
+
         def leaf(t: torch.Tensor) -> torch.Tensor:
-            return t.masked_fill(align_right(mask, t, nd), value)
+            m = aligned.get(t.shape)
+            if m is None:
+                m = aligned[t.shape] = align_right(mask, t, nd)
+            return t.masked_fill(m, value)
 
         return self._rebuild(
             leaf,
