@@ -20,7 +20,7 @@ import torch
 from . import _shape_stack as stack_rules
 from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._shape_args import batch_dim, expanded_shape, inferred_shape, int_list, interleaved_size, shape_args
-from ._shape_moves import Leaf, MoveOps, inner_collection
+from ._shape_moves import MoveOps, inner_collection
 
 __all__ = ["ShapeOps", "shape_torch_function", "SHAPE_TORCH_FUNCTIONS"]
 
@@ -66,13 +66,11 @@ class ShapeOps(MoveOps):
             if inplace:
                 return self._rebind_(None, "reshape")
             return stack_rules.reshape(self, new, view=False)
-        result = self._reshape_dense(new, None)
-        return self._rebind_(result, "reshape") if inplace else result
-
-    def _reshape_dense(self: T, new: torch.Size, names: list | None, leaf: Leaf | None = None) -> T:
         bd = self.batch_dims
-        fn = leaf or (lambda t: t.reshape((*new, *t.shape[bd:])))
-        return self._rebuild(fn, lambda c: c.reshape(*new, *c.batch_size[bd:]), new, names)
+        result = self._rebuild(
+            lambda t: t.reshape((*new, *t.shape[bd:])), lambda c: c.reshape(*new, *c.batch_size[bd:]), new, None
+        )
+        return self._rebind_(result, "reshape") if inplace else result
 
     def view(self: T, *shape: Any, size: Any = None, batch_size: Any = None) -> T:
         """A view with batch size ``shape``, or with every leaf viewed as the dtype ``view(dtype)``.
@@ -152,7 +150,7 @@ class ShapeOps(MoveOps):
         if self._stack_parts() is not None:
             if inplace:
                 return self._rebind_(None, "flatten")
-            return self if start == end else stack_rules.flatten(self, start, end, new, names)
+            return self if start == end else stack_rules.flatten(self, start, end)
         result = self._rebuild(lambda t: t.flatten(start, end), lambda c: c.flatten(start, end), new, names)
         return self._rebind_(result, "flatten") if inplace else result
 
@@ -192,7 +190,7 @@ class ShapeOps(MoveOps):
         if self._stack_parts() is not None:
             if inplace:
                 return self._rebind_(None, "unflatten")
-            return stack_rules.unflatten(self, d, new_dims, new, names)
+            return stack_rules.unflatten(self, d, new_dims)
         result = self._rebuild(lambda t: t.unflatten(d, new_dims), lambda c: c.unflatten(d, new_dims), new, names)
         return self._rebind_(result, "unflatten") if inplace else result
 

@@ -99,7 +99,7 @@ def _split_dim(batch: list[int], shape: list[int]) -> int | None:
     return None
 
 
-def flatten(ls: Any, start: int, end: int, new: torch.Size, names: list | None) -> Any:
+def flatten(ls: Any, start: int, end: int) -> Any:
     members, sd = _parts(ls)
     if sd < start:
         return ls._restack([m.flatten(start - 1, end - 1) for m in members], sd)
@@ -111,7 +111,7 @@ def flatten(ls: Any, start: int, end: int, new: torch.Size, names: list | None) 
     return ls._restack(pieces, start, keep_name=False)
 
 
-def unflatten(ls: Any, d: int, sizes: Sequence[int], new: torch.Size, names: list | None) -> Any:
+def unflatten(ls: Any, d: int, sizes: Sequence[int]) -> Any:
     members, sd = _parts(ls)
     if d != sd:
         return ls._restack([m.unflatten(_inner(d, sd), sizes) for m in members], sd + (len(sizes) - 1) * (d < sd))
