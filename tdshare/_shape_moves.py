@@ -25,12 +25,11 @@ from ._errors import (
     BatchSizeError,
     InvalidArgumentError,
     LockedError,
-    MissingKeyError,
     NotSupportedError,
 )
 from ._nodes import kind_of
 from ._nontensor import NonTensorData, NonTensorStack
-from ._shape_args import align_right, batch_dim, check_mask, gather_index, int_list
+from ._shape_args import batch_dim, gather_index, int_list
 
 __all__ = ["MoveOps", "inner_collection", "move_values", "spread_value"]
 
@@ -237,6 +236,31 @@ class MoveOps:
             raise BatchSizeError("flipud requires at least 1 batch dim, the tensordict has none.")
         return self.flip(0)
 
+    def rot90(self: T, k: int = 1, dims: Sequence[int] = (0, 1)) -> T:
+        """Rotate the batch by 90 degrees ``k`` times in the plane of the batch dims ``dims``
+        (as ``torch.rot90``: the first dim towards the second); names follow their dims.
+
+        Raises:
+            BatchSizeError: fewer than 2 batch dims, or ``dims`` not two distinct dims.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.tensor([[1, 2], [3, 4]]), batch_size=[2, 2]).rot90()["a"].tolist()
+        [[2, 4], [1, 3]]
+        """
+        ndim = self.batch_dims
+        if ndim < 2:
+            raise BatchSizeError(f"rot90 requires at least 2 batch dims, the batch size is {list(self.batch_size)}.")
+        plane = [batch_dim(d, ndim, "rot90") for d in int_list(dims, "rot90", "dims")]
+        if len(plane) != 2 or plane[0] == plane[1]:
+            raise BatchSizeError(f"rot90 requires exactly 2 distinct dims, got {list(dims)}.")
+        a, b = plane
+        turns = k % 4
+        if turns == 0:
+            return self
+        if turns == 2:
+            return self.flip([a, b])
+        return self.flip([b if turns == 1 else a]).transpose(a, b)  # type: ignore[attr-defined]
+
     # -- selecting ------------------------------------------------------------------------------
     def narrow(self: T, dim: int, start: int, length: int) -> T:
         """The elements ``start`` to ``start + length`` along batch dim ``dim`` (views).
@@ -332,6 +356,55 @@ class MoveOps:
             pieces.append(out)
         return tuple(pieces)
 
+    def tensor_split(self, indices_or_sections: int | Sequence[int] | torch.Tensor, dim: int = 0) -> tuple[Any, ...]:
+        """Split along batch dim ``dim`` as ``torch.tensor_split``: into that many nearly equal
+        pieces (an int), or at the given indices (a sequence or a 1-D tensor; clamped, negative
+        counting from the end).
+
+        Raises:
+            InvalidArgumentError: no batch dim, a number of sections below 1, or a bad argument type.
+            DimensionError: ``dim`` out of range.
+
+        >>> from tdshare import TensorDict
+        >>> [t.batch_size[0] for t in TensorDict(batch_size=[5]).tensor_split(3)]
+        [2, 2, 1]
+        """
+        if isinstance(indices_or_sections, torch.Tensor):
+            if indices_or_sections.dtype != torch.long or indices_or_sections.dim() > 1:
+                raise InvalidArgumentError(
+                    "tensor_split: a tensor indices_or_sections must be a 0-d or 1-d long tensor, got a "
+                    f"{indices_or_sections.dim()}-d {indices_or_sections.dtype} tensor."
+                )
+            indices_or_sections = indices_or_sections.tolist()
+        if self.batch_dims == 0:
+            raise InvalidArgumentError("tensor_split needs a batch dim; this tensordict has none.")
+        d = batch_dim(dim, self.batch_dims, "tensor_split")
+        size = self.batch_size[d]
+        if isinstance(indices_or_sections, int) and not isinstance(indices_or_sections, bool):
+            if indices_or_sections < 1:
+                raise InvalidArgumentError(
+                    f"tensor_split: the number of sections must be positive, got {indices_or_sections}."
+                )
+            base, extra = divmod(size, indices_or_sections)
+            return self.split([base + (i < extra) for i in range(indices_or_sections)], d)
+        if not isinstance(indices_or_sections, Sequence):
+            raise InvalidArgumentError(
+                "tensor_split: indices_or_sections must be an int, a sequence of ints or a 1-d long tensor, got "
+                f"{type(indices_or_sections).__name__}."
+            )
+        bounds = [
+            0,
+            *(
+                min(max(i + size if i < 0 else i, 0), size)
+                for i in int_list(list(indices_or_sections), "tensor_split", "indices")
+            ),
+            size,
+        ]
+        spans = list(itertools.pairwise(bounds))
+        if all(b >= a for a, b in spans):
+            return self.split([b - a for a, b in spans], d)
+        return tuple(self.narrow(d, a, max(b - a, 0)) for a, b in spans)  # decreasing indices overlap
+
     def chunk(self, chunks: int, dim: int = 0) -> tuple[Any, ...]:
         """Split along batch dim ``dim`` into ``chunks`` pieces of equal size (the last may be smaller).
 
@@ -408,104 +481,6 @@ class MoveOps:
             result = self._rebuild(leaf, nested, index.shape, names, lock=False, copy=True)
         if inplace:
             return self._rebind_(result, "gather")
-        if out is not None:
-            out.update(result)
-            return out
-        return result
-
-    # -- filling --------------------------------------------------------------------------------
-    def masked_fill(self: T, mask: torch.Tensor, value: float | bool) -> T:
-        """A copy with ``value`` written where ``mask`` is True (``mask`` covers the leading batch dims).
-
-        Raises:
-            BatchSizeError: a mask whose shape is not the batch size or its first dims.
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(3), batch_size=[3])
-        >>> td.masked_fill(torch.tensor([True, False, True]), 1.0)["a"].tolist()
-        [1.0, 0.0, 1.0]
-        """
-        check_mask(mask, self.batch_size, "masked_fill")
-        if self._stack_parts() is not None:
-            return stack_rules.masked(self, mask, lambda m, mask_i: m.masked_fill(mask_i, value))
-        nd = mask.dim()
-
-        aligned: dict[torch.Size, torch.Tensor] = {}  # one mask per leaf shape
-
-        def leaf(t: torch.Tensor) -> torch.Tensor:
-            m = aligned.get(t.shape)
-            if m is None:
-                m = aligned[t.shape] = align_right(mask, t, nd)
-            return t.masked_fill(m, value)
-
-        return self._rebuild(
-            leaf,
-            lambda c: c.masked_fill(mask, value),
-            self.batch_size,
-            self._names_kept(),
-            lock=False,
-            copy=True,
-        )
-
-    def masked_fill_(self: T, mask: torch.Tensor, value: float | bool) -> T:
-        """Write ``value`` where ``mask`` is True into every tensor leaf, in place (allowed while locked).
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
-        >>> td.masked_fill_(torch.tensor([False, True]), 5.0)["a"].tolist()
-        [0.0, 5.0]
-        """
-        check_mask(mask, self.batch_size, "masked_fill_")
-        parts = self._stack_parts()
-        if parts is not None:
-            stack_rules.masked(self, mask, lambda m, mask_i: m.masked_fill_(mask_i, value))
-            return self
-        nd = mask.dim()
-        for value_ in self._tensordict.values():
-            inner = value_ if isinstance(value_, MoveOps) else inner_collection(value_)
-            if inner is not None:
-                inner.masked_fill_(mask, value)
-            elif isinstance(value_, torch.Tensor):
-                value_.masked_fill_(align_right(mask, value_, nd), value)
-        return self
-
-    def where(self: T, condition: torch.Tensor, other: Any, *, out: Any = None, pad: Any = None) -> T:
-        """Elements of this tensordict where ``condition`` is True, of ``other`` elsewhere.
-
-        Args:
-            condition: a bool tensor covering the leading batch dims.
-            other: a number, a tensor (broadcast against each leaf) or a tensordict (entry by
-                entry; an entry only one side has takes ``pad`` on the other side).
-            out: a tensordict to write the result into.
-            pad: the value standing in for an entry missing on one side.
-
-        Raises:
-            MissingKeyError: an entry missing on one side and no ``pad``.
-            BatchSizeError: a condition that does not cover the leading batch dims.
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.ones(3), batch_size=[3])
-        >>> td.where(torch.tensor([True, False, True]), 0.0)["a"].tolist()
-        [1.0, 0.0, 1.0]
-        """
-        check_mask(condition, self.batch_size, "where")
-        if self._stack_parts() is not None:
-            result = stack_rules.where(self, condition, other, pad)
-        elif isinstance(other, MoveOps) or inner_collection(other) is not None:
-            result = _where_collections(self, condition, other, pad)
-        else:
-            nd = condition.dim()
-
-            def leaf(t: torch.Tensor) -> torch.Tensor:
-                return torch.where(align_right(condition, t, nd), t, other)
-
-            result = self._rebuild(
-                leaf,
-                lambda c: c.where(condition, other, pad=pad),
-                self.batch_size,
-                self._names_kept(),
-                copy=True,
-            )
         if out is not None:
             out.update(result)
             return out
@@ -593,28 +568,3 @@ def _nest(values: list[Any], batch: Sequence[int]) -> Any:
         return values[0]
     step = math.prod(batch[1:])
     return [_nest(values[i * step : (i + 1) * step], batch[1:]) for i in range(batch[0])]
-
-
-def _where_collections(td: Any, condition: torch.Tensor, other: Any, pad: Any) -> Any:
-    other = other if isinstance(other, MoveOps) else inner_collection(other)
-    out = td.empty()
-    nd = condition.dim()
-    keys = list(td._tensordict) + [k for k in other._tensordict if k not in td._tensordict]
-    for key in keys:
-        mine, theirs = td._tensordict.get(key), other._tensordict.get(key)
-        if (mine is None or theirs is None) and pad is None:
-            raise MissingKeyError(f"where: the entry {key!r} is missing on one side and no pad value is given.")
-        if isinstance(mine, MoveOps) or isinstance(theirs, MoveOps):
-            if mine is None:
-                out._tensordict[key] = theirs.where(~condition, theirs.empty(), pad=pad)
-            else:
-                out._tensordict[key] = mine.where(condition, theirs if theirs is not None else mine.empty(), pad=pad)
-        elif isinstance(mine, NonTensorData) or isinstance(theirs, NonTensorData):
-            out._tensordict[key] = mine if mine is not None else theirs
-        elif mine is None:
-            fill = torch.tensor(pad, dtype=theirs.dtype)
-            out._tensordict[key] = torch.where(align_right(~condition, theirs, nd), theirs, fill)
-        else:
-            alt = theirs if theirs is not None else torch.tensor(pad, dtype=mine.dtype)
-            out._tensordict[key] = torch.where(align_right(condition, mine, nd), mine, alt)
-    return out

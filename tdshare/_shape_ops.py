@@ -12,7 +12,7 @@ when the input is, and names follow the reference.  A lazy stack follows
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -20,15 +20,18 @@ import torch
 from . import _shape_stack as stack_rules
 from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._shape_args import batch_dim, expanded_shape, inferred_shape, int_list, interleaved_size, shape_args
+from ._shape_masks import MaskOps
 from ._shape_moves import MoveOps, inner_collection
+from ._shape_torch import shape_torch_function
 
-__all__ = ["ShapeOps", "shape_torch_function", "SHAPE_TORCH_FUNCTIONS"]
+__all__ = ["ShapeOps"]
 
 T = TypeVar("T", bound="ShapeOps")
 
 
-class ShapeOps(MoveOps):
-    """Batch-shape operations (``MoveOps`` adds the element-moving ones and the engine)."""
+class ShapeOps(MaskOps):
+    """Batch-shape operations (``MaskOps`` adds the masking ones, ``MoveOps`` the element-moving ones
+    and the engine)."""
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -251,6 +254,39 @@ class ShapeOps(MoveOps):
         names = None if self._names is None else [*self.names[:d], None, *self.names[d:]]
         new = torch.Size([*batch[:d], 1, *batch[d:]])
         return self._rebuild(lambda t: t.unsqueeze(d), lambda c: c.unsqueeze(d), new, names, spread=True)
+
+    def atleast_1d(self: T) -> T:
+        """Self when it has a batch dim, else ``unsqueeze(0)``.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(batch_size=[]).atleast_1d().batch_size
+        torch.Size([1])
+        """
+        return self if self.batch_dims >= 1 else self.unsqueeze(0)
+
+    def atleast_2d(self: T) -> T:
+        """Self with leading size-1 dims added until it has 2 batch dims.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(batch_size=[3]).atleast_2d().batch_size
+        torch.Size([1, 3])
+        """
+        out = self
+        while out.batch_dims < 2:
+            out = out.unsqueeze(0)
+        return out
+
+    def atleast_3d(self: T) -> T:
+        """Self with leading size-1 dims added until it has 3 batch dims.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(batch_size=[2, 3]).atleast_3d().batch_size
+        torch.Size([1, 2, 3])
+        """
+        out = self
+        while out.batch_dims < 3:
+            out = out.unsqueeze(0)
+        return out
 
     # -- moving dims ----------------------------------------------------------------------------
     def permute(self: T, *dims: Any, **kwargs: Any) -> T:
@@ -536,72 +572,3 @@ class ShapeOps(MoveOps):
             copy=True,
         )
         return self._rebind_(result, "repeat_interleave") if inplace else result
-
-
-# -- torch functions --------------------------------------------------------------------------
-def _is_collection(value: Any) -> bool:
-    return isinstance(value, ShapeOps) or inner_collection(value) is not None
-
-
-def _method(name: str) -> Callable[..., Any]:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(args[0], name)(*args[1:], **kwargs)
-
-    return call
-
-
-def _torch_where(condition: Any, input: Any, other: Any, *, out: Any = None) -> Any:
-    if _is_collection(input):
-        return input.where(condition, other, out=out)
-    return other.where(condition.logical_not(), input, out=out)
-
-
-def _torch_flatten(td: Any, start_dim: int = 0, end_dim: int = -1) -> Any:
-    return td.flatten(start_dim, end_dim)
-
-
-SHAPE_TORCH_FUNCTIONS: dict[Any, Callable[..., Any]] = {
-    torch.flatten: _torch_flatten,
-    torch.where: _torch_where,
-    **{
-        getattr(torch, name): _method(name)
-        for name in (
-            "reshape",
-            "unflatten",
-            "squeeze",
-            "unsqueeze",
-            "permute",
-            "transpose",
-            "swapaxes",
-            "swapdims",
-            "movedim",
-            "moveaxis",
-            "broadcast_to",
-            "tile",
-            "repeat_interleave",
-            "roll",
-            "flip",
-            "fliplr",
-            "flipud",
-            "narrow",
-            "split",
-            "chunk",
-            "gather",
-        )
-    },
-}
-
-
-def shape_torch_function(func: Any, args: tuple, kwargs: dict[str, Any] | None) -> Any:
-    """The result of the torch function ``func`` on a tensordict argument, or NotImplemented.
-
-    >>> from tdshare import TensorDict
-    >>> torch.flatten(TensorDict(batch_size=[2, 3])).batch_size
-    torch.Size([6])
-    """
-    handler = SHAPE_TORCH_FUNCTIONS.get(func)
-    if handler is None:
-        return NotImplemented
-    if func is not torch.where and not (args and _is_collection(args[0])):
-        return NotImplemented  # the tensordict is not the input (e.g. passed as a keyword)
-    return handler(*args, **(kwargs or {}))

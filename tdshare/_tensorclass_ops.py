@@ -22,7 +22,7 @@ from ._indexing import is_key
 from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData
 from ._pointwise import TORCH_FUNCTIONS
-from ._shape_ops import shape_torch_function
+from ._shape_torch import shape_torch_function
 from ._tensorclass_io import TensorClassIO
 from ._tensorclass_options import TensorClassOptions, stored_value
 from ._tensorclass_stack import combine_instances, plain_collection
