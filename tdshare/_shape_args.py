@@ -127,11 +127,12 @@ def align_right(mask: torch.Tensor, t: torch.Tensor, nd: int) -> torch.Tensor:
     return mask.reshape((*mask.shape, *[1] * (t.dim() - nd))).expand(t.shape)
 
 
-def check_mask(mask: Any, batch: torch.Size, op: str) -> None:
+def check_mask(mask: Any, batch: torch.Size, op: str, name: str = "mask") -> None:
+    """Check that ``mask`` (called ``name`` in messages) is a tensor over the leading dims of ``batch``."""
     if not isinstance(mask, torch.Tensor):
-        raise ArgumentTypeError(f"{op}: the mask must be a bool tensor, got {type(mask).__name__}.")
+        raise ArgumentTypeError(f"{op}: the {name} must be a bool tensor, got {type(mask).__name__}.")
     if tuple(mask.shape) != tuple(batch[: mask.dim()]):
         raise BatchSizeError(
-            f"{op}: the mask has shape {list(mask.shape)}, but it must be the batch size {list(batch)} or its "
+            f"{op}: the {name} has shape {list(mask.shape)}, but it must be the batch size {list(batch)} or its "
             "first dims."
         )

@@ -100,7 +100,7 @@ class MaskOps(MoveOps):
         >>> td.where(torch.tensor([True, False, True]), 0.0)["a"].tolist()
         [1.0, 0.0, 1.0]
         """
-        check_mask(condition, self.batch_size, "where")
+        check_mask(condition, self.batch_size, "where", "condition")
         if self._stack_parts() is not None:
             result = stack_rules.where(self, condition, other, pad)
         elif isinstance(other, MaskOps) or inner_collection(other) is not None:
