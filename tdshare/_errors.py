@@ -32,6 +32,7 @@ __all__ = [
     "FieldError",
     "ReservedFieldError",
     "FrozenFieldError",
+    "DimensionError",
 ]
 
 
@@ -120,3 +121,7 @@ class ReservedFieldError(InvalidArgumentError, FieldError):
 
 class FrozenFieldError(FieldError, dataclasses.FrozenInstanceError):
     """An assignment to a field of a frozen tensorclass (``@tensorclass(frozen=True)``)."""
+
+
+class DimensionError(TdshareError, IndexError):
+    """A dimension outside the batch dimensions (the reference raises ``IndexError`` there)."""

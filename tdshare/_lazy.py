@@ -412,6 +412,15 @@ class LazyStackedTensorDict(MemmapFamily):
         return self
 
     # -- derived stacks -----------------------------------------------------------------------
+    def _stack_parts(self) -> tuple[list[Any], int] | None:
+        return self._members, self._stack_dim  # the shape operations work on the members
+
+    def _restack(self, members: Sequence[Any], stack_dim: int, keep_name: bool = True) -> Any:
+        out = type(self)(*members, stack_dim=stack_dim, stack_dim_name=self._stack_dim_name if keep_name else None)
+        if self._is_locked:
+            out.lock_()
+        return out
+
     def _like(self: T, members: Sequence[TensorDictBase]) -> T:
         return type(self)(*members, stack_dim=self._stack_dim, stack_dim_name=self._stack_dim_name)
 

@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
-from ._errors import ArgumentTypeError, NotSupportedError
-from ._format import LEVEL, STACK
-from ._tree_walk import binary, foreach_leaves, node_layout, operand, prepare, walk
+from ._errors import ArgumentTypeError
+from ._tree_walk import foreach_leaves, walk
 
 __all__ = ["PointwiseOps", "TORCH_FUNCTIONS", "UNARY"]
 
@@ -178,52 +177,11 @@ class PointwiseOps:
     isposinf = _predicate("isposinf")
     isreal = _predicate("isreal")
 
-    # -- where ----------------------------------------------------------------------------------
-    def where(self, condition: torch.Tensor, other: Any, *, out: Any = None, pad: Any = None) -> Any:
-        """The leaves where ``condition`` is true, ``other``'s elsewhere (``torch.where`` leaf by leaf).
-
-        Args:
-            condition: a boolean tensor over the leading batch dims, aligned with every leaf.
-            other: a number, a tensor (broadcast with each leaf as torch does), or a tensordict
-                with the same keys.
-            out: a tensordict to write the result into (returned).
-            pad: with a tensordict ``other``, the value that stands in for an entry only one of the
-                two has (else such an entry is a ``MissingKeyError``).
-
-        Raises:
-            ArgumentTypeError: ``condition`` is not a tensor.
-            MissingKeyError: the keys differ and no ``pad`` is given.
-
-        >>> import torch
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(x=torch.ones(2, 3), batch_size=[2])
-        >>> td.where(torch.tensor([True, False]), 0.0)["x"][:, 0].tolist()
-        [1.0, 0.0]
-        """
-        if not isinstance(condition, torch.Tensor):
-            raise ArgumentTypeError(f"where: condition must be a boolean tensor, got {type(condition).__name__}.")
-        theirs = operand(other)
-        if node_layout(theirs) in (LEVEL, STACK):
-            if pad is not None:
-                result = _where_pad(self, condition, theirs, pad)
-            else:
-                result = binary(self, "where", lambda x, c, o: torch.where(c, x, o), (condition, theirs))
-        else:
-            cond = prepare(self, "where", condition)
-            result = walk(self, lambda x, c: torch.where(c, x, other), (cond,), inplace=False)
-        return result if out is None else out.update(result)
-
     # -- torch functions ------------------------------------------------------------------------
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        """``torch.exp(td)``, ``torch.sum(td, 0)``, ``torch.where(c, td, x)``...: the method of that name."""
+        """``torch.exp(td)``, ``torch.sum(td, 0)``...: the method of that name (``torch.where``: the shape ops')."""
         kwargs = kwargs or {}
-        if func is torch.where and len(args) >= 2:
-            cond, first, *rest = args
-            second = rest[0] if rest else kwargs.pop("other")
-            if not isinstance(first, PointwiseOps) and isinstance(second, PointwiseOps):
-                return second.where(cond.logical_not(), first, **kwargs)
-            return first.where(cond, second, **kwargs)
         name = TORCH_FUNCTIONS.get(func)
         if name is not None:
             if not args or not isinstance(args[0], PointwiseOps):
@@ -247,33 +205,3 @@ TORCH_FUNCTIONS: dict[Any, str] = {
 }
 
 
-def _where_pad(td: Any, condition: torch.Tensor, other: Any, pad: Any) -> Any:
-    """``where`` with entries that only one side has: ``pad`` stands in for the missing side."""
-    if node_layout(td) != LEVEL or node_layout(other) != LEVEL:
-        raise NotSupportedError("where(pad=...) pairs two TensorDicts; convert a lazy stack with to_tensordict().")
-    cond = condition.expand(td.batch_size)
-
-    def pick(c: torch.Tensor, x: torch.Tensor, y: Any) -> torch.Tensor:
-        if not isinstance(y, torch.Tensor):
-            y = torch.tensor(y, dtype=x.dtype, device=x.device)
-        return torch.where(c.reshape((*c.shape, *([1] * (x.dim() - c.dim())))), x, y)
-
-    leaves: dict[str, Any] = {}
-    for key, leaf in td._tensordict.items():
-        match, kind = other._tensordict.get(key), node_layout(leaf)
-        if kind == "value":
-            leaves[key] = leaf.clone()
-        elif kind == LEVEL:
-            leaves[key] = _where_pad(leaf, cond, leaf.empty() if match is None else match, pad)
-        elif kind == "tensor":
-            leaves[key] = pick(cond, leaf, pad if match is None else match)
-        else:
-            raise NotSupportedError(f"where(pad=...): the entry {key!r} is a {type(leaf).__name__}, not a level.")
-    for key, match in other._tensordict.items():
-        if key in td._tensordict:
-            continue
-        if node_layout(match) == "tensor":
-            leaves[key] = pick(cond.logical_not(), match, pad)
-        elif node_layout(match) == LEVEL:
-            leaves[key] = _where_pad(match, cond.logical_not(), match.empty(), pad)
-    return type(td)._from_leaves(leaves, td._batch_size, td._device, td._names)

@@ -22,6 +22,7 @@ from ._indexing import is_key
 from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData
 from ._pointwise import TORCH_FUNCTIONS
+from ._shape_torch import shape_torch_function
 from ._tensorclass_io import TensorClassIO
 from ._tensorclass_options import TensorClassOptions, stored_value
 from ._tensorclass_stack import combine_instances, plain_collection
@@ -544,7 +545,7 @@ class TensorClassOps(TensorClassIO):
         name = TORCH_FUNCTIONS.get(func)
         if name is not None and args and is_tensorclass(args[0]):  # torch.exp(obj), torch.sum(obj, 0)...
             return getattr(args[0], name)(*args[1:], **kwargs)
-        return NotImplemented
+        return shape_torch_function(func, args, kwargs)  # torch.flatten(tc), torch.split(tc, 2)...
 
 
 def rebuild_tensorclass(cls: type[T], td: TensorDictBase) -> T:

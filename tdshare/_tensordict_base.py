@@ -39,6 +39,7 @@ from ._pointwise import PointwiseOps
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_leaf, encode_leaf
 from ._settings import list_to_stack
+from ._shape_ops import ShapeOps
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
 
@@ -53,6 +54,7 @@ _LOCKED_MSG = (
 
 
 class TensorDictBase(
+    ShapeOps,
     ReduceOps,
     ArithmeticOps,
     PointwiseOps,

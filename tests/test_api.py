@@ -19,6 +19,7 @@ PUBLIC = [
     "AtomicTargetError",
     "BatchSizeError",
     "CorruptDataError",
+    "DimensionError",
     "FieldError",
     "FileExistsRuntimeError",
     "FormatError",

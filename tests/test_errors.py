@@ -85,6 +85,7 @@ def test_bases(cls: type[BaseException]) -> None:
         (tdshare.MissingKeyError, KeyError),
         (tdshare.KeyTypeError, TypeError),
         (tdshare.ArgumentTypeError, TypeError),
+        (tdshare.DimensionError, IndexError),
     ],
 )
 def test_explicit_bases(cls: type[BaseException], base: type[BaseException]) -> None:

@@ -25,7 +25,18 @@ import tdshare
 PACKAGE = Path(tdshare.__file__).resolve().parent
 
 LAYERS: dict[str, list[str]] = {
-    "base": ["_errors", "_keys", "_format", "_indexing", "_bulk", "_crc", "_progress", "_options", "_settings"],
+    "base": [
+        "_errors",
+        "_keys",
+        "_format",
+        "_indexing",
+        "_bulk",
+        "_crc",
+        "_progress",
+        "_options",
+        "_settings",
+        "_shape_args",
+    ],
     "storage": [
         "_files",
         "_segments",
@@ -59,6 +70,11 @@ LAYERS: dict[str, list[str]] = {
         "_tensordict_base",
         "_nodes",
         "_future",
+        "_shape_moves",
+        "_shape_masks",
+        "_shape_ops",
+        "_shape_torch",
+        "_shape_stack",
     ],
     "io": ["_plan", "_write", "_archive", "_read", "_compaction", "_entries", "_refresh", "_save"],
     "api": [
