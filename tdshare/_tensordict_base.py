@@ -16,7 +16,9 @@ from typing import Any, TypeGuard, TypeVar
 
 import torch
 
+from ._apply import ApplyOps
 from ._combine import CombineOps
+from ._conversions import ConversionOps
 from ._errors import (
     ArgumentTypeError,
     BatchSizeError,
@@ -28,6 +30,7 @@ from ._errors import (
 )
 from ._format import LEVEL, TD_TYPE
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
+from ._key_ops import KeyOps
 from ._keys import NestedKey, unravel_key
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData, NonTensorStack
@@ -45,7 +48,12 @@ _LOCKED_MSG = (
 )
 
 
-class TensorDictBase(CombineOps):
+class TensorDictBase(
+    KeyOps,
+    ConversionOps,
+    ApplyOps,
+    CombineOps,
+):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
     _tensordict: dict[str, Any]
@@ -276,9 +284,45 @@ class TensorDictBase(CombineOps):
             raise KeyTypeError(f"Keys must be strings or tuples of strings, got {type(key).__name__} {key!r}.")
         return self._get_leaf(unravel_key(key), None) is not None
 
-    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list:
-        """The keys, in insertion order; nested keys are tuples when ``include_nested``."""
-        return list(self._iter_keys(include_nested, leaves_only))
+    def keys(
+        self,
+        include_nested: bool = False,
+        leaves_only: bool = False,
+        is_leaf: Callable[[type], bool] | None = None,
+        *,
+        sort: bool = False,
+    ) -> list:
+        """The keys, in insertion order; nested keys are tuples when ``include_nested``.
+
+        Args:
+            include_nested: also list the keys inside nested tensordicts, as tuples.
+            leaves_only: leave out the keys of nested tensordicts themselves.
+            is_leaf: called with a value's type; True makes a nested tensordict count as a leaf.
+            sort: sort the keys (nested keys by their parts joined with ``"."``).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(b=torch.zeros(()), a={"c": torch.zeros(())}).keys(True, True, sort=True)
+        [('a', 'c'), 'b']
+        """
+        if is_leaf is None:
+            keys = list(self._iter_keys(include_nested, leaves_only))
+        else:
+            keys = list(self._iter_keys_is_leaf(include_nested, leaves_only, is_leaf, ()))
+        if sort:
+            keys.sort(key=lambda k: ".".join(k) if isinstance(k, tuple) else k)
+        return keys
+
+    def _iter_keys_is_leaf(
+        self, include_nested: bool, leaves_only: bool, is_leaf: Callable[[type], bool], prefix: tuple[str, ...]
+    ) -> Iterator[Any]:
+        for key in self.keys():
+            full = (*prefix, key)
+            value = self._get_leaf((key,))
+            node = isinstance(value, TensorDictBase) and not is_leaf(type(value))
+            if not (node and leaves_only):
+                yield full if prefix else key
+            if node and include_nested:
+                yield from value._iter_keys_is_leaf(True, leaves_only, is_leaf, full)
 
     def _iter_keys(self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()) -> Iterator[Any]:
         """The keys of :meth:`_iter_items`, without reading any value (a lazy stack's would be stacked)."""
@@ -437,32 +481,6 @@ class TensorDictBase(CombineOps):
         """Hook for subclasses that persist non-tensor writes."""
         leaf.data = value
 
-    def update(self: T, input: Mapping[Any, Any] | TensorDictBase, inplace: bool = False) -> T:
-        """Set every entry of ``input`` (a mapping or a tensordict), merging nested levels; return self.
-
-        Args:
-            input: the entries to set.
-            inplace: write into existing entries instead of replacing them.
-
-        Raises:
-            LockedError: a new entry on a locked tensordict.
-            BatchSizeError: a value whose leading dims disagree with the batch size.
-        """
-        for key, value in _items_of(input):
-            parts = unravel_key(key)
-            current = self._get_leaf(parts, None)
-            if isinstance(current, TensorDictBase) and isinstance(value, (Mapping, TensorDictBase)):
-                current.update(value, inplace=inplace)
-            else:
-                self._set(parts, value, inplace=inplace)
-        return self
-
-    def update_(self: T, input: Mapping[Any, Any] | TensorDictBase) -> T:
-        """Write every entry of ``input`` into the existing entries (allowed while locked)."""
-        for key, value in _items_of(input):
-            self.set_(key, value)
-        return self
-
     def _set_at(self, idx: Any, value: Any) -> None:
         idx = normalize_index(idx, self.batch_dims)
         if isinstance(value, (Mapping, TensorDictBase)):
@@ -512,15 +530,27 @@ class TensorDictBase(CombineOps):
     def __delitem__(self, key: NestedKey) -> None:
         self.pop(key)
 
-    def rename_key_(self: T, old: NestedKey, new: NestedKey) -> T:
-        """Move the entry ``old`` to ``new``; return self.
+    def rename_key_(self: T, old_key: NestedKey, new_key: NestedKey, safe: bool = False) -> T:
+        """Move the entry ``old_key`` to ``new_key``; return self.
+
+        Args:
+            old_key: the entry to move.
+            new_key: its new key.
+            safe: refuse to replace an existing entry at ``new_key``.
 
         Raises:
-            MissingKeyError: ``old`` is missing.
+            MissingKeyError: ``old_key`` is missing, or ``safe`` and ``new_key`` exists (a ``KeyError``).
             LockedError: the tensordict is locked.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(())).rename_key_("a", "b").keys()
+        ['b']
         """
+        old, new = old_key, new_key
         value = self._get_leaf(unravel_key(old))
         self._check_unlocked(str(old))
+        if safe and unravel_key(new) != unravel_key(old) and self._get_leaf(unravel_key(new), None) is not None:
+            raise MissingKeyError(f"rename_key_: key {new!r} already exists and safe=True; pick another name.")
         if unravel_key(old) == unravel_key(new):
             return self
         self._set(unravel_key(new), value)
@@ -574,34 +604,6 @@ class TensorDictBase(CombineOps):
         dev = self._device if device is _NO_DEFAULT else device
         return type(self)._from_leaves(leaves, self._batch_size if batch_size is None else batch_size, dev, self._names)
 
-    def apply(self: T, fn: Callable[..., Any], *others: TensorDictBase, batch_size: Sequence[int] | None = None) -> T:
-        """A new tensordict with ``fn(leaf, *other_leaves)`` for every tensor leaf."""
-        if not others:
-            return self._map(fn, None if batch_size is None else as_size(batch_size))
-        out = self._map(lambda t: t, None)
-        for key, leaf in self._iter_items(True, True):
-            if isinstance(leaf, torch.Tensor):
-                parts = unravel_key(key)
-                value = fn(leaf, *(o._get_leaf(parts) for o in others))
-                if value is None:
-                    out.pop(parts)  # like the one-tensordict form: None drops the entry
-                else:
-                    _put(out, parts, value)
-        if batch_size is not None:
-            out.batch_size = as_size(batch_size)
-        return out
-
-    def apply_(self: T, fn: Callable[[torch.Tensor], torch.Tensor]) -> T:
-        """Replace every tensor leaf's values with ``fn(leaf)``, in place; return self.
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.ones(2), batch_size=[2]).apply_(lambda t: t * 3)["a"].tolist()
-        [3.0, 3.0]
-        """
-        for leaf in self._stored_tensors():
-            leaf.copy_(fn(leaf))
-        return self
-
     def to(self: T, *args: Any, **kwargs: Any) -> T:
         """Move to a device and/or cast to a dtype, like ``torch.Tensor.to``."""
         device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
@@ -634,27 +636,54 @@ class TensorDictBase(CombineOps):
         """A tensordict with the same batch size, device and names, and no entries."""
         return type(self)._from_leaves({}, self._batch_size, self._device, self._names)
 
-    def select(self: T, *keys: NestedKey) -> T:
-        """A new tensordict with only the entries ``keys`` (the leaves are shared, not copied).
+    def select(self: T, *keys: NestedKey, inplace: bool = False, strict: bool = True, as_tensordict: bool = False) -> T:
+        """A tensordict with only the entries ``keys`` (the leaves are shared, not copied).
+
+        Args:
+            *keys: keys or nested keys (a nested tensordict's key keeps all of it).
+            inplace: remove every other entry from this tensordict and return it.
+            strict: a missing key raises (``False``: it is skipped).
+            as_tensordict: accepted for compatibility (the result is a tensordict of this class).
 
         Raises:
-            MissingKeyError: a key that is missing.
+            MissingKeyError: a key that is missing, with ``strict``.
+            LockedError: ``inplace`` on a locked tensordict that would lose entries.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(()), b=torch.ones(())).select("a", "z", strict=False).keys()
+        ['a']
         """
         out = self.empty()
         for key in keys:
-            _put(out, unravel_key(key), self._get_leaf(unravel_key(key)))
-        return out
+            parts = unravel_key(key)
+            leaf = self._get_leaf(parts, None if not strict else _NO_DEFAULT)
+            if leaf is not None:
+                _put(out, parts, leaf)
+        if not inplace:
+            return out
+        if set(self._tensordict) - set(out._tensordict):
+            self._check_unlocked(str(keys))
+        self._tensordict = out._tensordict
+        return self
 
-    def exclude(self: T, *keys: NestedKey) -> T:
-        """A new tensordict without the entries ``keys`` (missing keys are ignored; leaves shared)."""
-        out = self.clone(recurse=False)
+    def exclude(self: T, *keys: NestedKey, inplace: bool = False) -> T:
+        """A tensordict without the entries ``keys`` (missing keys are ignored; leaves shared).
+
+        Args:
+            *keys: keys or nested keys.
+            inplace: remove them from this tensordict and return it.
+
+        Raises:
+            LockedError: ``inplace`` on a locked tensordict.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(()), n={"b": torch.ones(())}).exclude(("n", "b")).keys(True)
+        ['a', 'n']
+        """
+        out = self if inplace else _shallow(self)
         for key in keys:
             out.pop(key, None)
         return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """A plain (nested) dict of the entries; non-tensor leaves give their values."""
-        return {k: (v.to_dict() if isinstance(v, TensorDictBase) else v) for k, v in self.items()}
 
     def zero_(self: T) -> T:
         """Fill every tensor leaf with zeros, in place; return self."""
@@ -703,25 +732,6 @@ class TensorDictBase(CombineOps):
         return self._is_shared
 
     # -- representation and pickling ----------------------------------------------------------
-    def __repr__(self) -> str:
-        lines = []
-        for key, leaf in self._tensordict.items():
-            if isinstance(leaf, TensorDictBase):
-                body = repr(leaf).replace("\n", "\n        ")
-            elif isinstance(leaf, NonTensorData):
-                body = repr(leaf)
-            else:
-                body = (
-                    f"{type(leaf).__name__}(shape={leaf.shape}, device={leaf.device}, "
-                    f"dtype={leaf.dtype}, is_shared={leaf.is_shared()})"
-                )
-            lines.append(f"        {key}: {body}")
-        fields = ",\n".join(lines)
-        return (
-            f"{type(self).__name__}(\n    fields={{\n{fields}}},\n    batch_size={self._batch_size},\n"
-            f"    device={self._device},\n    is_shared={self._is_shared})"
-        )
-
     def __reduce__(self) -> tuple[Any, ...]:
         # memory-mapped leaves travel as compact handles (see _reductions), never as bytes
         prefix = self._memmap_prefix
@@ -739,6 +749,7 @@ class TensorDictBase(CombineOps):
         )
         return (rebuild_tensordict, (type(self), state))
 
+
 def _preview(keys: Any, limit: int = 10) -> str:
     names = sorted(keys)
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
@@ -749,6 +760,11 @@ def _items_of(value: Mapping[Any, Any] | TensorDictBase) -> Iterator[tuple[Any, 
     if isinstance(value, TensorDictBase):
         return iter(list(value._tensordict.items()))
     return iter(list(value.items()))
+
+
+def _shallow(td: T) -> T:
+    """A new structure over the same leaves, every nested level copied."""
+    return td._map(lambda t: t)
 
 
 def _put(td: TensorDictBase, parts: tuple[str, ...], value: Any) -> None:

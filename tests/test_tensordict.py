@@ -553,11 +553,8 @@ def test_batch_size_setter() -> None:
 
 
 def test_repr() -> None:
-    text = repr(make())
-    assert text.startswith("TensorDict(") and "batch_size=torch.Size([3])" in text
-    pieces = ["a: Tensor(shape=torch.Size([3, 2])", "dtype=torch.float32", "s: NonTensorData", "'x'"]
-    assert all(p in text for p in [*pieces, "c: Tensor", "device=None", "is_shared=False"])
-    assert text.index("c: Tensor") > text.index("n: TensorDict(")
+    # the compact form of tensordict 0.15.3 (tests/test_key_ops.py compares many cases with it)
+    assert repr(make()) == "TensorDict(batch_size=[3], fields={a: f32[2], n: {c: i64[], d: f32[1]}, s: str})"
 
 
 @pytest.mark.parametrize("locked", [True, False])

@@ -1,0 +1,655 @@
+"""Key and conversion operations of every tensor collection: flattening and splitting keys,
+conversions to and from dicts, lists and named tuples, ``apply`` and its variants, updates,
+gradients and the compact ``repr``.  A mixin of :class:`tdshare._tensordict_base.TensorDictBase`,
+so a TensorDict, a lazy stack and (through its forwarding) a tensorclass all get them.
+
+A lazy stack has no single level of entries: it answers :meth:`KeyOps._lazy_members` with its
+members, and each operation that builds a new collection runs member by member and stacks the
+results again through :meth:`KeyOps._restack`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from ._compact_repr import compact_repr
+from ._errors import ArgumentTypeError, InvalidArgumentError, MissingKeyError, NotSupportedError
+from ._keys import NestedKey, unravel_key
+from ._nodes import kind_of
+from ._nontensor import NonTensorData
+
+__all__ = ["KeyOps", "NO_DEFAULT", "inner_collection", "is_node", "leaves", "place"]
+
+T = TypeVar("T", bound="KeyOps")
+
+
+class _NoDefault:
+    """The marker of an argument that was not given (its repr reads well in signatures)."""
+
+    def __repr__(self) -> str:
+        return "<no default>"
+
+
+NO_DEFAULT: Any = _NoDefault()
+
+
+def is_node(value: Any) -> bool:
+    """Whether ``value`` is a collection that key operations walk into (a tensordict or lazy stack)."""
+    return isinstance(value, KeyOps)
+
+
+def _leaf_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and not isinstance(value, KeyOps)
+
+
+class KeyOps:
+    """Key, conversion and apply operations; the host class provides the storage and accessors."""
+
+    # -- hooks --------------------------------------------------------------------------------
+    def _lazy_members(self) -> Sequence[Any] | None:
+        """The members a lazy stack runs key operations on, one by one; None for a single level."""
+        return None
+
+    def _restack(self, members: Sequence[Any]) -> Any:
+        """A collection like this lazy stack over ``members`` (only called when it has members)."""
+        raise NotSupportedError(f"{type(self).__name__} has no members to stack again.")
+
+    def _per_member(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        members = self._lazy_members()
+        assert members is not None
+        return self._restack([getattr(m, name)(*args, **kwargs) for m in members])
+
+    # -- keys -----------------------------------------------------------------------------------
+    @property
+    def sorted_keys(self) -> list[str]:
+        """The top-level keys in alphabetical order.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(b=torch.zeros(()), a=torch.zeros(())).sorted_keys
+        ['a', 'b']
+        """
+        td: Any = self
+        return sorted(td.keys())
+
+    def is_empty(self) -> bool:
+        """Whether the collection holds no leaf (nested tensordicts without leaves do not count).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(n={}).is_empty(), TensorDict(a=torch.zeros(())).is_empty()
+        (True, False)
+        """
+        td: Any = self
+        return not any(True for _ in td.keys(True, True))
+
+    @property
+    def depth(self) -> int:
+        """How many levels of nested tensordicts the deepest key goes down (0 for a flat one).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a={"b": {"c": torch.zeros(())}}).depth
+        2
+        """
+        td: Any = self
+        return max((len(k) - 1 if isinstance(k, tuple) else 0 for k in td.keys(True)), default=0)
+
+    def setdefault(self, key: NestedKey, default: Any, inplace: bool = False) -> Any:
+        """The value at ``key``; when it is missing, ``default`` is set there first and returned.
+
+        Args:
+            key: a key or nested key.
+            default: the value to set when ``key`` is missing.
+            inplace: passed to ``set`` (write into an existing entry).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict()
+        >>> td.setdefault("a", torch.ones(2)).tolist(), "a" in td
+        ([1.0, 1.0], True)
+        """
+        td: Any = self
+        if key not in td:
+            td.set(key, default, inplace=inplace)
+        return td.get(key)
+
+    def flatten_keys(self: T, separator: str = ".", inplace: bool = False, is_leaf: Any = None) -> T:
+        """A collection whose nested entries are joined into keys ``"a.b"`` (``separator`` between parts).
+
+        Nested tensordicts without leaves disappear.
+
+        Args:
+            separator: the string put between the parts of a nested key.
+            inplace: change this collection (its nested tensordicts are removed) and return it.
+            is_leaf: ignored beyond the default (nested collections are flattened).
+
+        Raises:
+            MissingKeyError: two entries would get the same flat key (a ``KeyError``).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a={"b": torch.zeros(2)}, batch_size=[2]).flatten_keys().keys()
+        ['a.b']
+        """
+        _check_separator(separator)
+        if self._lazy_members() is not None:
+            if inplace:
+                raise NotSupportedError(
+                    "flatten_keys(inplace=True) is not supported on a lazy stack; use inplace=False."
+                )
+            return self._per_member("flatten_keys", separator)
+        td: Any = self
+        flat: dict[str, Any] = {}
+        for key, leaf in leaves(td):
+            name = separator.join(key) if isinstance(key, tuple) else key
+            if name in flat:
+                raise MissingKeyError(
+                    f"Flattening keys in tensordict causes keys {name!r} to collide: two entries flatten to the "
+                    f"same key with separator {separator!r}; pick another separator or rename one of them."
+                )
+            flat[name] = leaf
+        if not inplace:
+            out = td.empty()
+            out._tensordict.update(flat)
+            return out
+        for key in list(td._tensordict):
+            if is_node(td._tensordict[key]) or key not in flat:
+                td._check_unlocked(key)
+        td._tensordict.clear()
+        td._tensordict.update(flat)
+        return self
+
+    def unflatten_keys(self: T, separator: str = ".", inplace: bool = False) -> T:
+        """A collection where every key ``"a.b"`` becomes the nested key ``("a", "b")``.
+
+        Args:
+            separator: the string between the parts of a flat key.
+            inplace: change this collection and return it.
+
+        Raises:
+            MissingKeyError: an unflattened key would replace an existing entry (a ``KeyError``).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict({"a.b": torch.zeros(2)}, batch_size=[2]).unflatten_keys().keys(True)
+        ['a', ('a', 'b')]
+        """
+        _check_separator(separator)
+        if self._lazy_members() is not None:
+            if inplace:
+                raise NotSupportedError(
+                    "unflatten_keys(inplace=True) is not supported on a lazy stack; use inplace=False."
+                )
+            return self._per_member("unflatten_keys", separator)
+        td: Any = self
+        out = td.empty()
+        for key, leaf in td._tensordict.items():
+            if is_node(leaf):
+                leaf = leaf.unflatten_keys(separator)
+            parts = tuple(key.split(separator)) if separator in key else (key,)
+            existing = out._get_leaf(parts, None)
+            clash = existing is not None and not (is_node(existing) and is_node(leaf))
+            for i in range(1, len(parts)):
+                prefix_value = out._get_leaf(parts[:i], None)
+                clash = clash or (prefix_value is not None and not is_node(prefix_value))
+            if clash:
+                raise MissingKeyError(
+                    f"Unflattening key(s) in tensordict will override an existing for unflattened key {parts!r} "
+                    f"(from {key!r}); rename one of the entries first."
+                )
+            if existing is not None:
+                existing.update(leaf)
+            else:
+                place(out, parts, leaf)
+        if not inplace:
+            return out
+        if td.is_locked:
+            td._check_unlocked(next(iter(td._tensordict), ""))
+        td._tensordict.clear()
+        td._tensordict.update(out._tensordict)
+        return self
+
+    def split_keys(
+        self,
+        *key_sets: Sequence[NestedKey],
+        inplace: bool = False,
+        default: Any = NO_DEFAULT,
+        strict: bool = True,
+        reproduce_struct: bool = False,
+    ) -> tuple[Any, ...]:
+        """One collection per key set with those entries, then one with everything left.
+
+        Args:
+            *key_sets: sequences of keys.
+            inplace: remove the chosen entries from this collection, which is returned last.
+            default: the value for a key that is missing (else missing keys raise or are skipped).
+            strict: a missing key without ``default`` raises; ``False`` skips it.
+            reproduce_struct: ignored (the nested structure is always kept).
+
+        Raises:
+            MissingKeyError: a missing key with ``strict`` and no ``default``.
+
+        >>> from tdshare import TensorDict
+        >>> a, rest = TensorDict(a=torch.zeros(()), b=torch.ones(())).split_keys(["a"])
+        >>> a.keys(), rest.keys()
+        (['a'], ['b'])
+        """
+        td: Any = self
+        rest = td if inplace else td.copy()
+        outs = []
+        for keys in key_sets:
+            out = td.empty()
+            for key in keys:
+                if key in rest:
+                    value = rest.get(key)
+                    _put_value(out, unravel_key(key), rest._get_leaf(unravel_key(key)))
+                    rest.pop(key)
+                    del value
+                elif default is not NO_DEFAULT:
+                    out.set(key, default)
+                elif strict:
+                    raise MissingKeyError(
+                        f"split_keys: key {key!r} is not in the tensordict; pass strict=False or a default."
+                    )
+            outs.append(out)
+        return (*outs, rest)
+
+    # -- copies and updates ---------------------------------------------------------------------
+    def copy(self: T) -> T:
+        """A shallow copy: a new structure over the same leaves (``clone(recurse=False)``).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
+        >>> td.copy()["a"] is td["a"]
+        True
+        """
+        td: Any = self
+        return td.clone(recurse=False)
+
+    def copy_(self: T, tensordict: Any, non_blocking: bool = False) -> T:
+        """Write every entry of ``tensordict`` into this one's existing entries (``update_``); return self.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
+        >>> td.copy_(TensorDict(a=torch.ones(2), batch_size=[2]))["a"].tolist()
+        [1.0, 1.0]
+        """
+        td: Any = self
+        td.update_(tensordict, non_blocking=non_blocking)
+        return self
+
+    def update(
+        self: T,
+        input_dict_or_td: Any = None,
+        clone: bool = False,
+        inplace: bool = False,
+        *,
+        non_blocking: bool = False,
+        keys_to_update: Sequence[NestedKey] | None = None,
+        is_leaf: Any = None,
+        update_batch_size: bool = False,
+        ignore_lock: bool = False,
+        **kwargs: Any,
+    ) -> T:
+        """Set every entry of ``input_dict_or_td`` (and of ``kwargs``), merging nested levels; return self.
+
+        Args:
+            input_dict_or_td: a mapping or a tensordict (None: only ``kwargs``).
+            clone: copy the values before setting them.
+            inplace: write into existing entries instead of replacing them.
+            non_blocking: accepted for compatibility (cpu copies are synchronous).
+            keys_to_update: only these keys (and the entries below them) are set.
+            is_leaf: ignored beyond the default.
+            update_batch_size: take the batch size of a tensordict source too.
+            ignore_lock: set entries even though the tensordict is locked.
+            **kwargs: more entries to set.
+
+        Raises:
+            LockedError: a new entry on a locked tensordict (without ``ignore_lock``).
+            BatchSizeError: a value whose leading dims disagree with the batch size.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
+        >>> td.update({"b": torch.ones(2)}, keys_to_update=["b"]).keys()
+        ['a', 'b']
+        """
+        td: Any = self
+        selected = _key_filter(keys_to_update)
+        if ignore_lock and td.is_locked:
+            with td.unlock_():
+                return td.update(
+                    input_dict_or_td,
+                    clone,
+                    inplace,
+                    keys_to_update=keys_to_update,
+                    update_batch_size=update_batch_size,
+                    **kwargs,
+                )
+        if update_batch_size and isinstance(input_dict_or_td, KeyOps) and self._lazy_members() is None:
+            td._batch_size = input_dict_or_td.batch_size  # type: ignore[attr-defined]
+        for key, value in _items_of(input_dict_or_td, kwargs):
+            parts = unravel_key(key)
+            if not selected(parts):
+                continue
+            current = td._get_leaf(parts, None)
+            if is_node(current) and isinstance(value, (Mapping, KeyOps)) and not isinstance(value, NonTensorData):
+                sub = [k[len(parts) :] for k in map(unravel_key, keys_to_update or ()) if k[: len(parts)] == parts]
+                current.update(
+                    value,
+                    clone,
+                    inplace,
+                    keys_to_update=[k for k in sub if k] or None,
+                    update_batch_size=update_batch_size,
+                )
+                continue
+            td._set(parts, _cloned(value) if clone else value, inplace=inplace)
+        return self
+
+    def update_(
+        self: T,
+        input_dict_or_td: Any = None,
+        clone: bool = False,
+        *,
+        non_blocking: bool = False,
+        keys_to_update: Sequence[NestedKey] | NestedKey | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """Write every entry of ``input_dict_or_td`` into the existing entries (allowed while locked).
+
+        Args:
+            input_dict_or_td: a mapping or a tensordict (nested levels are written into).
+            clone: accepted for compatibility (values are copied into the entries anyway).
+            non_blocking: accepted for compatibility.
+            keys_to_update: only these keys (a key or a sequence of keys).
+            **kwargs: more entries to write.
+
+        Raises:
+            MissingKeyError: an entry of the input that this tensordict lacks.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2]).lock_()
+        >>> td.update_({"a": torch.ones(2)})["a"].tolist()
+        [1.0, 1.0]
+        """
+        td: Any = self
+        if isinstance(keys_to_update, (str, tuple)):
+            keys_to_update = [keys_to_update]
+        selected = _key_filter(keys_to_update)
+        for key, value in _leaf_items(input_dict_or_td, kwargs):
+            if selected(key):
+                if td._get_leaf(key, None) is None:
+                    raise MissingKeyError(
+                        f"update_: key {key!r} is not in the tensordict; update_ writes into existing entries, "
+                        "use update() to add it."
+                    )
+                td.set_(key, value)
+        return self
+
+    def update_at_(
+        self: T,
+        input_dict_or_td: Any,
+        idx: Any,
+        clone: bool = False,
+        *,
+        non_blocking: bool = False,
+        keys_to_update: Sequence[NestedKey] | None = None,
+    ) -> T:
+        """Write every entry of ``input_dict_or_td`` at index ``idx`` of the existing entries; return self.
+
+        Args:
+            input_dict_or_td: a mapping or a tensordict of the values at ``idx``.
+            idx: an index of the batch dims.
+            clone: accepted for compatibility.
+            non_blocking: accepted for compatibility.
+            keys_to_update: only these keys.
+
+        Raises:
+            MissingKeyError: an entry of the input that this tensordict lacks.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(3), batch_size=[3])
+        >>> td.update_at_({"a": torch.ones(())}, 1)["a"].tolist()
+        [0.0, 1.0, 0.0]
+        """
+        td: Any = self
+        selected = _key_filter(keys_to_update)
+        for key, value in _leaf_items(input_dict_or_td, {}):
+            if not selected(key):
+                continue
+            target = td._get_leaf(key, None)
+            if target is None:
+                raise MissingKeyError(f"update_at_: key {key!r} is not in the tensordict; add it first.")
+            if isinstance(target, NonTensorData):
+                continue
+            target[idx] = value
+        return self
+
+    # -- gradients, devices, memory ---------------------------------------------------------------
+    def detach(self: T) -> T:
+        """A new collection whose tensors are detached from the autograd graph.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.ones(2, requires_grad=True), batch_size=[2]).detach()["a"].requires_grad
+        False
+        """
+        td: Any = self
+        return td._map(lambda t: t.detach())
+
+    def detach_(self: T) -> T:
+        """Detach every tensor from the autograd graph, in place; return self.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.ones(2), batch_size=[2]).detach_()["a"].requires_grad
+        False
+        """
+        td: Any = self
+        for leaf in td._stored_tensors():
+            leaf.detach_()
+        return self
+
+    def requires_grad_(self: T, requires_grad: bool = True) -> T:
+        """Set ``requires_grad`` on every tensor, in place; return self.
+
+        Raises:
+            RuntimeError: from torch, for a tensor that cannot require gradients (integers).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.ones(2), batch_size=[2]).requires_grad_()["a"].requires_grad
+        True
+        """
+        td: Any = self
+        for leaf in td._stored_tensors():
+            leaf.requires_grad_(requires_grad)
+        return self
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The dtype all tensors share, or None when they differ (or there is none).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(2), b=torch.ones(2), batch_size=[2]).dtype
+        torch.float32
+        """
+        dtypes = {t.dtype for _, t in leaves(self) if _leaf_tensor(t)}
+        return dtypes.pop() if len(dtypes) == 1 else None
+
+    def is_floating_point(self) -> bool:
+        """Whether every tensor has a floating-point dtype (False when there is none).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(2), batch_size=[2]).is_floating_point()
+        True
+        """
+        tensors = [t for _, t in leaves(self) if _leaf_tensor(t)]
+        return bool(tensors) and all(t.is_floating_point() for t in tensors)
+
+    def cuda(self: T, device: int | str | torch.device | None = None, **kwargs: Any) -> T:
+        """A copy on a CUDA device (``to("cuda")``, or ``to(device)``).
+
+        Raises:
+            NotSupportedError: torch has no CUDA device here.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
+        >>> td.cuda().device.type if torch.cuda.is_available() else "cuda"
+        'cuda'
+        """
+        if not torch.cuda.is_available():
+            raise NotSupportedError("cuda(): torch finds no CUDA device on this machine; keep the tensordict on cpu.")
+        if isinstance(device, int):
+            device = torch.device("cuda", device)
+        td: Any = self
+        return td.to(torch.device("cuda") if device is None else torch.device(device), **kwargs)
+
+    def data_ptr(self, *, storage: bool = False) -> Any:
+        """A tensordict of batch size ``[]`` with each tensor's data pointer (int64 scalars).
+
+        Args:
+            storage: the pointer of each tensor's storage instead of its first element.
+
+        >>> from tdshare import TensorDict
+        >>> t = torch.zeros(2)
+        >>> TensorDict(a=t, batch_size=[2]).data_ptr()["a"].item() == t.data_ptr()
+        True
+        """
+        if self._lazy_members() is not None:
+            return self._per_member("data_ptr", storage=storage)
+        td: Any = self
+        out = type(td)._from_leaves({}, torch.Size([]), torch.device("cpu"))
+        for key, leaf in leaves(td):
+            if _leaf_tensor(leaf):
+                ptr = leaf.untyped_storage().data_ptr() if storage else leaf.data_ptr()
+                place(out, unravel_key(key), torch.tensor(ptr, dtype=torch.int64))
+        return out
+
+    def bytes(self, *, count_duplicates: bool = True) -> int:
+        """The number of bytes the tensors (and their gradients) hold.
+
+        Args:
+            count_duplicates: count a buffer that several entries share once per entry (``False``: once).
+
+        >>> from tdshare import TensorDict
+        >>> t = torch.zeros(4)
+        >>> TensorDict(a=t, b=t, batch_size=[4]).bytes(count_duplicates=False)
+        16
+        """
+        seen: set[tuple[int, int]] = set()
+        total = 0
+        for _, leaf in leaves(self):
+            if not _leaf_tensor(leaf):
+                continue
+            for part in _buffers(leaf):
+                ident = (part.data_ptr(), part.nbytes)
+                if count_duplicates or ident not in seen:
+                    total += part.nbytes
+                seen.add(ident)
+        return total
+
+    def __repr__(self) -> str:
+        return compact_repr(self)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _check_separator(separator: Any) -> None:
+    if not isinstance(separator, str) or not separator:
+        raise InvalidArgumentError(f"separator must be a non-empty string, got {separator!r}.")
+
+
+def inner_collection(value: Any) -> Any:
+    """The collection a node is (a tensordict, a lazy stack) or wraps (a tensorclass), else None."""
+    if is_node(value):
+        return value
+    kind = kind_of(value)
+    if kind is not None and kind.unwrap is not None and not isinstance(value, (torch.Tensor, NonTensorData)):
+        return value  # a tensorclass forwards the key operations to its tensordict
+    return None
+
+
+def leaves(td: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[Any, Any]]:
+    """(key, stored leaf) for every leaf, walking into nested collections (tensorclasses included)."""
+    for key in td.keys():
+        value = td._get_leaf((key,))
+        full = (*prefix, key)
+        kind = kind_of(value)
+        if is_node(value):
+            yield from leaves(value, full)
+        elif kind is not None and kind.unwrap is not None and not isinstance(value, (torch.Tensor, NonTensorData)):
+            yield from leaves(kind.unwrap(value)[0], full)
+        else:
+            yield (full if prefix else key), value
+
+
+def _buffers(t: torch.Tensor) -> list[torch.Tensor]:
+    parts: list[torch.Tensor]
+    if t.is_nested:
+        parts = [t.values()]
+        if t.layout == torch.jagged:
+            jagged: Any = t
+            parts += [p for p in (jagged.offsets(), jagged.lengths()) if p is not None]
+    else:
+        parts = [t]
+    if t.grad is not None:
+        parts += _buffers(t.grad)
+    return parts
+
+
+def place(td: Any, parts: tuple[str, ...], value: Any) -> None:
+    """Put ``value`` at ``parts`` without checks, making nested levels like ``td`` on the way."""
+    node = td
+    for part in parts[:-1]:
+        nxt = node._tensordict.get(part)
+        if not is_node(nxt):
+            nxt = type(node)._from_leaves({}, node._batch_size, node._device, node._names)
+            node._tensordict[part] = nxt
+        node = nxt
+    node._tensordict[parts[-1]] = value
+
+
+def _put_value(td: Any, parts: tuple[str, ...], value: Any) -> None:
+    if td._lazy_members() is None:
+        place(td, parts, value)
+    else:
+        td._set(parts, value)
+
+
+def _cloned(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) or is_node(value):
+        return value.clone()
+    return value
+
+
+def _items_of(source: Any, kwargs: Mapping[str, Any]) -> list[tuple[Any, Any]]:
+    if source is None:
+        items: list[tuple[Any, Any]] = []
+    elif isinstance(source, KeyOps):
+        items = [(k, source._get_leaf((k,))) for k in source.keys()]  # type: ignore[attr-defined]
+    elif kind_of(source) is not None and kind_of(source).unwrap is not None:  # type: ignore[union-attr]
+        inner = kind_of(source).unwrap(source)[0]  # type: ignore[union-attr, misc]
+        items = [(k, inner._get_leaf((k,))) for k in inner.keys()]
+    elif isinstance(source, Mapping):
+        items = list(source.items())
+    else:
+        raise ArgumentTypeError(f"update takes a mapping or a tensordict, got {type(source).__name__}.")
+    return items + list(kwargs.items())
+
+
+def _leaf_items(source: Any, kwargs: Mapping[str, Any]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(nested key, value) for every leaf of a mapping or tensordict source."""
+    for key, value in _items_of(source, kwargs):
+        parts = unravel_key(key)
+        inner = inner_collection(value)
+        if inner is not None or (isinstance(value, Mapping) and not isinstance(value, NonTensorData)):
+            for sub, leaf in _leaf_items(inner if inner is not None else value, {}):
+                yield (*parts, *sub), leaf
+        else:
+            yield parts, value
+
+
+def _key_filter(keys: Sequence[NestedKey] | None) -> Callable[[tuple[str, ...]], bool]:
+    """Whether a nested key is selected: it is one of ``keys``, above one or below one (None: all)."""
+    if keys is None:
+        return lambda parts: True
+    wanted = [unravel_key(k) for k in keys]
+
+    def selected(parts: tuple[str, ...]) -> bool:
+        return any(parts[: len(w)] == w or w[: len(parts)] == parts for w in wanted)
+
+    return selected
