@@ -24,6 +24,17 @@ from ._errors import (
     TdshareError,
     UnsupportedFormatError,
 )
+from ._functional import (
+    cat,
+    dense_stack_tds,
+    is_tensor_collection,
+    lazy_stack,
+    maybe_dense_stack,
+    merge_tensordicts,
+    pad,
+    pad_sequence,
+    stack,
+)
 from ._future import TensorDictFuture
 from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
@@ -63,13 +74,22 @@ __all__ = [
     "TerminalProgress",
     "UnsupportedFormatError",
     "__version__",
+    "cat",
+    "dense_stack_tds",
+    "is_tensor_collection",
     "is_tensorclass",
+    "lazy_stack",
     "load",
     "load_memmap",
+    "maybe_dense_stack",
     "memmap",
+    "merge_tensordicts",
     "pack_memmap",
+    "pad",
+    "pad_sequence",
     "refresh_archive_checksums",
     "save",
+    "stack",
     "tensorclass",
     "unpack_memmap",
 ]

@@ -8,6 +8,7 @@ function member by member (``others`` unbound along its stack dimension) and sta
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -161,6 +162,19 @@ class ApplyOps:
         return self.apply(fn, *others, **kwargs)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What every level of one ``apply`` does (the arguments that do not change on the way down)."""
+
+    fn: Callable[..., Any]
+    named: bool
+    nested_keys: bool
+    default: Any
+    filter_empty: bool | None
+    call_on_nested: bool
+    inplace: bool
+
+
 def _apply(
     td: Any,
     fn: Callable[..., Any],
@@ -182,53 +196,36 @@ def _apply(
     lock = extra.pop("lock", False)
     if extra:
         raise ArgumentTypeError(f"apply() got unexpected keyword argument(s) {sorted(extra)}.")
-    theirs = [_unwrapped(o) for o in others]
-    members = td._lazy_members()
-    if members is not None:
-        if batch_size is not None:
-            raise NotSupportedError("A LazyStackedTensorDict cannot change its batch size through apply().")
-        split = [o.unbind(td.stack_dim) for o in theirs]
-        results = [
-            _apply(
-                m,
-                fn,
-                tuple(s[i] for s in split),
-                named,
-                nested_keys,
-                prefix,
-                None,
-                device,
-                NO_DEFAULT,
-                False,
-                default,
-                filter_empty,
-                False,
-                call_on_nested,
-                None,
-                {},
-            )
-            for i, m in enumerate(members)
-        ]
-        result = td._restack(results)
-    else:
-        leaves = _walk(td, fn, theirs, named, nested_keys, prefix, default, filter_empty, call_on_nested)
-        result = type(td)._from_leaves(leaves, td._batch_size, td._device, td._names)
-        if batch_size is not None:
-            _rebatch(result, as_size(batch_size), td.batch_dims)
+    if batch_size is not None and td._lazy_members() is not None:
+        raise NotSupportedError("A LazyStackedTensorDict cannot change its batch size through apply().")
+    job = _Job(fn, named, nested_keys, default, filter_empty, call_on_nested, inplace)
+    result = _run(job, td, [_unwrapped(o) for o in others], prefix)
+    if inplace:
+        return td
+    if batch_size is not None:
+        _rebatch(result, as_size(batch_size), td.batch_dims)
     if device is not NO_DEFAULT:
         dev = None if device is None else torch.device(device)
         result._propagate(lambda level: setattr(level, "_device", dev))
     if names is not NO_DEFAULT:
         result.names = names
-    if inplace:
-        td.update_(result)
-        return td
     if out is not None:
         out.update(result, inplace=True)
         return out
     if lock or (propagate_lock and td.is_locked):
         result.lock_()
     return result
+
+
+def _run(job: _Job, td: Any, others: list[Any], prefix: tuple[str, ...]) -> Any:
+    """``job`` on the collection ``td`` (a lazy stack member by member): the new collection, or None in place."""
+    members = td._lazy_members()
+    if members is not None:
+        split = [o.unbind(td.stack_dim) for o in others]
+        results = [_run(job, m, [s[i] for s in split], prefix) for i, m in enumerate(members)]
+        return None if job.inplace else td._restack(results)
+    leaves = _walk(job, td, others, prefix)
+    return None if job.inplace else type(td)._from_leaves(leaves, td._batch_size, td._device, td._names)
 
 
 def _unwrapped(value: Any) -> Any:
@@ -245,75 +242,51 @@ def _lookup(other: Any, key: str, default: Any) -> Any:
     return found.data if isinstance(found, NonTensorData) else found
 
 
-def _walk(
-    td: Any,
-    fn: Callable[..., Any],
-    others: list[Any],
-    named: bool,
-    nested_keys: bool,
-    prefix: tuple[str, ...],
-    default: Any,
-    filter_empty: bool | None,
-    call_on_nested: bool,
-) -> dict[str, Any]:
+def _walk(job: _Job, td: Any, others: list[Any], prefix: tuple[str, ...]) -> dict[str, Any]:
+    """The results of ``job.fn`` for ``td``'s entries (copied into the leaves instead with ``job.inplace``)."""
     leaves: dict[str, Any] = {}
     for key, leaf in td._tensordict.items():
         full = (*prefix, key)
-        name: Any = (full if len(full) > 1 else key) if nested_keys else key
-        theirs = [_lookup(o, key, default) for o in others]
+        name: Any = (full if len(full) > 1 else key) if job.nested_keys else key
+        theirs = [_lookup(o, key, job.default) for o in others]
         kind = kind_of(leaf)
         wrapped = kind is not None and kind.unwrap is not None and kind.wrap is not None and not is_node(leaf)
-        if call_on_nested and (is_node(leaf) or isinstance(leaf, NonTensorData) or wrapped):
-            value = leaf.data if isinstance(leaf, NonTensorData) and not is_node(leaf) else leaf
-            result = _call(fn, named, name, leaf if not isinstance(leaf, NonTensorData) else value, theirs, default)
+        if job.call_on_nested and (is_node(leaf) or isinstance(leaf, NonTensorData) or wrapped):
+            value = leaf.data if isinstance(leaf, NonTensorData) else leaf
+            result = _call(job, name, value, theirs)
         elif is_node(leaf):
             sub_others = [t if is_node(t) else _ABSENT for t in theirs]
-            if leaf._lazy_members() is not None:
-                result = (
-                    _apply(
-                        leaf,
-                        fn,
-                        tuple(sub_others),
-                        named,
-                        nested_keys,
-                        full,
-                        None,
-                        NO_DEFAULT,
-                        NO_DEFAULT,
-                        False,
-                        default,
-                        filter_empty,
-                        False,
-                        False,
-                        None,
-                        {},
-                    )
-                    if not any(t is _ABSENT for t in sub_others)
-                    else leaf
-                )
+            if leaf._lazy_members() is not None and any(t is _ABSENT for t in sub_others):
+                result = leaf  # a lazy child that an ``other`` lacks is carried over
             else:
-                sub = _walk(leaf, fn, sub_others, named, nested_keys, full, default, filter_empty, call_on_nested)
-                result = type(leaf)._from_leaves(sub, leaf._batch_size, leaf._device, leaf._names)
-            if filter_empty and not any(True for _ in result.keys(True, True)):
+                result = _run(job, leaf, sub_others, full)
+            if job.inplace:
+                continue
+            if job.filter_empty and not any(True for _ in result.keys(True, True)):
                 continue
         elif isinstance(leaf, NonTensorData):
             result = leaf.clone()
         elif wrapped:
             assert kind is not None and kind.unwrap is not None and kind.wrap is not None
             inner, fields = kind.unwrap(leaf)
-            sub_others = [_unwrapped(t) if t is not _ABSENT else t for t in theirs]
-            sub = _walk(inner, fn, sub_others, named, nested_keys, full, default, filter_empty, call_on_nested)
-            result = kind.wrap(type(inner)._from_leaves(sub, inner._batch_size, inner._device, inner._names), fields)
+            sub = _run(job, inner, [_unwrapped(t) if t is not _ABSENT else t for t in theirs], full)
+            if job.inplace:
+                continue
+            result = kind.wrap(sub, fields)
         else:
-            result = _call(fn, named, name, leaf, theirs, default)
+            result = _call(job, name, leaf, theirs)
+            if job.inplace:
+                if result is not None and result is not leaf:
+                    leaf.copy_(result)
+                continue
         if result is not None:
             leaves[key] = result
     return leaves
 
 
-def _call(fn: Callable[..., Any], named: bool, name: Any, leaf: Any, theirs: list[Any], default: Any) -> Any:
-    args = [default if t is _ABSENT else t for t in theirs]
-    return fn(name, leaf, *args) if named else fn(leaf, *args)
+def _call(job: _Job, name: Any, leaf: Any, theirs: list[Any]) -> Any:
+    args = [job.default if t is _ABSENT else t for t in theirs]
+    return job.fn(name, leaf, *args) if job.named else job.fn(leaf, *args)
 
 
 def _rebatch(td: Any, batch: torch.Size, old_dims: int) -> None:

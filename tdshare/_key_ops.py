@@ -187,6 +187,8 @@ class KeyOps:
             parts = tuple(key.split(separator)) if separator in key else (key,)
             existing = out._get_leaf(parts, None)
             clash = existing is not None and not (is_node(existing) and is_node(leaf))
+            if existing is not None and not clash:  # two nested levels merge: no entry may be replaced
+                clash = any(existing._get_leaf(unravel_key(k), None) is not None for k in leaf.keys(True, True))
             for i in range(1, len(parts)):
                 prefix_value = out._get_leaf(parts[:i], None)
                 clash = clash or (prefix_value is not None and not is_node(prefix_value))
@@ -239,10 +241,9 @@ class KeyOps:
             out = td.empty()
             for key in keys:
                 if key in rest:
-                    value = rest.get(key)
                     _put_value(out, unravel_key(key), rest._get_leaf(unravel_key(key)))
                     rest.pop(key)
-                    del value
+                    _drop_emptied(rest, unravel_key(key))
                 elif default is not NO_DEFAULT:
                     out.set(key, default)
                 elif strict:
@@ -608,6 +609,15 @@ def _put_value(td: Any, parts: tuple[str, ...], value: Any) -> None:
         place(td, parts, value)
     else:
         td._set(parts, value)
+
+
+def _drop_emptied(td: Any, parts: tuple[str, ...]) -> None:
+    """Remove the levels above ``parts`` that its removal left without entries (as the reference does)."""
+    for depth in range(len(parts) - 1, 0, -1):
+        level = td._get_leaf(parts[:depth], None)
+        if not is_node(level) or level.keys():
+            return
+        td.pop(parts[:depth])
 
 
 def _cloned(value: Any) -> Any:

@@ -32,6 +32,7 @@ from ._format import LEVEL, TD_TYPE
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import KeyOps
 from ._keys import NestedKey, unravel_key
+from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData, NonTensorStack
 from ._reductions import decode_leaf, encode_leaf
@@ -52,6 +53,7 @@ class TensorDictBase(
     KeyOps,
     ConversionOps,
     ApplyOps,
+    NnOps,
     CombineOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
@@ -100,8 +102,8 @@ class TensorDictBase(
         # anonymous memory-mapped trees: (runtime store path, this level's key from the root)
         self._anon_store: tuple[str, tuple[str, ...]] | None = None
         self._registry: Any = None  # (folder, SharedRegistry) held while this tensordict lives
-        self._last_op: list[str | None] = []  # the latest lock_/unlock_ (None: it changed nothing)
-        self._op_queue: list[str | None] = []  # the ops of the open ``with`` blocks
+        self._last_op: list[Any] = []  # the latest lock_/unlock_ (None: it changed nothing)
+        self._op_queue: list[Any] = []  # the ops of the open ``with`` blocks
 
     @classmethod
     def _level_class(cls) -> type[TensorDictBase]:
@@ -234,6 +236,8 @@ class TensorDictBase(
             self.lock_()
         elif op == "lock_":
             self.unlock_()
+        elif callable(op):  # an undo action (e.g. to_module's swap puts the old values back)
+            op()
         self._last_op.clear()
 
     def _propagate(self, fn: Callable[[TensorDictBase], None]) -> None:
