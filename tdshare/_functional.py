@@ -161,68 +161,30 @@ def _dense_stack(tds: list[Any], dim: int) -> Any:
     return out
 
 
-def _pad_tensor(t: torch.Tensor, pads: list[tuple[int, int]], value: float) -> torch.Tensor:
-    """``t`` padded in its leading dims: ``pads[d] = (before, after)`` for dim ``d``."""
-    flat: list[int] = [0, 0] * (t.dim() - len(pads))
-    for before, after in reversed(pads):
-        flat += [before, after]
-    return F.pad(t, flat, value=value)
-
-
-def _pad_level(td: Any, pads: list[tuple[int, int]], value: float) -> Any:
-    batch = [s + b + a for s, (b, a) in zip(td.batch_size, pads, strict=False)] + list(td.batch_size[len(pads) :])
-    out = type(td)._from_leaves({}, torch.Size(batch), td.device, td._names)
-    for key in td.keys():
-        leaf = td._get_leaf((key,))
-        if isinstance(leaf, TensorDictBase):
-            out._tensordict[key] = _pad_level(leaf, pads, value)
-        elif isinstance(leaf, torch.Tensor):
-            out._tensordict[key] = _pad_tensor(leaf, pads, value)
-        elif isinstance(leaf, NonTensorStack):
-            raise NotSupportedError(f"pad: the entry {key!r} holds one value per element; it cannot be padded.")
-        else:
-            out._tensordict[key] = leaf
-    return out
-
-
 def pad(tensordict: Any, pad_size: Sequence[int], value: float = 0.0, inplace: bool = False, safe: bool = True) -> Any:
     """Pad every entry in the batch dims: ``pad_size = [dim0_before, dim0_after, dim1_before, ...]``.
 
-    Args:
-        tensordict: a tensordict or tensorclass instance.
-        pad_size: pairs of sizes, from the first batch dim on (at most two per batch dim).
-        value: the padding value.
-        inplace: replace the entries of ``tensordict`` and its batch size, and return it.
-        safe: check ``pad_size`` before anything changes (always done).
+    ``tensordict.pad(pad_size, value, inplace, safe)``, for tensordicts, lazy stacks and tensorclass
+    instances (see ``TensorDict.pad``; negative sizes crop).
 
     Raises:
-        InvalidArgumentError: an odd number of sizes, more pairs than batch dims, or a negative size.
-        NotSupportedError: a lazy stack, or a per-element non-tensor entry.
+        InvalidArgumentError: an odd number of sizes, or more pairs than batch dims.
+        BatchSizeError: a dim that would get a negative size (a ``RuntimeError``).
 
     >>> import tdshare
     >>> td = tdshare.TensorDict(a=torch.ones(3, 4, 1), batch_size=[3, 4])
     >>> tdshare.pad(td, [0, 1, 0, 2])["a"].shape
     torch.Size([4, 6, 1])
     """
-    if is_tensorclass(tensordict):
-        padded = pad(tensordict._tensordict, pad_size, value, inplace, safe)
-        return tensordict if inplace else type(tensordict).from_tensordict(padded)
-    sizes = list(pad_size)
-    if len(sizes) % 2 or len(sizes) // 2 > tensordict.batch_dims or any(s < 0 for s in sizes):
-        raise InvalidArgumentError(
-            f"pad_size {sizes} must hold (before, after) pairs of non-negative sizes, at most one pair per batch "
-            f"dim ({tensordict.batch_dims})."
-        )
-    if tensordict._lazy_members() is not None:
-        raise NotSupportedError("pad of a lazy stack is not supported; pad its members, or to_tensordict() first.")
-    pads = [(sizes[i], sizes[i + 1]) for i in range(0, len(sizes), 2)]
-    out = _pad_level(tensordict, pads, value)
-    if not inplace:
-        return out
-    tensordict._check_unlocked("pad")
-    tensordict._tensordict = out._tensordict
-    tensordict._batch_size = out._batch_size
-    return tensordict
+    return tensordict.pad(pad_size, value=value, inplace=inplace, safe=safe)
+
+
+def _pad_dims(t: torch.Tensor, pads: list[tuple[int, int]], value: float) -> torch.Tensor:
+    """``t`` padded in its leading dims: ``pads[d] = (before, after)`` for dim ``d``."""
+    flat: list[int] = [0, 0] * (t.dim() - len(pads))
+    for before, after in reversed(pads):
+        flat += [before, after]
+    return F.pad(t, flat, value=value)
 
 
 def pad_sequence(
@@ -283,10 +245,10 @@ def pad_sequence(
         for td, t in zip(tds, leaves, strict=True):
             missing = longest - t.shape[pos]
             side = (0, missing) if padding_side == "right" else (missing, 0)
-            padded.append(_pad_tensor(t, [(0, 0)] * pos + [side], values.get(key, default)))
+            padded.append(_pad_dims(t, [(0, 0)] * pos + [side], values.get(key, default)))
             mask_shape = list(td.batch_size) + ([t.shape[pos]] if pos >= td.batch_dims else [])
             mask_dim = min(pos, td.batch_dims)
-            masks.append(_pad_tensor(torch.ones(mask_shape, dtype=torch.bool), [(0, 0)] * mask_dim + [side], False))
+            masks.append(_pad_dims(torch.ones(mask_shape, dtype=torch.bool), [(0, 0)] * mask_dim + [side], False))
         if pos < len(batch):
             batch[pos] = longest
         result[key] = torch.stack(padded)

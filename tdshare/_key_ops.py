@@ -10,13 +10,13 @@ results again through :meth:`KeyOps._restack`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
 
 from ._compact_repr import compact_repr
-from ._errors import ArgumentTypeError, InvalidArgumentError, MissingKeyError, NotSupportedError
+from ._errors import InvalidArgumentError, MissingKeyError, NotSupportedError
 from ._keys import NestedKey, unravel_key
 from ._nodes import kind_of
 from ._nontensor import NonTensorData
@@ -63,6 +63,127 @@ class KeyOps:
         return self._restack([getattr(m, name)(*args, **kwargs) for m in members])
 
     # -- keys -----------------------------------------------------------------------------------
+    def keys(
+        self,
+        include_nested: bool = False,
+        leaves_only: bool = False,
+        is_leaf: Callable[[type], bool] | None = None,
+        *,
+        sort: bool = False,
+    ) -> list:
+        """The keys, in insertion order; nested keys are tuples when ``include_nested``.
+
+        Args:
+            include_nested: also list the keys inside nested tensordicts, as tuples.
+            leaves_only: leave out the keys of nested tensordicts themselves.
+            is_leaf: called with a value's type; True makes a nested tensordict count as a leaf.
+            sort: sort the keys (nested keys by their parts joined with ``"."``).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(b=torch.zeros(()), a={"c": torch.zeros(())}).keys(True, True, sort=True)
+        [('a', 'c'), 'b']
+        """
+        td: Any = self
+        if is_leaf is None:
+            keys = list(td._iter_keys(include_nested, leaves_only))
+        else:
+            keys = list(td._iter_keys_is_leaf(include_nested, leaves_only, is_leaf, ()))
+        if sort:
+            keys.sort(key=lambda k: ".".join(k) if isinstance(k, tuple) else k)
+        return keys
+
+    def _iter_keys_is_leaf(
+        self, include_nested: bool, leaves_only: bool, is_leaf: Callable[[type], bool], prefix: tuple[str, ...]
+    ) -> Iterator[Any]:
+        td: Any = self
+        for key in td.keys():
+            full = (*prefix, key)
+            value = td._get_leaf((key,))
+            node = is_node(value) and not is_leaf(type(value))
+            if not (node and leaves_only):
+                yield full if prefix else key
+            if node and include_nested:
+                yield from value._iter_keys_is_leaf(True, leaves_only, is_leaf, full)
+
+    def select(self: T, *keys: NestedKey, inplace: bool = False, strict: bool = True, as_tensordict: bool = False) -> T:
+        """A tensordict with only the entries ``keys`` (the leaves are shared, not copied).
+
+        Args:
+            *keys: keys or nested keys (a nested tensordict's key keeps all of it).
+            inplace: remove every other entry from this tensordict and return it.
+            strict: a missing key raises (``False``: it is skipped).
+            as_tensordict: accepted for compatibility (the result is a tensordict of this class).
+
+        Raises:
+            MissingKeyError: a key that is missing, with ``strict``.
+            LockedError: ``inplace`` on a locked tensordict that would lose entries.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(()), b=torch.ones(())).select("a", "z", strict=False).keys()
+        ['a']
+        """
+        td: Any = self
+        out = td.empty()
+        for key in keys:
+            parts = unravel_key(key)
+            leaf = td._get_leaf(parts) if strict else td._get_leaf(parts, None)
+            if leaf is not None:
+                place(out, parts, leaf)
+        if not inplace:
+            return out
+        if set(td._tensordict) - set(out._tensordict):
+            td._check_unlocked(str(keys))
+        td._tensordict = out._tensordict
+        return self
+
+    def exclude(self: T, *keys: NestedKey, inplace: bool = False) -> T:
+        """A tensordict without the entries ``keys`` (missing keys are ignored; leaves shared).
+
+        Args:
+            *keys: keys or nested keys.
+            inplace: remove them from this tensordict and return it.
+
+        Raises:
+            LockedError: ``inplace`` on a locked tensordict.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(()), n={"b": torch.ones(())}).exclude(("n", "b")).keys(True)
+        ['a', 'n']
+        """
+        td: Any = self
+        out = td if inplace else td._map(lambda t: t)  # a new structure over the same leaves
+        for key in keys:
+            out.pop(key, None)
+        return out
+
+    def rename_key_(self: T, old_key: NestedKey, new_key: NestedKey, safe: bool = False) -> T:
+        """Move the entry ``old_key`` to ``new_key``; return self.
+
+        Args:
+            old_key: the entry to move.
+            new_key: its new key.
+            safe: refuse to replace an existing entry at ``new_key``.
+
+        Raises:
+            MissingKeyError: ``old_key`` is missing, or ``safe`` and ``new_key`` exists (a ``KeyError``).
+            LockedError: the tensordict is locked.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(())).rename_key_("a", "b").keys()
+        ['b']
+        """
+        td: Any = self
+        old, new = old_key, new_key
+        value = td._get_leaf(unravel_key(old))
+        td._check_unlocked(str(old))
+        if safe and unravel_key(new) != unravel_key(old) and td._get_leaf(unravel_key(new), None) is not None:
+            raise MissingKeyError(f"rename_key_: key {new!r} already exists and safe=True; pick another name.")
+        if unravel_key(old) == unravel_key(new):
+            return self
+        td._set(unravel_key(new), value)
+        td.pop(old)
+        return self
+
     @property
     def sorted_keys(self) -> list[str]:
         """The top-level keys in alphabetical order.
@@ -252,176 +373,6 @@ class KeyOps:
                     )
             outs.append(out)
         return (*outs, rest)
-
-    # -- copies and updates ---------------------------------------------------------------------
-    def copy(self: T) -> T:
-        """A shallow copy: a new structure over the same leaves (``clone(recurse=False)``).
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
-        >>> td.copy()["a"] is td["a"]
-        True
-        """
-        td: Any = self
-        return td.clone(recurse=False)
-
-    def copy_(self: T, tensordict: Any, non_blocking: bool = False) -> T:
-        """Write every entry of ``tensordict`` into this one's existing entries (``update_``); return self.
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
-        >>> td.copy_(TensorDict(a=torch.ones(2), batch_size=[2]))["a"].tolist()
-        [1.0, 1.0]
-        """
-        td: Any = self
-        td.update_(tensordict, non_blocking=non_blocking)
-        return self
-
-    def update(
-        self: T,
-        input_dict_or_td: Any = None,
-        clone: bool = False,
-        inplace: bool = False,
-        *,
-        non_blocking: bool = False,
-        keys_to_update: Sequence[NestedKey] | None = None,
-        is_leaf: Any = None,
-        update_batch_size: bool = False,
-        ignore_lock: bool = False,
-        **kwargs: Any,
-    ) -> T:
-        """Set every entry of ``input_dict_or_td`` (and of ``kwargs``), merging nested levels; return self.
-
-        Args:
-            input_dict_or_td: a mapping or a tensordict (None: only ``kwargs``).
-            clone: copy the values before setting them.
-            inplace: write into existing entries instead of replacing them.
-            non_blocking: accepted for compatibility (cpu copies are synchronous).
-            keys_to_update: only these keys (and the entries below them) are set.
-            is_leaf: ignored beyond the default.
-            update_batch_size: take the batch size of a tensordict source too.
-            ignore_lock: set entries even though the tensordict is locked.
-            **kwargs: more entries to set.
-
-        Raises:
-            LockedError: a new entry on a locked tensordict (without ``ignore_lock``).
-            BatchSizeError: a value whose leading dims disagree with the batch size.
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
-        >>> td.update({"b": torch.ones(2)}, keys_to_update=["b"]).keys()
-        ['a', 'b']
-        """
-        td: Any = self
-        selected = _key_filter(keys_to_update)
-        if ignore_lock and td.is_locked:
-            with td.unlock_():
-                return td.update(
-                    input_dict_or_td,
-                    clone,
-                    inplace,
-                    keys_to_update=keys_to_update,
-                    update_batch_size=update_batch_size,
-                    **kwargs,
-                )
-        if update_batch_size and isinstance(input_dict_or_td, KeyOps) and self._lazy_members() is None:
-            td._batch_size = input_dict_or_td.batch_size  # type: ignore[attr-defined]
-        for key, value in _items_of(input_dict_or_td, kwargs):
-            parts = unravel_key(key)
-            if not selected(parts):
-                continue
-            current = td._get_leaf(parts, None)
-            if is_node(current) and isinstance(value, (Mapping, KeyOps)) and not isinstance(value, NonTensorData):
-                sub = [k[len(parts) :] for k in map(unravel_key, keys_to_update or ()) if k[: len(parts)] == parts]
-                current.update(
-                    value,
-                    clone,
-                    inplace,
-                    keys_to_update=[k for k in sub if k] or None,
-                    update_batch_size=update_batch_size,
-                )
-                continue
-            td._set(parts, _cloned(value) if clone else value, inplace=inplace)
-        return self
-
-    def update_(
-        self: T,
-        input_dict_or_td: Any = None,
-        clone: bool = False,
-        *,
-        non_blocking: bool = False,
-        keys_to_update: Sequence[NestedKey] | NestedKey | None = None,
-        **kwargs: Any,
-    ) -> T:
-        """Write every entry of ``input_dict_or_td`` into the existing entries (allowed while locked).
-
-        Args:
-            input_dict_or_td: a mapping or a tensordict (nested levels are written into).
-            clone: accepted for compatibility (values are copied into the entries anyway).
-            non_blocking: accepted for compatibility.
-            keys_to_update: only these keys (a key or a sequence of keys).
-            **kwargs: more entries to write.
-
-        Raises:
-            MissingKeyError: an entry of the input that this tensordict lacks.
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2]).lock_()
-        >>> td.update_({"a": torch.ones(2)})["a"].tolist()
-        [1.0, 1.0]
-        """
-        td: Any = self
-        if isinstance(keys_to_update, (str, tuple)):
-            keys_to_update = [keys_to_update]
-        selected = _key_filter(keys_to_update)
-        for key, value in _leaf_items(input_dict_or_td, kwargs):
-            if selected(key):
-                if td._get_leaf(key, None) is None:
-                    raise MissingKeyError(
-                        f"update_: key {key!r} is not in the tensordict; update_ writes into existing entries, "
-                        "use update() to add it."
-                    )
-                td.set_(key, value)
-        return self
-
-    def update_at_(
-        self: T,
-        input_dict_or_td: Any,
-        idx: Any,
-        clone: bool = False,
-        *,
-        non_blocking: bool = False,
-        keys_to_update: Sequence[NestedKey] | None = None,
-    ) -> T:
-        """Write every entry of ``input_dict_or_td`` at index ``idx`` of the existing entries; return self.
-
-        Args:
-            input_dict_or_td: a mapping or a tensordict of the values at ``idx``.
-            idx: an index of the batch dims.
-            clone: accepted for compatibility.
-            non_blocking: accepted for compatibility.
-            keys_to_update: only these keys.
-
-        Raises:
-            MissingKeyError: an entry of the input that this tensordict lacks.
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(3), batch_size=[3])
-        >>> td.update_at_({"a": torch.ones(())}, 1)["a"].tolist()
-        [0.0, 1.0, 0.0]
-        """
-        td: Any = self
-        selected = _key_filter(keys_to_update)
-        for key, value in _leaf_items(input_dict_or_td, {}):
-            if not selected(key):
-                continue
-            target = td._get_leaf(key, None)
-            if target is None:
-                raise MissingKeyError(f"update_at_: key {key!r} is not in the tensordict; add it first.")
-            if isinstance(target, NonTensorData):
-                continue
-            target[idx] = value
-        return self
 
     # -- gradients, devices, memory ---------------------------------------------------------------
     def detach(self: T) -> T:
@@ -618,48 +569,3 @@ def _drop_emptied(td: Any, parts: tuple[str, ...]) -> None:
         if not is_node(level) or level.keys():
             return
         td.pop(parts[:depth])
-
-
-def _cloned(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) or is_node(value):
-        return value.clone()
-    return value
-
-
-def _items_of(source: Any, kwargs: Mapping[str, Any]) -> list[tuple[Any, Any]]:
-    if source is None:
-        items: list[tuple[Any, Any]] = []
-    elif isinstance(source, KeyOps):
-        items = [(k, source._get_leaf((k,))) for k in source.keys()]  # type: ignore[attr-defined]
-    elif kind_of(source) is not None and kind_of(source).unwrap is not None:  # type: ignore[union-attr]
-        inner = kind_of(source).unwrap(source)[0]  # type: ignore[union-attr, misc]
-        items = [(k, inner._get_leaf((k,))) for k in inner.keys()]
-    elif isinstance(source, Mapping):
-        items = list(source.items())
-    else:
-        raise ArgumentTypeError(f"update takes a mapping or a tensordict, got {type(source).__name__}.")
-    return items + list(kwargs.items())
-
-
-def _leaf_items(source: Any, kwargs: Mapping[str, Any]) -> Iterator[tuple[tuple[str, ...], Any]]:
-    """(nested key, value) for every leaf of a mapping or tensordict source."""
-    for key, value in _items_of(source, kwargs):
-        parts = unravel_key(key)
-        inner = inner_collection(value)
-        if inner is not None or (isinstance(value, Mapping) and not isinstance(value, NonTensorData)):
-            for sub, leaf in _leaf_items(inner if inner is not None else value, {}):
-                yield (*parts, *sub), leaf
-        else:
-            yield parts, value
-
-
-def _key_filter(keys: Sequence[NestedKey] | None) -> Callable[[tuple[str, ...]], bool]:
-    """Whether a nested key is selected: it is one of ``keys``, above one or below one (None: all)."""
-    if keys is None:
-        return lambda parts: True
-    wanted = [unravel_key(k) for k in keys]
-
-    def selected(parts: tuple[str, ...]) -> bool:
-        return any(parts[: len(w)] == w or w[: len(parts)] == parts for w in wanted)
-
-    return selected

@@ -35,7 +35,9 @@ from ._keys import NestedKey, unravel_key
 from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData, NonTensorStack
+from ._pad import PadOps
 from ._reductions import decode_leaf, encode_leaf
+from ._updates import UpdateOps
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
 
@@ -51,9 +53,11 @@ _LOCKED_MSG = (
 
 class TensorDictBase(
     KeyOps,
+    UpdateOps,
     ConversionOps,
     ApplyOps,
     NnOps,
+    PadOps,
     CombineOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
@@ -288,46 +292,6 @@ class TensorDictBase(
             raise KeyTypeError(f"Keys must be strings or tuples of strings, got {type(key).__name__} {key!r}.")
         return self._get_leaf(unravel_key(key), None) is not None
 
-    def keys(
-        self,
-        include_nested: bool = False,
-        leaves_only: bool = False,
-        is_leaf: Callable[[type], bool] | None = None,
-        *,
-        sort: bool = False,
-    ) -> list:
-        """The keys, in insertion order; nested keys are tuples when ``include_nested``.
-
-        Args:
-            include_nested: also list the keys inside nested tensordicts, as tuples.
-            leaves_only: leave out the keys of nested tensordicts themselves.
-            is_leaf: called with a value's type; True makes a nested tensordict count as a leaf.
-            sort: sort the keys (nested keys by their parts joined with ``"."``).
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(b=torch.zeros(()), a={"c": torch.zeros(())}).keys(True, True, sort=True)
-        [('a', 'c'), 'b']
-        """
-        if is_leaf is None:
-            keys = list(self._iter_keys(include_nested, leaves_only))
-        else:
-            keys = list(self._iter_keys_is_leaf(include_nested, leaves_only, is_leaf, ()))
-        if sort:
-            keys.sort(key=lambda k: ".".join(k) if isinstance(k, tuple) else k)
-        return keys
-
-    def _iter_keys_is_leaf(
-        self, include_nested: bool, leaves_only: bool, is_leaf: Callable[[type], bool], prefix: tuple[str, ...]
-    ) -> Iterator[Any]:
-        for key in self.keys():
-            full = (*prefix, key)
-            value = self._get_leaf((key,))
-            node = isinstance(value, TensorDictBase) and not is_leaf(type(value))
-            if not (node and leaves_only):
-                yield full if prefix else key
-            if node and include_nested:
-                yield from value._iter_keys_is_leaf(True, leaves_only, is_leaf, full)
-
     def _iter_keys(self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()) -> Iterator[Any]:
         """The keys of :meth:`_iter_items`, without reading any value (a lazy stack's would be stacked)."""
         for key, leaf in self._tensordict.items():
@@ -534,33 +498,6 @@ class TensorDictBase(
     def __delitem__(self, key: NestedKey) -> None:
         self.pop(key)
 
-    def rename_key_(self: T, old_key: NestedKey, new_key: NestedKey, safe: bool = False) -> T:
-        """Move the entry ``old_key`` to ``new_key``; return self.
-
-        Args:
-            old_key: the entry to move.
-            new_key: its new key.
-            safe: refuse to replace an existing entry at ``new_key``.
-
-        Raises:
-            MissingKeyError: ``old_key`` is missing, or ``safe`` and ``new_key`` exists (a ``KeyError``).
-            LockedError: the tensordict is locked.
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.zeros(())).rename_key_("a", "b").keys()
-        ['b']
-        """
-        old, new = old_key, new_key
-        value = self._get_leaf(unravel_key(old))
-        self._check_unlocked(str(old))
-        if safe and unravel_key(new) != unravel_key(old) and self._get_leaf(unravel_key(new), None) is not None:
-            raise MissingKeyError(f"rename_key_: key {new!r} already exists and safe=True; pick another name.")
-        if unravel_key(old) == unravel_key(new):
-            return self
-        self._set(unravel_key(new), value)
-        self.pop(old)
-        return self
-
     # -- derived tensordicts ------------------------------------------------------------------
     def _index(self: T, idx: Any) -> T:
         idx = normalize_index(idx, self.batch_dims)
@@ -640,55 +577,6 @@ class TensorDictBase(
         """A tensordict with the same batch size, device and names, and no entries."""
         return type(self)._from_leaves({}, self._batch_size, self._device, self._names)
 
-    def select(self: T, *keys: NestedKey, inplace: bool = False, strict: bool = True, as_tensordict: bool = False) -> T:
-        """A tensordict with only the entries ``keys`` (the leaves are shared, not copied).
-
-        Args:
-            *keys: keys or nested keys (a nested tensordict's key keeps all of it).
-            inplace: remove every other entry from this tensordict and return it.
-            strict: a missing key raises (``False``: it is skipped).
-            as_tensordict: accepted for compatibility (the result is a tensordict of this class).
-
-        Raises:
-            MissingKeyError: a key that is missing, with ``strict``.
-            LockedError: ``inplace`` on a locked tensordict that would lose entries.
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.zeros(()), b=torch.ones(())).select("a", "z", strict=False).keys()
-        ['a']
-        """
-        out = self.empty()
-        for key in keys:
-            parts = unravel_key(key)
-            leaf = self._get_leaf(parts, None if not strict else _NO_DEFAULT)
-            if leaf is not None:
-                _put(out, parts, leaf)
-        if not inplace:
-            return out
-        if set(self._tensordict) - set(out._tensordict):
-            self._check_unlocked(str(keys))
-        self._tensordict = out._tensordict
-        return self
-
-    def exclude(self: T, *keys: NestedKey, inplace: bool = False) -> T:
-        """A tensordict without the entries ``keys`` (missing keys are ignored; leaves shared).
-
-        Args:
-            *keys: keys or nested keys.
-            inplace: remove them from this tensordict and return it.
-
-        Raises:
-            LockedError: ``inplace`` on a locked tensordict.
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.zeros(()), n={"b": torch.ones(())}).exclude(("n", "b")).keys(True)
-        ['a', 'n']
-        """
-        out = self if inplace else _shallow(self)
-        for key in keys:
-            out.pop(key, None)
-        return out
-
     def zero_(self: T) -> T:
         """Fill every tensor leaf with zeros, in place; return self."""
         for leaf in self._stored_tensors():
@@ -764,22 +652,6 @@ def _items_of(value: Mapping[Any, Any] | TensorDictBase) -> Iterator[tuple[Any, 
     if isinstance(value, TensorDictBase):
         return iter(list(value._tensordict.items()))
     return iter(list(value.items()))
-
-
-def _shallow(td: T) -> T:
-    """A new structure over the same leaves, every nested level copied."""
-    return td._map(lambda t: t)
-
-
-def _put(td: TensorDictBase, parts: tuple[str, ...], value: Any) -> None:
-    node = td
-    for part in parts[:-1]:
-        nxt = node._tensordict.get(part)
-        if not isinstance(nxt, TensorDictBase):
-            nxt = type(td)._from_leaves({}, node._batch_size, node._device, node._names)
-            node._tensordict[part] = nxt
-        node = nxt
-    node._tensordict[parts[-1]] = value
 
 
 def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:

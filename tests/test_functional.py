@@ -64,6 +64,37 @@ def test_pad_matches_the_reference() -> None:
     assert type(padded) is Sample and padded.a.tolist() == [0.0, 0.0, 1.0, 2.0, 3.0]
 
 
+def test_pad_in_place_crops_and_lazy_stacks() -> None:
+    td = TensorDict({"a": torch.ones(3, 4, 1), "n": TensorDict({"c": torch.ones(3, 4, 2)}, [3, 4])}, [3, 4])
+    nested, old = td["n"], td["a"]
+    assert td.pad([0, 1, 0, 2], value=5.0, inplace=True) is td and td["n"] is nested and td["a"] is not old
+    assert td.batch_size == td["n"].batch_size == (4, 6) and td["n", "c"][3, 5].tolist() == [5.0, 5.0]
+    before = td["a"]
+    with pytest.raises(RuntimeError, match=r"negative output size"):
+        td.pad([-10, 0], inplace=True)
+    assert td["a"] is before and td.batch_size == (4, 6)
+    cropped = td.pad([-1, 0, 0, -2])
+    ref = tensordict.pad(tensordict.TensorDict(td.to_dict(), batch_size=[4, 6]), [-1, 0, 0, -2])
+    assert cropped.batch_size == ref.batch_size == (3, 4) and _leaves(cropped) == _leaves(ref)
+    lazy = tdshare.lazy_stack(
+        [TensorDict(x=torch.ones(4), batch_size=[4]), TensorDict(x=torch.full((4,), 2.0), batch_size=[4])]
+    )
+    ref_lazy = tensordict.lazy_stack(
+        [
+            tensordict.TensorDict(x=torch.ones(4), batch_size=[4]),
+            tensordict.TensorDict(x=torch.full((4,), 2.0), batch_size=[4]),
+        ]
+    )
+    got, want = tdshare.pad(lazy, [1, 0, 0, 2], value=3.0), tensordict.pad(ref_lazy, [1, 0, 0, 2], value=3.0)
+    assert got.batch_size == want.batch_size == (3, 6) and got["x"].tolist() == want["x"].tolist()
+    assert lazy.pad([0, 1], value=9.0, inplace=True) is lazy and len(lazy.tensordicts) == 3
+    assert lazy.tensordicts[2]["x"].tolist() == [9.0] * 4 and lazy.tensordicts[0]["x"].tolist() == [1.0] * 4
+    sample = build("tensorclass")
+    inner = sample._tensordict
+    out = sample.pad([0, 2], inplace=True)
+    assert out._tensordict is inner and sample.batch_size == (6,) and sample.n.batch_size == (6,)
+
+
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("mask", [False, True, ("my", "masks")])
 def test_pad_sequence_along_a_batch_dim(side: str, mask: Any) -> None:

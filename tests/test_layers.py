@@ -53,9 +53,11 @@ LAYERS: dict[str, list[str]] = {
         # key and conversion operations, apply, the compact repr, nn helpers (issue 16, "keys")
         "_compact_repr",
         "_key_ops",
+        "_updates",
         "_conversions",
         "_apply",
         "_nn",
+        "_pad",
     ],
     "io": ["_plan", "_write", "_archive", "_read", "_entries", "_refresh", "_save"],
     "api": [
