@@ -16,12 +16,12 @@ from typing import Any, TypeVar
 import torch
 
 from ._compact_repr import compact_repr
-from ._errors import InvalidArgumentError, MissingKeyError, NotSupportedError
+from ._errors import InvalidArgumentError, KeyTypeError, MissingKeyError, NotSupportedError
 from ._keys import NestedKey, unravel_key
 from ._nodes import kind_of
 from ._nontensor import NonTensorData
 
-__all__ = ["KeyOps", "NO_DEFAULT", "inner_collection", "is_node", "leaves", "place"]
+__all__ = ["KeyOps", "KeysView", "NO_DEFAULT", "inner_collection", "is_node", "leaves", "place"]
 
 T = TypeVar("T", bound="KeyOps")
 
@@ -43,6 +43,30 @@ def is_node(value: Any) -> bool:
 
 def _leaf_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and not isinstance(value, KeyOps)
+
+
+class KeysView(list):
+    """The list ``keys()`` returns; ``in`` checks the key's type as the reference's view does (a key
+    that is not a string or a tuple of strings is a ``KeyTypeError``, a ``TypeError``).
+
+    >>> from tdshare import TensorDict
+    >>> keys = TensorDict(a={"b": torch.zeros(())}).keys(include_nested=True)
+    >>> ("a", "b") in keys, ("a",) in keys, keys == ["a", ("a", "b")]
+    (True, True, True)
+    """
+
+    def __init__(self, keys: Sequence[Any], nested: bool) -> None:
+        super().__init__(keys)
+        self._nested = nested
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            return list.__contains__(self, key)
+        if not isinstance(key, tuple) or not all(isinstance(k, str) for k in key):
+            raise KeyTypeError(f"TensorDict keys are always strings (or tuples of strings), got {key!r}.")
+        if len(key) == 1:
+            return list.__contains__(self, key[0])
+        return self._nested and list.__contains__(self, key)  # a flat view holds no nested key
 
 
 class KeyOps:
@@ -90,7 +114,7 @@ class KeyOps:
             keys = list(td._iter_keys_is_leaf(include_nested, leaves_only, is_leaf, ()))
         if sort:
             keys.sort(key=lambda k: ".".join(k) if isinstance(k, tuple) else k)
-        return keys
+        return KeysView(keys, include_nested)
 
     def _iter_keys_is_leaf(
         self, include_nested: bool, leaves_only: bool, is_leaf: Callable[[type], bool], prefix: tuple[str, ...]
@@ -180,8 +204,8 @@ class KeyOps:
             raise MissingKeyError(f"rename_key_: key {new!r} already exists and safe=True; pick another name.")
         if unravel_key(old) == unravel_key(new):
             return self
+        td.pop(old)  # first: the new key may sit inside the old one's level
         td._set(unravel_key(new), value)
-        td.pop(old)
         return self
 
     @property
@@ -309,7 +333,7 @@ class KeyOps:
             existing = out._get_leaf(parts, None)
             clash = existing is not None and not (is_node(existing) and is_node(leaf))
             if existing is not None and not clash:  # two nested levels merge: no entry may be replaced
-                clash = any(existing._get_leaf(unravel_key(k), None) is not None for k in leaf.keys(True, True))
+                clash = any(_occupied(existing, unravel_key(k)) for k in leaf.keys(True, True))
             for i in range(1, len(parts)):
                 prefix_value = out._get_leaf(parts[:i], None)
                 clash = clash or (prefix_value is not None and not is_node(prefix_value))
@@ -413,6 +437,34 @@ class KeyOps:
         return self
 
     @property
+    def data(self) -> Any:
+        """A collection of the tensors' ``.data`` (detached views of the same memory); locked as this one is.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.ones(2, requires_grad=True), batch_size=[2]).data["a"].requires_grad
+        False
+        """
+        td: Any = self
+        out = td._map(lambda t: t.data)
+        return out.lock_() if td.is_locked else out
+
+    @property
+    def grad(self) -> Any:
+        """A collection of the tensors' gradients (tensors without one are left out), or None when none has one.
+
+        >>> from tdshare import TensorDict
+        >>> x = torch.ones(2, requires_grad=True)
+        >>> x.sum().backward()
+        >>> TensorDict(a=x, batch_size=[2]).grad["a"].tolist()
+        [1.0, 1.0]
+        """
+        td: Any = self
+        if not any(t.grad is not None for t in td._stored_tensors()):
+            return None
+        out = td._map(lambda t: t.grad)
+        return out.lock_() if td.is_locked else out
+
+    @property
     def dtype(self) -> torch.dtype | None:
         """The dtype all tensors share, or None when they differ (or there is none).
 
@@ -500,6 +552,18 @@ class KeyOps:
 
 
 # -- helpers -------------------------------------------------------------------------------------
+def _occupied(td: Any, parts: tuple[str, ...]) -> bool:
+    """Whether setting ``parts`` in ``td`` would replace something (the entry, or a leaf on the way)."""
+    node = td
+    for part in parts:
+        if not is_node(node):
+            return True  # a leaf where a level is needed
+        node = node._get_leaf((part,), None)
+        if node is None:
+            return False
+    return True
+
+
 def _check_separator(separator: Any) -> None:
     if not isinstance(separator, str) or not separator:
         raise InvalidArgumentError(f"separator must be a non-empty string, got {separator!r}.")

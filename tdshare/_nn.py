@@ -26,6 +26,8 @@ from ._nodes import kind_for_tag
 
 __all__ = ["NnOps"]
 
+_LEGACY_KEYS = frozenset({"__batch_size", "__device"})  # metadata entries of older state dicts
+
 T = TypeVar("T", bound="NnOps")
 
 
@@ -104,10 +106,14 @@ class NnOps:
         """
         if not modules:
             raise InvalidArgumentError("from_modules needs at least one module.")
+        if lazy_stack and any(
+            isinstance(p, nn.parameter.UninitializedParameter) for m in modules for p in m.parameters()
+        ):
+            raise RuntimeError("lasy_stack=True is not compatible with lazy modules.")  # the reference's words
+        if lazy_stack and as_module:
+            raise RuntimeError("A lazy stack cannot be held within a TensorDictParams; pass as_module=False.")
         tds = [cls.from_module(m, as_module=as_module, use_state_dict=use_state_dict) for m in modules]
         if lazy_stack:
-            if any(isinstance(p, nn.parameter.UninitializedParameter) for m in modules for p in m.parameters()):
-                raise RuntimeError("lasy_stack=True is not compatible with lazy modules.")
             kind = kind_for_tag(LAZY_STACK_TYPE)
             if kind is None:
                 raise NotSupportedError("from_modules(lazy_stack=True): the lazy stack class is not loaded.")
@@ -189,6 +195,9 @@ class NnOps:
         """
         td: Any = self
         out: Any = OrderedDict() if destination is None else destination
+        if not hasattr(out, "_metadata"):
+            out._metadata = OrderedDict()  # as torch's state dicts: one entry per level, "" for the top
+        out._metadata[prefix[:-1]] = {"batch_size": td.batch_size, "device": td.device}
         for key in td.keys():
             value = td._get_leaf((key,))
             if is_node(value):
@@ -221,6 +230,7 @@ class NnOps:
         [1.0, 1.0]
         """
         td: Any = self
+        state_dict = {k: v for k, v in state_dict.items() if k not in _LEGACY_KEYS}
         flat = from_flatten
         if flat is None:
             flat = not any(isinstance(v, Mapping) for v in state_dict.values())

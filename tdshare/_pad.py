@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ._errors import BatchSizeError, InvalidArgumentError, NotSupportedError
+from ._errors import BatchSizeError, InvalidArgumentError
 from ._key_ops import is_node
 from ._nodes import kind_of
 from ._nontensor import NonTensorStack
@@ -40,7 +40,6 @@ class PadOps:
         Raises:
             InvalidArgumentError: an odd number of sizes, or more pairs than batch dims.
             BatchSizeError: a dim that would get a negative size (a ``RuntimeError``).
-            NotSupportedError: an entry holding one non-tensor value per element.
 
         >>> from tdshare import TensorDict
         >>> td = TensorDict(a=torch.ones(3, 4, 1), batch_size=[3, 4])
@@ -85,6 +84,21 @@ def _pad(td: Any, pads: list[tuple[int, int]], value: float, inplace: bool) -> A
     return td
 
 
+def _pad_nested(data: Any, pads: list[tuple[int, int]], shape: list[int]) -> Any:
+    """Nested lists of values padded with None (negative sizes crop), ``pads[0]`` along the outer list."""
+    if not pads:
+        return data
+    (before, after), rest = pads[0], pads[1:]
+    inner = [_pad_nested(x, rest, shape[1:]) for x in data]
+    inner = inner[max(-before, 0) : len(inner) - max(-after, 0)]
+    element = [s + b + a for s, (b, a) in zip(shape[1:], rest, strict=False)] + shape[1 + len(rest) :]
+
+    def filler(dims: list[int]) -> Any:
+        return None if not dims else [filler(dims[1:]) for _ in range(dims[0])]
+
+    return [filler(element) for _ in range(max(before, 0))] + inner + [filler(element) for _ in range(max(after, 0))]
+
+
 def _pad_level(td: Any, pads: list[tuple[int, int]], value: float, inplace: bool) -> Any:
     batch = [s + b + a for s, (b, a) in zip(td.batch_size, pads, strict=False)] + list(td.batch_size[len(pads) :])
     if inplace:
@@ -100,8 +114,11 @@ def _pad_level(td: Any, pads: list[tuple[int, int]], value: float, inplace: bool
             inner, fields = kind.unwrap(leaf)  # a tensorclass entry: pad its tensordict
             padded = _pad(inner, pads, value, inplace)
             result = leaf if inplace else kind.wrap(padded, fields)
-        elif isinstance(leaf, NonTensorStack):
-            raise NotSupportedError(f"pad: the entry {key!r} holds one value per element; it cannot be padded.")
+        elif isinstance(leaf, NonTensorStack):  # one value per element: new elements hold None
+            shape = list(leaf.batch_size)
+            values = _pad_nested(leaf.tolist(), pads, shape)
+            new_batch = [s + b + a for s, (b, a) in zip(shape, pads, strict=False)] + shape[len(pads) :]
+            result = NonTensorStack.from_list(values, batch_size=new_batch)
         elif isinstance(leaf, torch.Tensor):
             flat: list[int] = [0, 0] * (leaf.dim() - len(pads))
             for before, after in reversed(pads):

@@ -312,24 +312,33 @@ class TensorDictBase(
             elif (inner := wrapped_collection(leaf)) is not None:  # a tensorclass entry
                 yield from inner._stored_tensors()
 
-    def items(self, include_nested: bool = False, leaves_only: bool = False) -> Iterator[tuple[Any, Any]]:
+    def items(
+        self, include_nested: bool = False, leaves_only: bool = False, is_leaf: Any = None, *, sort: bool = False
+    ) -> Iterator[tuple[Any, Any]]:
         """Iterate over ``(key, value)`` pairs; a non-tensor leaf gives its value.
 
         Args:
             include_nested: also yield the entries of nested tensordicts, under tuple keys.
             leaves_only: leave out nested tensordicts themselves.
+            is_leaf, sort: as in :meth:`keys`.
 
         >>> from tdshare import TensorDict
         >>> td = TensorDict(a=torch.zeros(2), n={"b": torch.ones(2)}, batch_size=[2])
         >>> [k for k, _ in td.items(include_nested=True, leaves_only=True)]
         ['a', ('n', 'b')]
         """
+        if is_leaf is not None or sort:
+            for key in self.keys(include_nested, leaves_only, is_leaf, sort=sort):
+                yield key, self.get(key)
+            return
         for key, leaf in self._iter_items(include_nested, leaves_only):
             yield key, leaf.data if isinstance(leaf, NonTensorData) else leaf
 
-    def values(self, include_nested: bool = False, leaves_only: bool = False) -> Iterator[Any]:
+    def values(
+        self, include_nested: bool = False, leaves_only: bool = False, is_leaf: Any = None, *, sort: bool = False
+    ) -> Iterator[Any]:
         """Iterate over the values (as :meth:`items`, without the keys)."""
-        for _, value in self.items(include_nested, leaves_only):
+        for _, value in self.items(include_nested, leaves_only, is_leaf, sort=sort):
             yield value
 
     def _iter_items(

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._errors import ArgumentTypeError, MissingKeyError
+from ._errors import ArgumentTypeError, BatchSizeError, MissingKeyError
 from ._key_ops import inner_collection, is_node
 from ._keys import NestedKey, unravel_key
 from ._nodes import kind_of
@@ -95,8 +95,23 @@ class UpdateOps:
                     update_batch_size=update_batch_size,
                     **kwargs,
                 )
-        if update_batch_size and is_node(input_dict_or_td) and td._lazy_members() is None:
-            td._batch_size = input_dict_or_td.batch_size
+        source = input_dict_or_td
+        if is_node(source) and td.batch_size[: source.batch_dims] != source.batch_size[: td.batch_dims]:
+            if not update_batch_size:
+                raise BatchSizeError(
+                    f"update() got a source with batch size {list(source.batch_size)} for a destination with batch "
+                    f"size {list(td.batch_size)}. Pass update_batch_size=True to replace the batch size."
+                )
+            if inplace:
+                raise BatchSizeError(
+                    "update(update_batch_size=True, inplace=True): the batch sizes differ, so the entries cannot be "
+                    "written in place; pass inplace=False."
+                )
+        if update_batch_size and is_node(source) and td._lazy_members() is None:
+            td._batch_size = torch.Size([])  # the entries are replaced one by one, then the new size is set
+            for key in [k for k in td.keys() if not is_node(td._get_leaf((k,)))]:
+                td._tensordict.pop(key)
+            td._batch_size = source.batch_size
         for key, value in _items_of(input_dict_or_td, kwargs):
             parts = unravel_key(key)
             if not selected(parts):
@@ -153,7 +168,7 @@ class UpdateOps:
             if selected(key):
                 if td._get_leaf(key, None) is None:
                     raise MissingKeyError(
-                        f"update_: key {key!r} is not in the tensordict; update_ writes into existing entries, "
+                        f"update_: key {key!r} was not found in the tensordict; update_ writes into existing entries, "
                         "use update() to add it."
                     )
                 td.set_(key, value)

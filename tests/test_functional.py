@@ -183,3 +183,13 @@ def test_is_tensor_collection(value: Any) -> None:
     }.get(value, value)
     assert tdshare.is_tensor_collection(value) is tensordict.is_tensor_collection(twin)
     assert tdshare.is_tensor_collection(build("tensorclass")) and tdshare.is_tensor_collection(build("lazy"))
+
+
+def test_pad_of_per_element_non_tensor_values() -> None:
+    def make(lib: Any) -> Any:
+        return lib.TensorDict(x=torch.arange(3).unsqueeze(-1), instr=lib.NonTensorStack("a", "b", "c"), batch_size=[3])
+
+    for sizes in ([0, 2], [1, 1], [-1, 1]):
+        got, want = tdshare.pad(make(tdshare), sizes), tensordict.pad(make(tensordict), sizes)
+        assert got["instr"] == want.get("instr").tolist() and got["x"].tolist() == want["x"].tolist()
+    assert tdshare.pad(make(tdshare), [0, 2])["instr"] == ["a", "b", "c", None, None]

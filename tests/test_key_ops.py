@@ -354,3 +354,59 @@ def test_repr_is_the_reference_compact_form(case: Any) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_repr_of_every_kind(kind: str) -> None:
     assert repr(build(kind)) == repr(ref_build(kind)).replace("RefSample", "Sample")
+
+
+def test_keys_view_checks_like_the_reference() -> None:
+    td = TensorDict(a={"b": {"c": torch.zeros(())}})
+    ref = tensordict.TensorDict(a={"b": {"c": torch.zeros(())}})
+    for lib_td in (td, ref):
+        assert ("a",) in lib_td.keys(include_nested=True) and ("a", "b", "c") in lib_td.keys(include_nested=True)
+        assert ("a", "c") not in lib_td.keys(include_nested=True) and "zz" not in lib_td.keys()
+        assert ("a", "b") not in lib_td.keys()  # a flat view holds no nested key
+        with pytest.raises(TypeError, match=r"TensorDict keys are always strings"):
+            42 in lib_td.keys()  # noqa: B015
+    assert td.keys(True) == ["a", ("a", "b"), ("a", "b", "c")]
+
+
+def test_nested_collisions_rename_and_sorted_items() -> None:
+    for data in (
+        {"a-b-c-d": torch.zeros(3), "a": {"b": {"c": torch.zeros(3)}}},
+        {"a-b": torch.zeros(3), "a": {"b": {"c": torch.zeros(3)}}},
+    ):
+        with pytest.raises(KeyError, match=re.escape("Unflattening key(s) in tensordict will override")):
+            TensorDict(data).unflatten_keys("-")
+        with pytest.raises(KeyError, match=re.escape("Unflattening key(s) in tensordict will override")):
+            tensordict.TensorDict(data).unflatten_keys("-")
+        assert sorted(TensorDict(data).flatten_keys("-").keys()) == sorted(
+            tensordict.TensorDict(data).flatten_keys("-").keys()
+        )
+    td = TensorDict(a={"b": {"c": 0}})
+    assert td.rename_key_(("a", "b", "c"), ("a", "b"))["a", "b"] == 0
+    td = TensorDict(b=torch.ones(()), a={"z": torch.zeros(()), "c": torch.full((), 2.0)})
+    ref = tensordict.TensorDict(td.to_dict())
+    assert [k for k, _ in td.items(True, True, sort=True)] == [k for k, _ in ref.items(True, True, sort=True)]
+    assert [v.item() for v in td.values(True, True, sort=True)] == [v.item() for v in ref.values(True, True, sort=True)]
+
+
+def test_update_batch_size_and_messages() -> None:
+    with pytest.raises(RuntimeError, match=r"update_batch_size"):
+        TensorDict(batch_size=(3,)).update(TensorDict(batch_size=(4,)))
+    with pytest.raises(RuntimeError, match=r"inplace"):
+        TensorDict(batch_size=(3,)).update(TensorDict(batch_size=(4,)), update_batch_size=True, inplace=True)
+    td = TensorDict(a=torch.zeros(3), n={"b": torch.zeros(3, 5)}, batch_size=(3,))
+    nested = td["n"]
+    td.update(TensorDict(a=torch.ones(2), n={"b": torch.ones(2, 1)}, batch_size=(2,)), update_batch_size=True)
+    assert td.batch_size == (2,) and td["a"].tolist() == [1.0, 1.0] and td["n"] is nested and td["n"].batch_size == (2,)
+    with pytest.raises(KeyError, match=r"was not found"):
+        TensorDict(a=torch.zeros(3), batch_size=[3]).update_(b=torch.ones(3))
+
+
+def test_data_and_grad_views() -> None:
+    x = torch.randn(3, 4, requires_grad=True)
+    td = TensorDict(a=x, n={"b": torch.randn(3, 4, 5, requires_grad=True)}, batch_size=[3, 4])
+    assert td.grad is None and td.data["a"].data_ptr() == x.data_ptr() and not td.data["a"].requires_grad
+    td.apply(lambda t: t.sum().backward(), filter_empty=True)
+    grads = td.grad
+    assert grads is not td.grad and not grads.is_locked and grads["n", "b"].shape == (3, 4, 5)
+    td.lock_()
+    assert td.grad.is_locked and td.data.is_locked and grads["a"].tolist() == torch.ones(3, 4).tolist()

@@ -135,3 +135,19 @@ def test_state_dict_round_trip_matches_the_reference(flatten: bool) -> None:
 def test_state_dict_of_every_kind(kind: str) -> None:
     sd = build(kind).state_dict()
     assert sorted(sd) == ["a", "n.b"] and sd["n.b"].shape == (4, 2)
+
+
+def test_state_dict_metadata_and_legacy_keys() -> None:
+    td = TensorDict({"x": torch.randn(3), "sub": TensorDict({"y": torch.randn(3)}, [3])}, [3])
+    sd, ref_sd = td.state_dict(), tensordict.TensorDict(td.to_dict(), [3]).state_dict()
+    assert sd._metadata[""]["batch_size"] == ref_sd._metadata[""]["batch_size"] == torch.Size([3])
+    assert set(sd._metadata) == set(ref_sd._metadata) == {"", "sub"}
+    legacy = {"a": torch.tensor(1), "__batch_size": torch.Size([]), "__device": None}
+    assert TensorDict({"a": 0}, []).load_state_dict(legacy)["a"] == 1
+
+
+def test_from_modules_refuses_what_the_reference_refuses() -> None:
+    with pytest.raises(RuntimeError, match=r"within a TensorDictParams"):
+        TensorDict.from_modules(nn.Linear(3, 4), nn.Linear(3, 4), as_module=True, lazy_stack=True)
+    with pytest.raises(RuntimeError, match=r"lasy_stack=True is not compatible with lazy modules"):
+        TensorDict.from_modules(nn.LazyLinear(4), nn.LazyLinear(4), lazy_stack=True)
