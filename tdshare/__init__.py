@@ -42,6 +42,7 @@ from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
 from ._tensorclass import is_tensorclass, tensorclass
 from ._tensordict import TensorDict, load, load_memmap, memmap, save
+from ._tensordict_base import TensorDictBase
 
 __version__ = "0.1.0"
 
@@ -70,6 +71,7 @@ __all__ = [
     "SharedRegistry",
     "TdshareError",
     "TensorDict",
+    "TensorDictBase",
     "TensorDictFuture",
     "TerminalProgress",
     "UnsupportedFormatError",

@@ -10,7 +10,7 @@ results again through :meth:`KeyOps._restack`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -633,3 +633,7 @@ def _drop_emptied(td: Any, parts: tuple[str, ...]) -> None:
         if not is_node(level) or level.keys():
             return
         td.pop(parts[:depth])
+
+
+# Like the reference's, a tensordict is a Mapping: ``nn.Module.load_state_dict(td)`` and ``dict(td)`` work.
+Mapping.register(KeyOps)

@@ -39,6 +39,7 @@ PUBLIC = [
     "SharedRegistry",
     "TdshareError",
     "TensorDict",
+    "TensorDictBase",
     "TensorDictFuture",
     "TerminalProgress",
     "UnsupportedFormatError",

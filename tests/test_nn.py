@@ -3,6 +3,7 @@ compared with tensordict 0.15.3."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -151,3 +152,12 @@ def test_from_modules_refuses_what_the_reference_refuses() -> None:
         TensorDict.from_modules(nn.Linear(3, 4), nn.Linear(3, 4), as_module=True, lazy_stack=True)
     with pytest.raises(RuntimeError, match=r"lasy_stack=True is not compatible with lazy modules"):
         TensorDict.from_modules(nn.LazyLinear(4), nn.LazyLinear(4), lazy_stack=True)
+
+
+def test_a_tensordict_is_a_mapping_for_torch() -> None:
+    net = nn.Sequential(nn.Linear(2, 2))
+    zeros = TensorDict.from_module(net).detach().clone().zero_()
+    assert isinstance(zeros, Mapping) and isinstance(tensordict.TensorDict(), Mapping)
+    net.load_state_dict(zeros.flatten_keys("."))
+    assert net[0].weight.abs().sum() == 0 and isinstance(net[0].weight, nn.Parameter)
+    assert isinstance(build("lazy"), Mapping) and isinstance(zeros, tdshare.TensorDictBase)
