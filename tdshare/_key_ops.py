@@ -256,7 +256,7 @@ class KeyOps:
         td: Any = self
         if key not in td:
             td.set(key, default, inplace=inplace)
-        return td.get(key)
+        return td.get_non_tensor(key)
 
     def flatten_keys(self: T, separator: str = ".", inplace: bool = False, is_leaf: Any = None) -> T:
         """A collection whose nested entries are joined into keys ``"a.b"`` (``separator`` between parts).

@@ -384,7 +384,7 @@ class LazyStackedTensorDict(MemmapFamily):
         if not all(parts in td for td in self._members):
             if default is not _NO_DEFAULT:
                 return default
-        value = self.get(parts)
+        value = self.get_non_tensor(parts)
         self.del_(parts)
         return value
 

@@ -274,17 +274,29 @@ class TensorDictBase(
         return node
 
     def get(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
-        """The value at ``key`` (a non-tensor leaf gives its value), or ``default`` if given."""
-        leaf = self._get_leaf(unravel_key(key), default)
-        return leaf.data if isinstance(leaf, NonTensorData) else leaf
+        """The entry at ``key`` as stored, or ``default`` if given and ``key`` is missing.
+
+        As in the reference, a non-tensor entry comes back as its ``NonTensorData`` (or
+        ``NonTensorStack``); ``td[key]`` and :meth:`get_non_tensor` give the value itself.
+
+        Raises:
+            MissingKeyError: ``key`` is missing and no default is given.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(s="x")
+        >>> type(td.get("s")).__name__, td["s"], td.get("zz", 0)
+        ('NonTensorData', 'x', 0)
+        """
+        return self._get_leaf(unravel_key(key), default)
 
     def get_non_tensor(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
-        """The value of the non-tensor entry ``key`` (as :meth:`get`)."""
-        return self.get(key, default)
+        """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``)."""
+        leaf = self.get(key) if default is _NO_DEFAULT else self.get(key, default)  # subclasses have own markers
+        return leaf.data if isinstance(leaf, NonTensorData) else leaf
 
     def __getitem__(self, idx: Any) -> Any:
         if is_key(idx):
-            return self.get(idx)
+            return self.get_non_tensor(idx)
         return self._index(idx)
 
     def __contains__(self, key: object) -> bool:
@@ -329,7 +341,7 @@ class TensorDictBase(
         """
         if is_leaf is not None or sort:
             for key in self.keys(include_nested, leaves_only, is_leaf, sort=sort):
-                yield key, self.get(key)
+                yield key, self.get_non_tensor(key)
             return
         for key, leaf in self._iter_items(include_nested, leaves_only):
             yield key, leaf.data if isinstance(leaf, NonTensorData) else leaf

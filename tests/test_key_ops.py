@@ -410,3 +410,18 @@ def test_data_and_grad_views() -> None:
     assert grads is not td.grad and not grads.is_locked and grads["n", "b"].shape == (3, 4, 5)
     td.lock_()
     assert td.grad.is_locked and td.data.is_locked and grads["a"].tolist() == torch.ones(3, 4).tolist()
+
+
+@pytest.mark.parametrize("kind", ["tensordict", "lazy"])
+def test_get_of_a_non_tensor_entry_gives_the_wrapper(kind: str) -> None:
+    obj, ref = build(kind), ref_build(kind)
+    assert type(obj.get("s")).__name__ == type(ref.get("s")).__name__ or kind == "lazy"
+    assert obj.get("s") == "text" and obj["s"] == "text" and obj.get_non_tensor("s") == "text"
+    assert obj.get("zz", "dflt") == ref.get("zz", "dflt") == "dflt"
+    with pytest.raises(KeyError):
+        obj["zz"]
+    td = TensorDict(s="x", n=tdshare.NonTensorStack("a", "b"), batch_size=[2])
+    ref_td = tensordict.TensorDict(s="x", n=tensordict.NonTensorStack("a", "b"), batch_size=[2])
+    assert type(td.get("s")).__name__ == type(ref_td.get("s")).__name__ == "NonTensorData"
+    assert type(td.get("n")).__name__ == type(ref_td.get("n")).__name__ == "NonTensorStack"
+    assert td["s"] == ref_td["s"] == "x" and td.get("n").tolist() == ref_td.get("n").tolist() == ["a", "b"]

@@ -577,7 +577,13 @@ def test_pickle_round_trip(locked: bool) -> None:
 def test_non_tensor_leaves() -> None:
     obj = object()
     td = TensorDict(s="hello", obj=obj, lst=[1, 2], nt=NonTensorData("wrapped"), batch_size=[2])
-    assert td["s"] == "hello" and td.get("obj") is obj and td["lst"] == [1, 2] and td["nt"] == "wrapped"
+    assert (
+        td["s"] == "hello"
+        and td["obj"] is obj
+        and td.get("obj").data is obj
+        and td["lst"] == [1, 2]
+        and td["nt"] == "wrapped"
+    )
     assert isinstance(td._tensordict["s"], NonTensorData)
     assert td[0]["s"] == "hello" and td[0:1]["obj"] is obj
     td.set_("s", "bye")
