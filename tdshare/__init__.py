@@ -11,6 +11,7 @@ from ._errors import (
     FieldError,
     FileExistsRuntimeError,
     FormatError,
+    FrozenFieldError,
     InvalidArgumentError,
     KeyTypeError,
     LockedError,
@@ -21,6 +22,7 @@ from ._errors import (
     NotMemmapError,
     NotSupportedError,
     PickleRefusedError,
+    ReservedFieldError,
     TdshareError,
     UnsupportedFormatError,
 )
@@ -40,7 +42,8 @@ from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
-from ._tensorclass import is_tensorclass, tensorclass
+from ._settings import capture_non_tensor_stack, list_to_stack, set_capture_non_tensor_stack, set_list_to_stack
+from ._tensorclass import TensorClass, is_tensorclass, tensorclass
 from ._tensordict import TensorDict, load, load_memmap, memmap, save
 from ._tensordict_base import TensorDictBase
 
@@ -54,6 +57,7 @@ __all__ = [
     "FieldError",
     "FileExistsRuntimeError",
     "FormatError",
+    "FrozenFieldError",
     "InvalidArgumentError",
     "KeyTypeError",
     "LazyStackedTensorDict",
@@ -68,19 +72,23 @@ __all__ = [
     "NotMemmapError",
     "NotSupportedError",
     "PickleRefusedError",
+    "ReservedFieldError",
     "SharedRegistry",
     "TdshareError",
+    "TensorClass",
     "TensorDict",
     "TensorDictBase",
     "TensorDictFuture",
     "TerminalProgress",
     "UnsupportedFormatError",
     "__version__",
+    "capture_non_tensor_stack",
     "cat",
     "dense_stack_tds",
     "is_tensor_collection",
     "is_tensorclass",
     "lazy_stack",
+    "list_to_stack",
     "load",
     "load_memmap",
     "maybe_dense_stack",
@@ -91,6 +99,8 @@ __all__ = [
     "pad_sequence",
     "refresh_archive_checksums",
     "save",
+    "set_capture_non_tensor_stack",
+    "set_list_to_stack",
     "stack",
     "tensorclass",
     "unpack_memmap",

@@ -70,24 +70,6 @@ class CombineOps:
     def __bool__(self) -> bool:
         raise NotSupportedError("The truth value of a TensorDict is ambiguous: use td.all() or td.any().")
 
-    def all(self) -> bool:
-        """Whether every element of every tensor leaf is true (``(td == other).all()``).
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.ones(2), batch_size=[2]).all()
-        True
-        """
-        return all(bool(leaf.all()) for _, leaf in self._iter_items(True, True) if isinstance(leaf, torch.Tensor))
-
-    def any(self) -> bool:
-        """Whether any element of any tensor leaf is true.
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.zeros(2), batch_size=[2]).any()
-        False
-        """
-        return any(bool(leaf.any()) for _, leaf in self._iter_items(True, True) if isinstance(leaf, torch.Tensor))
-
     # -- torch functions ----------------------------------------------------------------------
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:

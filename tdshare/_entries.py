@@ -28,6 +28,8 @@ from ._format import (
     LEVEL,
     META_FILE,
     NO_FILE_FIELD,
+    PICKLE_FILE,
+    STACK_PICKLE_FILE,
     dumps_json,
     entry_file_name,
     layout_of,
@@ -38,12 +40,12 @@ from ._format import (
 from ._indexing import contiguous_strides
 from ._keys import NestedKey, encode_key, unravel_key
 from ._memmap import MemoryMappedTensor, storage_filename
-from ._nontensor import NonTensorData
-from ._nontensor_files import encode_nontensor
+from ._nontensor import NonTensorData, NonTensorStack
+from ._nontensor_files import encode_nontensor, encode_nontensor_stack
 from ._nontensor_files import write_nontensor as write_nontensor_folder
 from ._read import read_meta
 from ._runtime import ensure_store, read_manifest, write_manifest
-from ._shared_nontensor import SharedNonTensorData
+from ._shared_nontensor import is_shared_value
 from ._store import user_stacklevel
 from ._tensordict_base import TensorDictBase, is_collection
 
@@ -220,8 +222,9 @@ def _check_nested_batch(parts: tuple[str, ...], table: torch.Tensor, batch: torc
         )
 
 
-def _publish(td: TensorDictBase, store: tuple[str, tuple[str, ...]], parts: tuple[str, ...],
-             tensor: MemoryMappedTensor) -> None:
+def _publish(
+    td: TensorDictBase, store: tuple[str, tuple[str, ...]], parts: tuple[str, ...], tensor: MemoryMappedTensor
+) -> None:
     """Record an anonymous entry in the tree's runtime manifest, so other processes can map it."""
     seg = tensor._segment
     assert seg is not None
@@ -236,10 +239,17 @@ def _publish(td: TensorDictBase, store: tuple[str, tuple[str, ...]], parts: tupl
             raise MemmapError(
                 f"The key {parts!r} was already added by another process: call memmap_refresh_() to see it."
             )
-        entries.append({
-            "key": key, "dtype": str(tensor.dtype), "shape": list(tensor.shape), "pid": os.getpid(),
-            "fd": seg.fd, "ino": os.fstat(seg.fd).st_ino, "size": seg.size,
-        })
+        entries.append(
+            {
+                "key": key,
+                "dtype": str(tensor.dtype),
+                "shape": list(tensor.shape),
+                "pid": os.getpid(),
+                "fd": seg.fd,
+                "ino": os.fstat(seg.fd).st_ino,
+                "size": seg.size,
+            }
+        )
         write_manifest(path, entries)
         after = registry.bump()
     if unchanged_since(td._generation, before):
@@ -472,7 +482,6 @@ def storage_entry_checks(
     return True
 
 
-
 # -- non-tensor values written in place ---------------------------------------------------------
 def write_non_tensor(td: TensorDictBase, key: str, leaf: NonTensorData, value: Any) -> None:
     """``td[key] = value`` for an existing non-tensor leaf of ``td``: persisted where ``td`` is saved.
@@ -481,7 +490,7 @@ def write_non_tensor(td: TensorDictBase, key: str, leaf: NonTensorData, value: A
     folder rewrites its level (under the tree's lock, with a generation bump, so other processes
     see it after ``memmap_refresh_()``); any other leaf just takes the value.
     """
-    if isinstance(leaf, SharedNonTensorData):
+    if is_shared_value(leaf):
         leaf.write(value)  # under the tree's lock, seen by every process at its next read
         return
     leaf.data = value
@@ -491,8 +500,12 @@ def write_non_tensor(td: TensorDictBase, key: str, leaf: NonTensorData, value: A
     folder = os.path.join(prefix, encode_key(key))
     if not os.path.isdir(folder) and os.path.isdir(os.path.join(prefix, key)):
         folder = os.path.join(prefix, key)  # legacy (robust_key=False) layout
-    meta, pickled = encode_nontensor(value, f"key {key!r}")
+    if isinstance(leaf, NonTensorStack):  # one value per element: the stack's layout
+        meta, pickled = encode_nontensor_stack(leaf.tolist(), f"key {key!r}")
+        pickle_name = STACK_PICKLE_FILE
+    else:
+        (meta, pickled), pickle_name = encode_nontensor(value, f"key {key!r}"), PICKLE_FILE
     registry = SharedRegistry.for_directory(prefix)
     with registry.lock():
-        if write_nontensor_folder(folder, meta, pickled):
+        if write_nontensor_folder(folder, meta, pickled, pickle_name):
             registry.bump()  # other processes see the new value after memmap_refresh_()

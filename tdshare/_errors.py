@@ -8,6 +8,8 @@ message argument, so instances pickle and cross process boundaries unchanged.
 
 from __future__ import annotations
 
+import dataclasses
+
 __all__ = [
     "TdshareError",
     "LockedError",
@@ -28,6 +30,8 @@ __all__ = [
     "MissingMetadataError",
     "ArgumentTypeError",
     "FieldError",
+    "ReservedFieldError",
+    "FrozenFieldError",
 ]
 
 
@@ -108,3 +112,11 @@ class ArgumentTypeError(TdshareError, TypeError):
 
 class FieldError(TdshareError, AttributeError):
     """A name that is not a field of the tensorclass (set as an attribute or passed to the constructor)."""
+
+
+class ReservedFieldError(InvalidArgumentError, FieldError):
+    """A tensorclass field named like a member of the class or a key of the saved format."""
+
+
+class FrozenFieldError(FieldError, dataclasses.FrozenInstanceError):
+    """An assignment to a field of a frozen tensorclass (``@tensorclass(frozen=True)``)."""

@@ -520,12 +520,6 @@ class LazyStackedTensorDict(MemmapFamily):
             theirs = [other] * len(self._members)
         return self._like([td._compare(o, op) for td, o in zip(self._members, theirs, strict=True)])
 
-    def all(self) -> bool:
-        return all(td.all() for td in self._members)
-
-    def any(self) -> bool:
-        return any(td.any() for td in self._members)
-
     # -- shared memory, memory-mapping ---------------------------------------------------------
     def share_memory_(self: T) -> T:
         """Move every member to shared memory and lock the stack."""

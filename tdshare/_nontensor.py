@@ -23,8 +23,19 @@ from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._format import NONTENSOR_STACK_TYPE, NONTENSOR_TYPE, VALUE, VALUE_STACK
 from ._indexing import as_size, check_dim, normalize_index
 from ._nodes import NodeKind, register
+from ._settings import capture_non_tensor_stack
 
-__all__ = ["NonTensorData", "NonTensorStack", "NONTENSOR", "NONTENSOR_STACK", "stack_non_tensor", "nested_shape"]
+__all__ = [
+    "assign_elements",
+    "flatten_values",
+    "nest_values",
+    "NonTensorData",
+    "NonTensorStack",
+    "NONTENSOR",
+    "NONTENSOR_STACK",
+    "stack_non_tensor",
+    "nested_shape",
+]
 
 _SCALAR = torch.Size([])
 
@@ -79,7 +90,7 @@ class NonTensorData:
 
     def tolist(self) -> Any:
         """The value, broadcast over ``batch_size`` as nested lists (the value itself without a batch)."""
-        return _nest([self.data] * self.batch_size.numel(), self.batch_size)
+        return nest_values([self.data] * self.batch_size.numel(), self.batch_size)
 
     def clone(self) -> NonTensorData:
         """A new, unshared ``NonTensorData`` with the same value and batch size."""
@@ -182,7 +193,7 @@ class NonTensorStack(NonTensorData):
         if not isinstance(data, list):
             raise ArgumentTypeError(f"NonTensorStack.from_list expects a list, got {type(data).__name__}.")
         batch = nested_shape(data) if batch_size is None else as_size(batch_size)
-        return cls._make(_flatten(data, batch, "the list"), batch)
+        return cls._make(flatten_values(data, batch, "the list"), batch)
 
     # -- the value --------------------------------------------------------------------------
     @property
@@ -192,11 +203,11 @@ class NonTensorStack(NonTensorData):
 
     @data.setter
     def data(self, value: Any) -> None:
-        self._values = _flatten(value, self._batch_size, "the new value")
+        self._values = flatten_values(value, self._batch_size, "the new value")
 
     def tolist(self) -> Any:
         """The values as nested lists, one level per batch dimension."""
-        return _nest(list(self._values), self._batch_size)
+        return nest_values(list(self._values), self._batch_size)
 
     def clone(self) -> NonTensorStack:
         """A new stack of the same values (the values themselves are not copied)."""
@@ -286,9 +297,42 @@ def stack_non_tensor(values: Sequence[NonTensorData], batches: Sequence[torch.Si
     :class:`NonTensorStack` of the combined batch shape."""
     first = values[0]
     plain = all(type(v) is not NonTensorStack and not isinstance(v, NonTensorStack) for v in values)
-    if plain and all(first == v for v in values[1:]):
+    if plain and capture_non_tensor_stack() and all(first == v for v in values[1:]):
         return NonTensorData(first.data)
     return NonTensorStack._combine(list(values), list(batches), dim, new_dim)
+
+
+def assign_elements(leaf: NonTensorData, batch: torch.Size, idx: Any, value: Any) -> NonTensorStack | None:
+    """``leaf`` with the elements at ``idx`` (of a tensordict of batch ``batch``) set to ``value``.
+
+    What ``td[idx] = other`` does to a non-tensor entry, as in the reference: values equal to the
+    entry's leave it alone (None is returned); others make it a :class:`NonTensorStack` holding one
+    value per element.  ``value`` is a plain value, a ``NonTensorData``, or a ``NonTensorStack`` of
+    the indexed shape.
+
+    Raises:
+        BatchSizeError: a ``NonTensorStack`` value whose element count is not the index's.
+    """
+    full = leaf.batch_size if isinstance(leaf, NonTensorStack) else batch
+    positions = torch.arange(math.prod(full)).reshape(full)[idx].flatten().tolist()
+    if isinstance(value, NonTensorStack):
+        new = list(value._values)
+        if len(new) != len(positions):
+            raise BatchSizeError(
+                f"td[index] = value: the index selects {len(positions)} elements, but the non-tensor value "
+                f"holds {len(new)}."
+            )
+    else:
+        new = [value.data if isinstance(value, NonTensorData) else value] * len(positions)
+    if isinstance(leaf, NonTensorStack):
+        values = list(leaf._values)
+    elif all(NonTensorData(leaf.data) == v for v in new):
+        return None
+    else:
+        values = [leaf.data] * math.prod(full)
+    for at, v in zip(positions, new, strict=True):
+        values[at] = v
+    return NonTensorStack._make(values, full)
 
 
 def nested_shape(data: Any) -> torch.Size:
@@ -304,14 +348,20 @@ def nested_shape(data: Any) -> torch.Size:
     return torch.Size(shape)
 
 
-def _nest(values: list[Any], batch: torch.Size) -> Any:
+def nest_values(values: list[Any], batch: torch.Size) -> Any:
+    """The flat, row-major ``values`` as nested lists, one level per dimension of ``batch``."""
     if not batch:
         return values[0]
     step = math.prod(batch[1:])
-    return [_nest(values[i * step : (i + 1) * step], batch[1:]) for i in range(batch[0])]
+    return [nest_values(values[i * step : (i + 1) * step], batch[1:]) for i in range(batch[0])]
 
 
-def _flatten(data: Any, batch: torch.Size, what: str) -> list[Any]:
+def flatten_values(data: Any, batch: torch.Size, what: str) -> list[Any]:
+    """Nested lists of shape ``batch`` as one flat, row-major list.
+
+    Raises:
+        BatchSizeError: the nesting does not match ``batch`` (``what`` names the value).
+    """
     if not batch:
         return [data]
     if not isinstance(data, (list, tuple)) or len(data) != batch[0]:
@@ -319,7 +369,7 @@ def _flatten(data: Any, batch: torch.Size, what: str) -> list[Any]:
             f"{what} does not match the batch size {list(batch)}: expected a list of {batch[0]} elements, "
             f"got {type(data).__name__}{f' of {len(data)}' if isinstance(data, (list, tuple)) else ''}."
         )
-    return [v for item in data for v in _flatten(item, batch[1:], what)]
+    return [v for item in data for v in flatten_values(item, batch[1:], what)]
 
 
 NONTENSOR = register(NodeKind("NonTensorData", VALUE, "NonTensorData", NonTensorData, NONTENSOR_TYPE))

@@ -18,16 +18,16 @@ import torch
 from ._coordination import SharedRegistry, unchanged_since
 from ._entries import insert_entry
 from ._errors import CorruptDataError, MemmapError, NotMemmapError
-from ._format import LEVEL, META_FILE, RESERVED_KEYS, VALUE, layout_of, parse_level, str_to_dtype
+from ._format import LEVEL, META_FILE, RESERVED_KEYS, VALUE, VALUE_STACK, layout_of, parse_level, str_to_dtype
 from ._keys import encode_key
 from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
-from ._nontensor import NONTENSOR
+from ._nontensor import NONTENSOR, NONTENSOR_STACK, NonTensorStack
 from ._read import check_load_args, load_level, open_checked_leaf, read_meta
 from ._runtime import read_manifest, register_user
 from ._segments import Segment
-from ._shared_nontensor import SharedNonTensorData
+from ._shared_nontensor import is_shared_value
 from ._store import DirectoryStore
 from ._tensordict_base import TensorDictBase, is_collection
 
@@ -113,12 +113,12 @@ def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, director
         leaves[info.key] = open_checked_leaf(store, directory, info, batch, meta_path, old)
     child_keys = [k for k, _ in level.children]
     # unchanged nested levels and non-tensor values live in their own meta.json: read them again
-    # (a SharedNonTensorData re-reads itself on use)
+    # (a value shared live re-reads itself on use)
     child_keys += [
         k
         for k, v in leaves.items()
         if k not in changed
-        and (is_collection(v) or (kind_of(v) is NONTENSOR and not isinstance(v, SharedNonTensorData)))
+        and (is_collection(v) or (kind_of(v) in (NONTENSOR, NONTENSOR_STACK) and not is_shared_value(v)))
     ]
     for key in child_keys:
         old = current.get(key)
@@ -131,8 +131,9 @@ def _refresh_level(cls: Any, store: DirectoryStore, td: TensorDictBase, director
                 f"{meta_path} lists the nested entry {key!r}, but its folder "
                 f"{os.path.join(directory, encode_key(key))!r} is missing."
             )
-        if isinstance(old, SharedNonTensorData) and os.path.normpath(old._folder) == os.path.normpath(path):
-            if layout_of(read_meta(path)) == VALUE:  # still shared in the same folder: it re-reads itself on use
+        if is_shared_value(old) and os.path.normpath(old._folder) == os.path.normpath(path):
+            layout = VALUE_STACK if isinstance(old, NonTensorStack) else VALUE
+            if layout_of(read_meta(path)) == layout:  # still shared in the same folder: it re-reads itself on use
                 leaves[key] = old
                 continue
         if is_collection(old) and old._memmap_prefix == path:

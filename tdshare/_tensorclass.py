@@ -1,13 +1,11 @@
 """``tensorclass``: a dataclass whose fields live in a :class:`tdshare.TensorDict`.
 
 The decorator makes the class a dataclass (for its fields and defaults), then gives it the
-methods of :class:`TensorClassOps` (construction, attribute access, indexing, stacking, copies,
-comparison, pickling, locking) and of :class:`tdshare._tensorclass_io.TensorClassIO` (the
-memory-mapping family).  An instance holds one thing, ``_tensordict``: tensor fields, nested
-tensordicts and tensorclasses are its entries, every other value is a ``NonTensorData`` entry,
-and a field set to None has no entry at all, as in the reference.  Each decorated class is one
-node kind (:mod:`tdshare._nodes`, layout ``WRAPPED``), so a tensordict holding an instance saves
-it in the reference's layout (``<key>/meta.json`` with ``_type``, ``<key>/_tensordict/``) and
+methods of :class:`tdshare._tensorclass_ops.TensorClassOps` (construction, attribute access,
+indexing, stacking, copies, comparison, pickling, locking) and of
+:class:`tdshare._tensorclass_io.TensorClassIO` (the memory-mapping family).  Each decorated class
+is one node kind (:mod:`tdshare._nodes`, layout ``WRAPPED``), so a tensordict holding an instance
+saves it in the reference's layout (``<key>/meta.json`` with ``_type``, ``<key>/_tensordict/``) and
 loads it back as its class.
 """
 
@@ -17,530 +15,21 @@ import dataclasses
 import functools
 import sys
 import types
-from collections.abc import Callable, Iterator
 from types import FunctionType
 from typing import Any, ClassVar, TypeVar
 
-import torch
-
-from ._compact_repr import compact_repr
-from ._errors import ArgumentTypeError, FieldError, InvalidArgumentError, MissingKeyError, NotSupportedError
+from ._errors import ArgumentTypeError, ReservedFieldError
 from ._format import RESERVED_KEYS, WRAPPED, WRAPPED_DIR
-from ._indexing import is_key
-from ._keys import NestedKey, unravel_key
 from ._nodes import NodeKind, register
-from ._nontensor import NonTensorData
-from ._tensorclass_io import TensorClassIO, class_tag
-from ._tensorclass_stack import combine_instances, plain_collection
+from ._tensorclass_io import class_tag
+from ._tensorclass_ops import FIELDS_ATTR, TensorClassOps, is_tensorclass
+from ._tensorclass_options import TensorClassOptions, check_tensor_only
 from ._tensordict import TensorDict
-from ._tensordict_base import TensorDictBase, wrapped_collection
+from ._tensordict_base import TensorDictBase
 
-__all__ = ["tensorclass", "is_tensorclass", "TensorClassOps"]
+__all__ = ["TensorClass", "is_tensorclass", "tensorclass"]
 
 C = TypeVar("C", bound=type)
-T = TypeVar("T", bound="TensorClassOps")
-_NO_DEFAULT: Any = object()
-_FIELDS = "__tdshare_fields__"
-
-
-def is_tensorclass(obj: Any) -> bool:
-    """Whether ``obj`` is a class made by :func:`tensorclass` or an instance of one.
-
-    >>> import torch, tdshare
-    >>> @tdshare.tensorclass
-    ... class Obs:
-    ...     x: torch.Tensor
-    >>> tdshare.is_tensorclass(Obs), tdshare.is_tensorclass(torch.zeros(1))
-    (True, False)
-    """
-    cls = obj if isinstance(obj, type) else type(obj)
-    return isinstance(getattr(cls, _FIELDS, None), tuple)
-
-
-class TensorClassOps(TensorClassIO):
-    """The in-memory methods that :func:`tensorclass` gives a class (see its docstring)."""
-
-    _tensordict: TensorDict
-    __tdshare_fields__: ClassVar[tuple[str, ...]] = ()
-    __tdshare_defaults__: ClassVar[dict[str, tuple[bool, Any]]] = {}  # name -> (is a factory, value)
-
-    def __init__(
-        self,
-        *args: Any,
-        batch_size: Any = None,
-        device: torch.device | str | int | None = None,
-        names: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        cls = type(self)
-        fields = cls.__tdshare_fields__
-        if len(args) > len(fields):
-            raise ArgumentTypeError(
-                f"{cls.__name__}() takes at most {len(fields)} positional field values ({list(fields)}), "
-                f"but {len(args)} were given."
-            )
-        values = dict(zip(fields, args, strict=False))
-        for name, value in kwargs.items():
-            if name not in fields:
-                raise FieldError(
-                    f"{cls.__name__}() got the argument {name!r}, which is not one of its fields {list(fields)}; "
-                    "declare it as a field of the class, or drop it."
-                )
-            if name in values:
-                raise ArgumentTypeError(f"{cls.__name__}() got two values for the field {name!r}.")
-            values[name] = value
-        missing = [n for n in fields if n not in values and n not in cls.__tdshare_defaults__]
-        if missing:
-            raise ArgumentTypeError(
-                f"{cls.__name__}() is missing the required field(s) {missing}: pass them, or give them defaults."
-            )
-        self.__dict__["_tensordict"] = TensorDict({}, batch_size=batch_size, device=device)
-        for name in fields:
-            if name in values:
-                value = values[name]
-            else:
-                factory, value = cls.__tdshare_defaults__[name]
-                value = value() if factory else value
-            self._set_field(name, value)
-        if names is not None:
-            self._tensordict.names = names
-        post_init = getattr(self, "__post_init__", None)
-        if post_init is not None:
-            post_init()
-
-    @classmethod
-    def _from_tensordict(cls: type[T], td: TensorDictBase, fields: dict[str, Any] | None = None) -> T:
-        """Wrap ``td`` without copying or checking; ``fields``: JSON fields from a wrapper's meta.json."""
-        out = cls.__new__(cls)
-        out.__dict__["_tensordict"] = td
-        for name, value in (fields or {}).items():
-            if name in cls.__tdshare_fields__ and name not in td._tensordict:  # older writers kept them there
-                td._tensordict[name] = NonTensorData(value)
-        return out
-
-    @classmethod
-    def from_tensordict(cls: type[T], td: TensorDictBase, non_tensordict: dict[str, Any] | None = None) -> T:
-        """An instance whose fields are the entries of ``td`` (no copy: the instance uses ``td``).
-
-        Args:
-            td: a :class:`tdshare.TensorDict` whose keys are fields of the class.
-            non_tensordict: more field values (non-tensor ones, typically).
-
-        Returns:
-            The new instance.
-
-        Raises:
-            ArgumentTypeError: ``td`` is not a TensorDict.
-            FieldError: a key of ``td`` is not a field.
-
-        >>> import torch, tdshare
-        >>> @tdshare.tensorclass
-        ... class Obs:
-        ...     x: torch.Tensor
-        >>> Obs.from_tensordict(tdshare.TensorDict(x=torch.ones(2), batch_size=[2])).x.tolist()
-        [1.0, 1.0]
-        """
-        if not isinstance(td, TensorDictBase):
-            raise ArgumentTypeError(f"{cls.__name__}.from_tensordict expects a TensorDict, got {type(td).__name__}.")
-        unknown = [k for k in td._tensordict if k not in cls.__tdshare_fields__]
-        if unknown:
-            raise FieldError(
-                f"{cls.__name__}.from_tensordict: the keys {unknown} are not fields of {cls.__name__} "
-                f"({list(cls.__tdshare_fields__)}); select the fields first (td.exclude(...))."
-            )
-        out = cls._from_tensordict(td)
-        for name, value in (non_tensordict or {}).items():
-            out._set_field(out._field_key(name), value)  # type: ignore[arg-type]
-        return out
-
-    # -- fields -------------------------------------------------------------------------------
-    def _field_key(self, key: NestedKey) -> NestedKey:
-        parts = unravel_key(key)
-        if parts[0] not in type(self).__tdshare_fields__:
-            raise FieldError(self._no_field(parts[0]))
-        return key
-
-    def _no_field(self, name: str) -> str:
-        cls = type(self)
-        return (
-            f"{name!r} is not a field of {cls.__name__}; its fields are {list(cls.__tdshare_fields__)}. Declare it "
-            "in the class body to store it."
-        )
-
-    def _set_field(self, name: str, value: Any, inplace: bool = False) -> None:
-        td = self._tensordict
-        if value is None:  # a None field has no entry, as in the reference
-            if name in td._tensordict:
-                td.pop(name)
-            return
-        if not isinstance(value, (torch.Tensor, TensorDictBase, NonTensorData)) and wrapped_collection(value) is None:
-            value = NonTensorData(value)
-        td.set(name, value, inplace=inplace)
-
-    def __getattr__(self, name: str) -> Any:
-        # only called when normal lookup fails: fields (no class attributes) and TensorDict methods
-        td = self.__dict__.get("_tensordict")
-        if td is None or name.startswith("_"):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        if name in type(self).__tdshare_fields__:
-            leaf = td._tensordict.get(name)
-            return leaf.data if isinstance(leaf, NonTensorData) else leaf
-        attr = getattr(td, name, _NO_DEFAULT)
-        if attr is _NO_DEFAULT:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        if callable(attr):
-            return functools.partial(_forward, self, attr)
-        return attr
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        cls = type(self)
-        if name in cls.__tdshare_fields__:
-            self._set_field(name, value)
-        elif name.startswith("_") or isinstance(getattr(cls, name, None), property):
-            object.__setattr__(self, name, value)
-        else:
-            raise FieldError(f"Cannot set the attribute {name!r}: {self._no_field(name)}")
-
-    def __delattr__(self, name: str) -> None:
-        if name in type(self).__tdshare_fields__:
-            self._set_field(name, None)
-        else:
-            object.__delattr__(self, name)
-
-    def get(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
-        """The value of the field ``key`` (a nested key reads inside a nested field).
-
-        Returns:
-            The field's value (None for a field that is unset), or ``default`` if the key is not a field.
-
-        Raises:
-            MissingKeyError: ``key`` is not a field and no default is given.
-
-        >>> import torch, tdshare
-        >>> @tdshare.tensorclass
-        ... class Obs:
-        ...     x: torch.Tensor
-        ...     label: str = "a"
-        >>> Obs(x=torch.ones(1), batch_size=[1]).get("label")
-        'a'
-        """
-        parts = unravel_key(key)
-        if parts[0] not in type(self).__tdshare_fields__:
-            if default is not _NO_DEFAULT:
-                return default
-            raise MissingKeyError(self._no_field(parts[0]))
-        value = getattr(self, parts[0])
-        if len(parts) == 1:
-            return value
-        if value is None:
-            if default is not _NO_DEFAULT:
-                return default
-            raise MissingKeyError(f"Cannot read {key!r}: the field {parts[0]!r} is unset (None).")
-        rest = parts[1:] if len(parts) > 2 else parts[1]
-        return value.get(rest) if default is _NO_DEFAULT else value.get(rest, default)
-
-    def set(self: T, key: NestedKey, value: Any, inplace: bool = False) -> T:
-        """Set the field ``key`` to ``value`` (a nested key sets inside a nested field); return ``self``.
-
-        Raises:
-            FieldError: ``key`` is not a field.
-            LockedError: the instance is locked (use :meth:`set_` for an in-place write).
-            BatchSizeError: the value's leading dimensions are not the batch size.
-
-        >>> import torch, tdshare
-        >>> @tdshare.tensorclass
-        ... class Obs:
-        ...     x: torch.Tensor
-        >>> Obs(x=torch.ones(1), batch_size=[1]).set("x", torch.zeros(1)).x.tolist()
-        [0.0]
-        """
-        parts = unravel_key(self._field_key(key))
-        if len(parts) == 1:
-            self._set_field(parts[0], value, inplace)
-        else:
-            self.get(parts[0]).set(parts[1:] if len(parts) > 2 else parts[1], value, inplace=inplace)
-        return self
-
-    def set_(self: T, key: NestedKey, value: Any) -> T:
-        """Write ``value`` into the existing field ``key`` (allowed while locked); return ``self``.
-
-        Raises:
-            FieldError: ``key`` is not a field.
-            MissingKeyError: the field is unset.
-
-        >>> import torch, tdshare
-        >>> @tdshare.tensorclass
-        ... class Obs:
-        ...     x: torch.Tensor
-        >>> Obs(x=torch.ones(1), batch_size=[1]).lock_().set_("x", torch.zeros(1)).x.tolist()
-        [0.0]
-        """
-        parts = unravel_key(self._field_key(key))
-        if len(parts) == 1:
-            self._tensordict.set_(parts[0], value)
-        else:
-            self.get(parts[0]).set_(parts[1:] if len(parts) > 2 else parts[1], value)
-        return self
-
-    def update(self: T, other: Any, inplace: bool = False, **kwargs: Any) -> T:
-        """Set every field of ``other`` (an instance, a TensorDict or a mapping) on ``self``; return ``self``.
-
-        >>> import torch, tdshare
-        >>> @tdshare.tensorclass
-        ... class Obs:
-        ...     x: torch.Tensor
-        >>> Obs(x=torch.ones(1), batch_size=[1]).update({"x": torch.zeros(1)}).x.tolist()
-        [0.0]
-        """
-        if kwargs:  # the keywords of TensorDict.update (clone, keys_to_update, ...): the tensordict does it
-            self._tensordict.update(other._tensordict if is_tensorclass(other) else other, inplace=inplace, **kwargs)
-            return self
-        items = other._tensordict._tensordict.items() if is_tensorclass(other) else _items(other)
-        for key, value in list(items):
-            self.set(key, value, inplace=inplace)
-        return self
-
-    # -- batch --------------------------------------------------------------------------------
-    @property
-    def batch_size(self) -> torch.Size:
-        """The batch size (settable, like a TensorDict's)."""
-        return self._tensordict.batch_size
-
-    @batch_size.setter
-    def batch_size(self, value: Any) -> None:
-        self._tensordict.batch_size = value
-
-    @property
-    def shape(self) -> torch.Size:
-        """The batch size."""
-        return self._tensordict.batch_size
-
-    @property
-    def names(self) -> list:
-        """The names of the batch dimensions (settable)."""
-        return self._tensordict.names
-
-    @names.setter
-    def names(self, value: Any) -> None:
-        self._tensordict.names = value
-
-    @property
-    def device(self) -> torch.device | None:
-        """The device of the fields (None: mixed or unset)."""
-        return self._tensordict.device
-
-    @property
-    def batch_dims(self) -> int:
-        """The number of batch dimensions."""
-        return self._tensordict.batch_dims
-
-    ndim = batch_dims
-
-    def dim(self) -> int:
-        """The number of batch dimensions."""
-        return self._tensordict.batch_dims
-
-    def numel(self) -> int:
-        """The number of elements of the batch."""
-        return self._tensordict.numel()
-
-    def __len__(self) -> int:
-        return len(self._tensordict)
-
-    # -- indexing -----------------------------------------------------------------------------
-    def __getitem__(self: T, idx: Any) -> Any:
-        if is_key(idx):
-            return self.get(idx)
-        return type(self)._from_tensordict(self._tensordict[idx])
-
-    def __setitem__(self, idx: Any, value: Any) -> None:
-        if is_key(idx):
-            self.set(idx, value)
-            return
-        if is_tensorclass(value):
-            value = value._tensordict
-        self._tensordict[idx] = value
-
-    def __iter__(self: T) -> Iterator[T]:
-        for td in self._tensordict:
-            yield type(self)._from_tensordict(td)
-
-    def unbind(self: T, dim: int = 0) -> tuple[T, ...]:
-        """The instances along the batch dimension ``dim``.
-
-        >>> import torch, tdshare
-        >>> @tdshare.tensorclass
-        ... class Obs:
-        ...     x: torch.Tensor
-        >>> [o.x.item() for o in Obs(x=torch.arange(2), batch_size=[2]).unbind(0)]
-        [0, 1]
-        """
-        return tuple(type(self)._from_tensordict(td) for td in self._tensordict.unbind(dim))
-
-    # -- copies, devices, maps ------------------------------------------------------------------
-    def to(self: T, *args: Any, **kwargs: Any) -> T:
-        """Move to a device and/or cast to a dtype, like ``torch.Tensor.to`` (``self`` if nothing changes).
-
-        >>> import torch, tdshare
-        >>> @tdshare.tensorclass
-        ... class Obs:
-        ...     x: torch.Tensor
-        >>> Obs(x=torch.ones(1), batch_size=[1]).to(torch.float64).x.dtype
-        torch.float64
-        """
-        td = self._tensordict.to(*args, **kwargs)
-        return self if td is self._tensordict else type(self)._from_tensordict(td)
-
-    def cpu(self: T) -> T:
-        """``to("cpu")``."""
-        return self.to("cpu")
-
-    def clone(self: T, recurse: bool = True) -> T:
-        """A copy (``recurse=False``: the tensors are shared, only the structure is new).
-
-        >>> import torch, tdshare
-        >>> @tdshare.tensorclass
-        ... class Obs:
-        ...     x: torch.Tensor
-        >>> obs = Obs(x=torch.ones(1), batch_size=[1])
-        >>> obs.clone().x.data_ptr() != obs.x.data_ptr()
-        True
-        """
-        return type(self)._from_tensordict(self._tensordict.clone(recurse))
-
-    def contiguous(self: T) -> T:
-        """A copy whose tensors are contiguous."""
-        return type(self)._from_tensordict(self._tensordict.contiguous())
-
-    def apply(self: T, fn: Callable[..., Any], *others: Any, batch_size: Any = None, **kwargs: Any) -> T:
-        """A new instance with ``fn(tensor, *other_tensors)`` for every tensor (nested fields included).
-
-        >>> import torch, tdshare
-        >>> @tdshare.tensorclass
-        ... class Obs:
-        ...     x: torch.Tensor
-        >>> Obs(x=torch.ones(1), batch_size=[1]).apply(lambda t: t + 1).x.tolist()
-        [2.0]
-        """
-        tds = [o._tensordict if is_tensorclass(o) else o for o in others]
-        result = self._tensordict.apply(fn, *tds, batch_size=batch_size, **kwargs)  # the keywords of TensorDict.apply
-        return _rewrap(self, result)
-
-    def to_tensordict(self) -> TensorDict:
-        """A :class:`tdshare.TensorDict` copy of the fields (nested tensorclasses become tensordicts).
-
-        >>> import torch, tdshare
-        >>> @tdshare.tensorclass
-        ... class Obs:
-        ...     x: torch.Tensor
-        >>> type(Obs(x=torch.ones(1), batch_size=[1]).to_tensordict()).__name__
-        'TensorDict'
-        """
-        return plain_collection(self._tensordict).clone()
-
-    # -- locking and shared memory ------------------------------------------------------------
-    @property
-    def is_locked(self) -> bool:
-        """Whether structural changes (setting a field) are refused."""
-        return self._tensordict.is_locked
-
-    def lock_(self: T) -> T:
-        """Refuse setting fields from now on (in-place writes still work); return ``self``."""
-        self._tensordict.lock_()
-        return self
-
-    def unlock_(self: T) -> T:
-        """Allow setting fields again (a memory-mapped instance stops being one); return ``self``."""
-        self._tensordict.unlock_()
-        return self
-
-    def __enter__(self: T) -> T:
-        self._tensordict.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._tensordict.__exit__(*exc)
-
-    def share_memory_(self: T) -> T:
-        """Move every tensor to shared memory (in place) and lock; return ``self``.
-
-        Raises:
-            MemmapError: the instance is memory-mapped.
-        """
-        self._tensordict.share_memory_()
-        return self
-
-    def is_shared(self) -> bool:
-        """Whether the tensors are in shared memory (``share_memory_()``)."""
-        return self._tensordict.is_shared()
-
-    # -- comparison, representation, pickling, torch functions -------------------------------
-    def __eq__(self: T, other: object) -> T:  # type: ignore[override]
-        theirs = getattr(other, "_tensordict") if is_tensorclass(other) else other  # noqa: B009
-        return type(self)._from_tensordict(self._tensordict._compare(theirs, lambda a, b: a == b))
-
-    def __ne__(self: T, other: object) -> T:  # type: ignore[override]
-        theirs = getattr(other, "_tensordict") if is_tensorclass(other) else other  # noqa: B009
-        return type(self)._from_tensordict(self._tensordict._compare(theirs, lambda a, b: a != b))
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __bool__(self) -> bool:
-        raise NotSupportedError(
-            f"The truth value of a {type(self).__name__} is ambiguous: use .all() or .any() (e.g. (a == b).all())."
-        )
-
-    def all(self) -> bool:
-        """Whether every element of every tensor (nested fields included) is true."""
-        return all(bool(t.all()) for t in self._tensordict._stored_tensors())
-
-    def any(self) -> bool:
-        """Whether any element of any tensor (nested fields included) is true."""
-        return any(bool(t.any()) for t in self._tensordict._stored_tensors())
-
-    def __repr__(self) -> str:
-        return compact_repr(self)  # the reference's compact form: Name(batch_size=[...], fields={...})
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # the class by its qualified name, the tensordict as its own compact pickle (leaf handles)
-        return (rebuild_tensorclass, (type(self), self._tensordict))
-
-    @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.stack or func is torch.cat:
-            items = kwargs.pop("tensors", args[0] if args else None)
-            dim = kwargs.pop("dim", args[1] if len(args) > 1 else 0)
-            return combine_instances(list(items), dim, new_dim=func is torch.stack)
-        if func is torch.unbind:
-            return args[0].unbind(*args[1:], **kwargs)
-        return NotImplemented
-
-
-def rebuild_tensorclass(cls: type[T], td: TensorDictBase) -> T:
-    """Rebuild a pickled tensorclass instance of class ``cls`` around its tensordict ``td``."""
-    return cls._from_tensordict(td)
-
-
-def _forward(tc: Any, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call a TensorDict method of ``tc``'s tensordict; a tensordict result becomes an instance again."""
-    return _rewrap(tc, method(*args, **kwargs))
-
-
-def _rewrap(tc: Any, result: Any) -> Any:
-    if result is tc._tensordict:
-        return tc
-    if isinstance(result, TensorDictBase) and all(k in type(tc).__tdshare_fields__ for k in result._tensordict):
-        return type(tc)._from_tensordict(result)
-    if isinstance(result, tuple) and result and all(isinstance(r, TensorDictBase) for r in result):
-        return tuple(_rewrap(tc, r) for r in result)
-    return result
-
-
-def _items(other: Any) -> Any:
-    if isinstance(other, TensorDictBase):
-        return other._tensordict.items()
-    return dict(other).items()
 
 
 # -- the decorator ------------------------------------------------------------------------------
@@ -577,32 +66,71 @@ def _namespace() -> dict[str, Any]:
 
 
 _OPS = _namespace()
-_RESERVED_FIELDS = frozenset(n for n in _OPS if not n.startswith("__")) | RESERVED_KEYS | {WRAPPED_DIR}
+# the public members an instance has (its own methods and the TensorDict ones it forwards to):
+# a field of that name would hide one, which only shadow=True allows
+_MEMBERS = frozenset(n for n in (*_OPS, *dir(TensorDict)) if not n.startswith("_"))
+# never a field, even with shadow=True: the storage's private names and the saved format's keys
+_RESERVED_FIELDS = frozenset(n for n in _OPS if n.startswith("_") and not n.startswith("__")) | (
+    RESERVED_KEYS | {WRAPPED_DIR, "_tensordict"}
+)
 
 
-def tensorclass(cls: C | None = None) -> Any:
+_CONSTRUCTOR = frozenset({"batch_size", "device", "names"})  # the constructor's own keywords
+
+
+def tensorclass(
+    cls: C | None = None,
+    /,
+    *,
+    autocast: bool = False,
+    frozen: bool = False,
+    nocast: bool = False,
+    shadow: bool = False,
+    tensor_only: bool = False,
+    skip_post_init_on_rebuild: bool = False,
+    kw_only: bool = False,
+) -> Any:
     """Make ``cls`` a tensorclass: a dataclass whose fields live in a :class:`tdshare.TensorDict`.
 
     Tensor fields (and nested tensordicts and tensorclasses) share the batch size given as
-    ``batch_size=`` (default ``[]``); any other value (str, int, float, bool, list, dict, any
-    picklable object) is a non-tensor field; a field set to None is unset.  The class gets
-    construction with ``batch_size=``/``device=``/``names=``, attribute access and assignment,
-    ``get``/``set``, indexing and ``obj[idx] = other``, ``to``/``clone``/``apply``,
-    ``torch.stack``/``torch.cat``, ``to_tensordict``/``from_tensordict``, ``==``, ``repr``,
-    pickling, locking, and the memory-mapping family (``memmap_``, ``memmap``, ``save``,
-    ``load_memmap``, ``make_memmap*``, ``memmap_refresh_``...), saved in the reference's
-    tensorclass layout.  Other TensorDict methods are reached through the instance too.
+    ``batch_size=`` (default ``[]``); ``int``/``float``/``bool``/numpy values become tensors (a field
+    annotated ``int``/``float``/``bool`` keeps the Python value when the instance has batch
+    dimensions), lists follow :meth:`TensorDict.set`, and any other value (str, dict, any picklable
+    object) is a non-tensor field; a field set to None is unset.  The class gets construction with
+    ``batch_size=``/``device=``/``names=``, attribute access and assignment, ``get``/``set``,
+    indexing and ``obj[idx] = other``, ``to``/``clone``/``apply``, ``torch.stack``/``torch.cat``,
+    ``to_tensordict``/``from_tensordict``, ``==``, ``repr``, pickling, locking, and the
+    memory-mapping family (``memmap_``, ``memmap``, ``save``, ``load_memmap``, ``make_memmap*``,
+    ``memmap_refresh_``...), saved in the reference's tensorclass layout.  Other TensorDict methods
+    are reached through the instance too.  Subclassing :class:`tdshare.TensorClass` does the same,
+    and static type checkers then see the methods.
 
     Args:
-        cls: the class (``@tensorclass`` and ``@tensorclass()`` both work).
+        cls: the class (``@tensorclass`` and ``@tensorclass(...)`` both work).
+        autocast: convert each value set to its field's annotation (``int("3")``, a list to a
+            tensor for a ``torch.Tensor`` field...).  Excludes ``nocast`` and ``tensor_only``.
+        frozen: assigning or deleting a field raises :class:`tdshare.FrozenFieldError` (a
+            ``dataclasses.FrozenInstanceError``); in-place writes (``set_``) still work.
+        nocast: keep ``int``, ``float``, ``bool``, numpy values and lists as Python values.
+        shadow: allow fields named like a method of the class (``sum``, ``to``...); the field
+            then hides the method.  The constructor's ``batch_size``, ``device`` and ``names`` and
+            the format's reserved keys stay refused.
+        tensor_only: every field must be annotated with a tensor type or a tensor collection;
+            values are converted to tensors.
+        skip_post_init_on_rebuild: accepted for the reference's API; tdshare runs ``__post_init__``
+            only in the constructor, never when it rebuilds an instance (indexing, ``clone``,
+            loading, unpickling), which is what this flag asks of the reference.
+        kw_only: the constructor takes the fields as keywords only.
 
     Returns:
-        The same class, changed in place.
+        The same class, changed in place (or, without ``cls``, a decorator).
 
     Raises:
-        ArgumentTypeError: ``cls`` is not a class.
-        InvalidArgumentError: a field whose name the class or the saved format needs
-            (``batch_size``, ``shape``, ``to``, ``_tensordict``...).
+        ArgumentTypeError: ``cls`` is not a class; ``autocast`` with ``nocast``, ``tensor_only`` with
+            either; a ``tensor_only`` field annotated with something else than a tensor type.
+        ReservedFieldError: a field whose name the class or the saved format needs
+            (``batch_size``, ``shape``, ``_tensordict``, a method without ``shadow=True``...); it is
+            both an ``InvalidArgumentError`` (ValueError) and an ``AttributeError``.
 
     >>> import torch, tdshare
     >>> @tdshare.tensorclass
@@ -613,18 +141,21 @@ def tensorclass(cls: C | None = None) -> Any:
     >>> obs[1:3].x.shape, obs.label
     (torch.Size([2, 3]), 'train')
     """
+    options = TensorClassOptions(autocast, frozen, nocast, shadow, tensor_only, skip_post_init_on_rebuild, kw_only)
     if cls is None:
-        return tensorclass
+        return functools.partial(_decorate, options=options)
+    return _decorate(cls, options)
+
+
+def _decorate(cls: Any, options: TensorClassOptions) -> Any:
     if not isinstance(cls, type):
         raise ArgumentTypeError(f"@tensorclass decorates a class, got {type(cls).__name__} {cls!r}.")
     _as_dataclass(cls)
     fields = [f for f in dataclasses.fields(cls) if f._field_type is dataclasses._FIELD]  # type: ignore[attr-defined]
     for f in fields:
-        if f.name in _RESERVED_FIELDS:
-            raise InvalidArgumentError(
-                f"{cls.__qualname__}: the field {f.name!r} cannot be a tensorclass field, because the class or "
-                f"the saved format uses that name ({'a method' if f.name in _OPS else 'a reserved key'}); rename it."
-            )
+        _check_field_name(cls, f.name, options)
+    if options.tensor_only:
+        check_tensor_only(cls, [f.name for f in fields])
     defaults: dict[str, tuple[bool, Any]] = {}
     for f in fields:
         if f.default is not dataclasses.MISSING:
@@ -634,11 +165,20 @@ def tensorclass(cls: C | None = None) -> Any:
         if f.name in vars(cls):
             delattr(cls, f.name)  # the value lives in the tensordict: no class attribute may hide it
     own = vars(cls)
+    names = {f.name for f in fields}
     for name, value in _OPS.items():
+        if name in names:
+            continue  # a shadowing field: its value hides the method
         if name not in own or name in _ALWAYS_OURS:  # a method of the class body wins, except the storage's
             setattr(cls, name, value)
-    setattr(cls, _FIELDS, tuple(f.name for f in fields))
+    for name in names & set(dir(cls)):
+        if any(name in vars(base) for base in cls.__mro__[1:]):  # inherited (a TensorClass subclass): the field wins
+            setattr(cls, name, _FieldSlot(name))
+    setattr(cls, FIELDS_ATTR, tuple(f.name for f in fields))
     cls.__tdshare_defaults__ = defaults  # type: ignore[attr-defined]
+    cls.__tdshare_options__ = options  # type: ignore[attr-defined]
+    if options.frozen:
+        cls.__hash__ = object.__hash__  # type: ignore[assignment]  # a frozen instance is a dict key, by identity
     register(
         NodeKind(
             cls.__name__,
@@ -651,6 +191,69 @@ def tensorclass(cls: C | None = None) -> Any:
         )
     )
     return cls
+
+
+def _check_field_name(cls: type, name: str, options: TensorClassOptions) -> None:
+    if name in _RESERVED_FIELDS or name in _CONSTRUCTOR or name.startswith("__tdshare"):
+        what = "a key of the saved format or an argument of the constructor"
+    elif name in _MEMBERS and not options.shadow:
+        what = "a method of tensorclasses; pass shadow=True to let the field hide it, or"
+    else:
+        return
+    raise ReservedFieldError(
+        f"{cls.__qualname__}: the field {name!r} cannot be a tensorclass field, because the class or the saved "
+        f"format uses that name ({what}); rename it."
+    )
+
+
+class _FieldSlot:
+    """A class attribute that gives way to the instance's field of the same name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return obj.__getattr__(self.name)
+
+
+class TensorClass(TensorClassOps):
+    """Base class form of :func:`tensorclass`: ``class Obs(TensorClass): ...`` makes ``Obs`` a tensorclass.
+
+    Flags go in brackets, as in the reference: ``class Obs(TensorClass["nocast", "frozen"])``.
+    Static type checkers see the methods (``memmap_``, ``load_memmap``, ``get``...) and the
+    fields' types; the constructor is typed loosely (fields as keywords, ``batch_size=``,
+    ``device=``, ``names=``), and a checker reads the bracket form as a generic subscription.
+
+    >>> import torch, tdshare
+    >>> class Obs(tdshare.TensorClass):
+    ...     x: torch.Tensor
+    >>> Obs(x=torch.zeros(2), batch_size=[2]).memmap_().is_memmap()
+    True
+    """
+
+    __tdshare_flags__: ClassVar[dict[str, bool]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("__tdshare_flag_base__"):
+            return  # the class TensorClass["..."] made: its subclasses are the tensorclasses
+        _decorate(cls, TensorClassOptions(**cls.__tdshare_flags__))
+
+    def __class_getitem__(cls, flags: str | tuple[str, ...]) -> type[TensorClass]:
+        chosen = (flags,) if isinstance(flags, str) else tuple(flags)
+        known = {f.name for f in dataclasses.fields(TensorClassOptions)}
+        for flag in chosen:
+            if flag not in known:
+                raise ArgumentTypeError(f"TensorClass[...] takes the flags {sorted(known)}, got {flag!r}.")
+        return _flag_base(frozenset(chosen))
+
+
+@functools.cache
+def _flag_base(flags: frozenset[str]) -> type[TensorClass]:
+    namespace = {"__tdshare_flags__": dict.fromkeys(flags, True), "__tdshare_flag_base__": True}
+    return type(f"TensorClass[{', '.join(sorted(flags))}]", (TensorClass,), namespace)
 
 
 def _as_dataclass(cls: type) -> None:

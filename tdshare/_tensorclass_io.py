@@ -41,7 +41,7 @@ from ._options import SaveOptions
 from ._progress import ProgressCallback
 from ._read import load_into, load_tree
 from ._save import save_tree
-from ._shared_nontensor import SharedNonTensorData
+from ._shared_nontensor import is_shared_value
 from ._store import read_meta
 from ._tdz import Archive
 from ._tensordict import TensorDict
@@ -519,8 +519,8 @@ def _rebase(td: TensorDictBase, old: str | None, new: str | None) -> None:
     for key, value in td._tensordict.items():
         if isinstance(value, MemoryMappedTensor) and value._filename is not None:
             value._filename = moved(value._filename)
-        elif isinstance(value, SharedNonTensorData) and value._store is None:
-            td._tensordict[key] = SharedNonTensorData(value.data, moved(value._folder), allow_pickle=True)
+        elif is_shared_value(value) and value._store is None:
+            td._tensordict[key] = value.relocated(moved(value._folder))
         elif is_collection(value):
             _rebase(value, old, new)
         elif isinstance(getattr(value, "_tensordict", None), TensorDictBase) and kind_of(value) is not None:

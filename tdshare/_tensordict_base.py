@@ -17,6 +17,7 @@ from typing import Any, TypeGuard, TypeVar
 import torch
 
 from ._apply import ApplyOps
+from ._arithmetic import ArithmeticOps
 from ._combine import CombineOps
 from ._conversions import ConversionOps
 from ._errors import (
@@ -34,9 +35,12 @@ from ._key_ops import KeyOps
 from ._keys import NestedKey, unravel_key
 from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
-from ._nontensor import NonTensorData, NonTensorStack
+from ._nontensor import NonTensorData, NonTensorStack, assign_elements
 from ._pad import PadOps
+from ._pointwise import PointwiseOps
+from ._reduce_ops import ReduceOps
 from ._reductions import decode_leaf, encode_leaf
+from ._settings import list_to_stack
 from ._updates import UpdateOps
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
@@ -58,6 +62,9 @@ class TensorDictBase(
     ApplyOps,
     NnOps,
     PadOps,
+    ReduceOps,
+    ArithmeticOps,
+    PointwiseOps,
     CombineOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
@@ -398,6 +405,12 @@ class TensorDictBase(
             return value
         elif isinstance(value, (bool, int, float, complex)) or type(value).__module__ == "numpy":
             value = torch.as_tensor(value)
+        elif isinstance(value, (list, tuple)) and list_to_stack() and (as_tensor := _list_as_tensor(value)) is not None:
+            value = as_tensor
+        elif isinstance(value, list) and value and list_to_stack():  # as the reference: one value per element
+            stack = NonTensorStack._make(list(value), torch.Size([len(value)]))
+            self._check_batch(key, stack)
+            return stack
         elif not isinstance(value, torch.Tensor):
             kind = kind_of(value)
             if kind is None or kind.unwrap is None:
@@ -473,7 +486,9 @@ class TensorDictBase(
     def _set_at(self, idx: Any, value: Any) -> None:
         idx = normalize_index(idx, self.batch_dims)
         if isinstance(value, (Mapping, TensorDictBase)):
-            for key, sub in _items_of(value):
+            # non-tensor entries first: the one that cannot take the value raises before any tensor is written
+            items = sorted(_items_of(value), key=lambda kv: not isinstance(self._tensordict.get(kv[0]), NonTensorData))
+            for key, sub in items:
                 if key not in self._tensordict:
                     raise MissingKeyError(
                         f"td[index] = value: key {key!r} of the value is not in the tensordict; add it first."
@@ -489,9 +504,29 @@ class TensorDictBase(
         if isinstance(leaf, TensorDictBase):
             leaf._set_at(idx, value)
         elif isinstance(leaf, NonTensorData):
-            self._write_non_tensor(key, leaf, value.data if isinstance(value, NonTensorData) else value)
+            self._assign_non_tensor_at(key, leaf, idx, value)
         else:
             leaf[idx] = value
+
+    def _assign_non_tensor_at(self, key: str, leaf: NonTensorData, idx: Any, value: Any) -> None:
+        """``td[idx] = other`` for a non-tensor entry: per-element values where they differ, as the reference."""
+        changed = assign_elements(leaf, self._batch_size, idx, value)
+        if changed is None:
+            return
+        if isinstance(leaf, NonTensorStack):  # already one value per element: written (persisted, shared) whole
+            self._write_non_tensor(key, leaf, changed.tolist())
+            return
+        first = changed._values[0]
+        if all(NonTensorData(v) == first for v in changed._values):
+            self._write_non_tensor(key, leaf, first)  # the whole entry takes one value (persisted as one)
+            return
+        if self._is_memmap or self._is_shared:
+            raise MemmapError(
+                f"td[index] = value would give the non-tensor entry {key!r} one value per element, which a "
+                "memory-mapped or shared tensordict cannot change in place. Store it as a NonTensorStack "
+                "(a list of one value per element) before memory-mapping, or work on an in-memory copy."
+            )
+        self._tensordict[key] = changed
 
     def pop(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
         """Remove the entry ``key`` and return its value (``default`` if given and the key is missing).
@@ -687,6 +722,19 @@ def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
 
 
 TENSORDICT = register(NodeKind("TensorDict", LEVEL, "TensorDict", TensorDictBase, TD_TYPE))
+
+
+def _list_as_tensor(value: list | tuple) -> torch.Tensor | None:
+    """A list or tuple of numbers (nested) or of equal-shaped tensors as one tensor; None otherwise."""
+    if value and all(isinstance(v, torch.Tensor) for v in value):
+        try:
+            return torch.stack(list(value))
+        except RuntimeError:
+            return None
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
 
 
 def _regular_dims(nested: torch.Tensor, count: int) -> list[int]:

@@ -37,7 +37,7 @@ from ._plan import PlannedLeaf, PlannedLevel, TreeWriter, encode_value, plan_tre
 from ._progress import ProgressCallback
 from ._runtime import ensure_store, new_store_path
 from ._segments import Segment, align
-from ._shared_nontensor import SharedNonTensorData
+from ._shared_nontensor import SharedNonTensorData, SharedNonTensorStack
 from ._tensordict_base import TensorDictBase, is_collection
 
 __all__ = ["AnonymousWriter", "FolderWriter"]
@@ -220,16 +220,18 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
         assert data.result is not None and table.result is not None
         values[key] = (jagged_from_buffer if jagged else nested_from_buffer)(data.result, table.result)
     for nt in level.nontensors:
-        if kind_of(nt.value).layout == VALUE_STACK:  # type: ignore[union-attr]
-            values[nt.key] = nt.value if in_place else nt.value.clone()  # a stack is not shared live
-        elif share and nt.store is not None and nt.path is not None:  # an anonymous tree's, in its store
-            values[nt.key] = SharedNonTensorData(nt.value.data, nt.path, allow_pickle=True, store=nt.store)
+        folder, store = None, None
+        if share and nt.store is not None and nt.path is not None:  # an anonymous tree's, in its store
+            folder, store = nt.path, nt.store
         elif share and final_path is not None and nt.path is not None:
-            # the writer made these files, so it may read its own pickles back
             folder = os.path.join(final_path, os.path.basename(nt.path))
-            values[nt.key] = SharedNonTensorData(nt.value.data, folder, allow_pickle=True)
-        else:
+        if folder is None:
             values[nt.key] = nt.value if in_place else nt.value.clone()
+        elif kind_of(nt.value).layout == VALUE_STACK:  # type: ignore[union-attr]
+            # the writer made these files, so it may read its own pickles back
+            values[nt.key] = SharedNonTensorStack(nt.value.tolist(), nt.value.batch_size, folder, True, store)
+        else:
+            values[nt.key] = SharedNonTensorData(nt.value.data, folder, allow_pickle=True, store=store)
     for w in level.wrapped:
         wrapper_dir = None
         if final_path is not None and w.path is not None:
@@ -423,9 +425,7 @@ class FolderWriter(TreeWriter):
         return dest
 
 
-def _run_writes(
-    root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None
-) -> None:
+def _run_writes(root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None) -> None:
     """Write every leaf file of the tree; ``progress(done, total)`` after each level (each leaf
     with threads), from the calling thread."""
     levels = root.walk()

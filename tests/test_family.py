@@ -140,3 +140,36 @@ def test_progress_reports_every_leaf_file(tmp_path: Path, kind: str) -> None:
     build(kind).memmap_(tmp_path / "td", progress=lambda done, total: calls.append((done, total)))
     total = calls[-1][1]
     assert calls[-1] == (total, total) and total == (8 if kind == "lazy" else 2)  # a lazy stack: 2 per member
+
+
+def _child_sets_one_element(obj: Any, out: Any) -> None:
+    try:
+        element = obj[1].clone()
+        element.set("s", "new")
+        obj[1] = element  # one element of the shared stack: the whole list is written, under the lock
+        out.put(("ok", list(obj.get("s"))))
+    except BaseException as err:  # reported to the parent
+        out.put(("error", repr(err)))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["folder", "anonymous"])
+@pytest.mark.parametrize("kind", ["tensordict", "tensorclass"])
+@pytest.mark.parametrize("method", METHODS)
+def test_a_shared_non_tensor_stack_is_live_across_processes(
+    tmp_path: Path, method: str, kind: str, backend: str
+) -> None:
+    obj = build(kind)
+    obj.set("s", ["t0", "t1", "t2", "t3"])  # a list of strings: one value per element
+    obj = obj.memmap_(tmp_path / "td" if backend == "folder" else None, share_non_tensor=True)
+    ctx = mp.get_context(method)
+    out = ctx.Queue()
+    proc = ctx.Process(target=_child_sets_one_element, args=(obj, out))
+    proc.start()
+    tag, payload = out.get(timeout=WAIT)
+    proc.join(WAIT)
+    assert tag == "ok", payload
+    assert payload == ["t0", "new", "t2", "t3"]
+    assert list(obj.get("s")) == ["t0", "new", "t2", "t3"]  # no refresh: the parent reads the shared value
+    if backend == "folder":
+        assert list(type(obj).load_memmap(tmp_path / "td").get("s")) == ["t0", "new", "t2", "t3"]

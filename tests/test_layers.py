@@ -25,7 +25,7 @@ import tdshare
 PACKAGE = Path(tdshare.__file__).resolve().parent
 
 LAYERS: dict[str, list[str]] = {
-    "base": ["_errors", "_keys", "_format", "_indexing", "_bulk", "_crc", "_progress", "_options"],
+    "base": ["_errors", "_keys", "_format", "_indexing", "_bulk", "_crc", "_progress", "_options", "_settings"],
     "storage": [
         "_files",
         "_segments",
@@ -58,6 +58,10 @@ LAYERS: dict[str, list[str]] = {
         "_apply",
         "_nn",
         "_pad",
+        "_tree_walk",
+        "_arithmetic",
+        "_pointwise",
+        "_reduce_ops",
     ],
     "io": ["_plan", "_write", "_archive", "_read", "_entries", "_refresh", "_save"],
     "api": [
@@ -66,6 +70,8 @@ LAYERS: dict[str, list[str]] = {
         "_lazy",
         "_tensorclass_io",
         "_tensorclass_stack",
+        "_tensorclass_options",
+        "_tensorclass_ops",
         "_tensorclass",
         "_td",
         "_functional",

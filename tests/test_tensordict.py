@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tdshare
-from tdshare import BatchSizeError, NonTensorData, TensorDict
+from tdshare import BatchSizeError, NonTensorData, NonTensorStack, TensorDict
 
 
 def make() -> TensorDict:
@@ -560,7 +560,7 @@ def test_repr() -> None:
 @pytest.mark.parametrize("locked", [True, False])
 def test_pickle_round_trip(locked: bool) -> None:
     td = make2d()
-    td["s"] = ["k", 1]
+    td["s"] = NonTensorData(["k", 1])
     td.names = ["b", "t"]
     if locked:
         td.lock_()
@@ -576,22 +576,20 @@ def test_pickle_round_trip(locked: bool) -> None:
 # -- non-tensor leaves ---------------------------------------------------------------------------
 def test_non_tensor_leaves() -> None:
     obj = object()
-    td = TensorDict(s="hello", obj=obj, lst=[1, 2], nt=NonTensorData("wrapped"), batch_size=[2])
-    assert (
-        td["s"] == "hello"
-        and td["obj"] is obj
-        and td.get("obj").data is obj
-        and td["lst"] == [1, 2]
-        and td["nt"] == "wrapped"
-    )
+    td = TensorDict(s="hello", obj=obj, lst=["x", "y"], num=[1, 2], nt=NonTensorData("wrapped"), batch_size=[2])
+    assert td["s"] == "hello" and td["obj"] is obj and td["lst"] == ["x", "y"] and td["nt"] == "wrapped"
+    assert td.get("obj").data is obj  # get() gives the NonTensorData, as the reference's does
+    # as the reference: a list of numbers is a tensor, any other list one non-tensor value per element
+    assert isinstance(td["num"], torch.Tensor) and td["num"].tolist() == [1, 2]
+    assert isinstance(td._tensordict["lst"], NonTensorStack) and td[1]["lst"] == "y"
     assert isinstance(td._tensordict["s"], NonTensorData)
     assert td[0]["s"] == "hello" and td[0:1]["obj"] is obj
     td.set_("s", "bye")
     assert td["s"] == "bye"
     td.set_("s", NonTensorData("again"))
     assert td["s"] == "again"
-    td.lock_().set_("lst", [3])
-    assert td["lst"] == [3]
+    td.lock_().set_("lst", ["p", "q"])
+    assert td["lst"] == ["p", "q"]
 
 
 def test_non_tensor_data_class() -> None:
@@ -642,3 +640,31 @@ def test_to_keeps_the_lock_and_fill_refuses_non_tensors() -> None:
         td.fill_("s", 1)
     td.fill_("a", 2.0)
     assert td["a"].tolist() == [[2.0, 2.0]] * 3
+
+
+@pytest.mark.parametrize("kind", ["tensordict", "tensorclass"])
+def test_setting_an_index_with_a_different_non_tensor_value_stores_one_per_element(kind: str) -> None:
+    import tensordict as reference
+    from _kinds import build
+
+    obj = build(kind)
+    part = build(kind)[1:3]
+    part.set("s", "other")
+    obj[1:3] = part
+    theirs = reference.TensorDict(a=torch.arange(4.0), s="text", batch_size=[4])
+    theirs[1:3] = reference.TensorDict(a=torch.arange(2.0), s="other", batch_size=[2])
+    assert list(obj.get("s")) == list(theirs["s"]) == ["text", "other", "other", "text"]
+    assert obj[2].get("s") == "other" and obj[0].get("s") == "text"
+    same = build(kind)
+    same[0:2] = build(kind)[0:2]  # an equal value leaves the entry one value
+    entry = (same._tensordict if kind == "tensordict" else same._tensordict._tensordict)["s"]
+    assert isinstance(entry, NonTensorData) and not isinstance(entry, NonTensorStack)
+
+
+def test_a_per_element_non_tensor_write_into_a_memory_mapped_tensordict_is_refused_before_writing() -> None:
+    td = TensorDict(x=torch.zeros(3), s="a", batch_size=[3]).memmap_()
+    with pytest.raises(RuntimeError, match=r"'s'.*one value per element"):
+        td[1] = TensorDict(x=torch.ones(()), s="b", batch_size=[])
+    assert td["x"].tolist() == [0.0, 0.0, 0.0] and td["s"] == "a"
+    td[1] = TensorDict(x=torch.ones(()), s="a", batch_size=[])
+    assert td["x"].tolist() == [0.0, 1.0, 0.0]

@@ -1,0 +1,279 @@
+"""Pointwise functions of tensordicts: ``exp``, ``log``, ``sqrt``, ``sigmoid``, ``isnan``... (the
+reference's single-argument functions), each with its in-place ``_`` twin.
+
+A mixin of :class:`tdshare._tensordict_base.TensorDictBase`.  The methods are generated from one
+table (``UNARY``) by :func:`_unary` and :func:`_unary_`, each a class attribute, so ``help()``,
+``dir()`` and type checkers see them.  The out-of-place forms give a new tree (names and lock
+kept, non-tensor values kept); the in-place forms write into the stored leaves, memory-mapped
+files included, and return ``self``.  A plain tree gets one ``torch._foreach_*`` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._errors import ArgumentTypeError, NotSupportedError
+from ._format import LEVEL, STACK
+from ._tree_walk import binary, foreach_leaves, node_layout, operand, prepare, walk
+
+__all__ = ["PointwiseOps", "TORCH_FUNCTIONS", "UNARY"]
+
+# the single-argument functions: name -> what the result holds (for the generated docstring)
+UNARY: dict[str, str] = {
+    "abs": "absolute values",
+    "acos": "arc cosines",
+    "asin": "arc sines",
+    "atan": "arc tangents",
+    "ceil": "values rounded up",
+    "cos": "cosines",
+    "cosh": "hyperbolic cosines",
+    "erf": "error function values",
+    "erfc": "complementary error function values",
+    "exp": "exponentials",
+    "expm1": "``exp(x) - 1`` values",
+    "floor": "values rounded down",
+    "frac": "fractional parts",
+    "lgamma": "log-gamma values",
+    "log": "natural logarithms",
+    "log10": "base-10 logarithms",
+    "log1p": "``log(1 + x)`` values",
+    "log2": "base-2 logarithms",
+    "neg": "negated values",
+    "reciprocal": "reciprocals",
+    "round": "values rounded to the nearest integer",
+    "sigmoid": "logistic sigmoids",
+    "sign": "signs (-1, 0 or 1)",
+    "sin": "sines",
+    "sinh": "hyperbolic sines",
+    "sqrt": "square roots",
+    "tan": "tangents",
+    "tanh": "hyperbolic tangents",
+    "trunc": "values rounded toward zero",
+}
+
+
+def _unary(name: str, what: str) -> Callable[[Any], Any]:
+    fn = getattr(torch, name)
+
+    def method(self: Any) -> Any:
+        done = foreach_leaves(self, name, (), inplace=False)
+        return walk(self, fn, (), inplace=False) if done is None else done
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = (
+        f"A new tensordict whose tensor leaves are the {what} of this one's (``torch.{name}`` leaf by leaf).\n\n"
+        "Non-tensor values are kept; the result keeps the names and the lock.  The in-place form is\n"
+        f"``{name}_()``.\n\n"
+        ">>> import torch\n>>> from tdshare import TensorDict\n"
+        f">>> TensorDict(a=torch.tensor([0.5, 4.0]), batch_size=[2]).{name}()['a'].shape\n"
+        "torch.Size([2])\n"
+    )
+    return method
+
+
+def _unary_(name: str, what: str) -> Callable[[Any], Any]:
+    def method(self: Any) -> Any:
+        if foreach_leaves(self, name, (), inplace=True) is None:
+            for leaf in self._stored_tensors():
+                getattr(leaf, name + "_")()
+        return self
+
+    method.__name__ = method.__qualname__ = name + "_"
+    method.__doc__ = (
+        f"Replace every tensor leaf by its {what} (``Tensor.{name}_``), in place; return ``self``.\n\n"
+        "Memory-mapped leaves are written in their files (allowed while locked).\n\n"
+        ">>> import torch\n>>> from tdshare import TensorDict\n"
+        f">>> td = TensorDict(a=torch.tensor([0.5, 4.0]), batch_size=[2])\n>>> td.{name}_() is td\nTrue\n"
+    )
+    return method
+
+
+def _predicate(name: str) -> Callable[[Any], Any]:
+    fn = getattr(torch, name)
+
+    def method(self: Any) -> Any:
+        return walk(self, fn, (), inplace=False)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = (
+        f"A new tensordict of boolean leaves: ``torch.{name}`` of every tensor leaf.\n\n"
+        ">>> import torch\n>>> from tdshare import TensorDict\n"
+        f">>> TensorDict(a=torch.tensor([1.0, float('nan')]), batch_size=[2]).{name}()['a'].dtype\n"
+        "torch.bool\n"
+    )
+    return method
+
+
+class PointwiseOps:
+    """The single-argument functions (see the module); the host class provides the tree."""
+
+    def _stored_tensors(self) -> Any:
+        raise NotImplementedError
+
+    abs = _unary("abs", UNARY["abs"])
+    abs_ = _unary_("abs", UNARY["abs"])
+    acos = _unary("acos", UNARY["acos"])
+    acos_ = _unary_("acos", UNARY["acos"])
+    asin = _unary("asin", UNARY["asin"])
+    asin_ = _unary_("asin", UNARY["asin"])
+    atan = _unary("atan", UNARY["atan"])
+    atan_ = _unary_("atan", UNARY["atan"])
+    ceil = _unary("ceil", UNARY["ceil"])
+    ceil_ = _unary_("ceil", UNARY["ceil"])
+    cos = _unary("cos", UNARY["cos"])
+    cos_ = _unary_("cos", UNARY["cos"])
+    cosh = _unary("cosh", UNARY["cosh"])
+    cosh_ = _unary_("cosh", UNARY["cosh"])
+    erf = _unary("erf", UNARY["erf"])
+    erf_ = _unary_("erf", UNARY["erf"])
+    erfc = _unary("erfc", UNARY["erfc"])
+    erfc_ = _unary_("erfc", UNARY["erfc"])
+    exp = _unary("exp", UNARY["exp"])
+    exp_ = _unary_("exp", UNARY["exp"])
+    expm1 = _unary("expm1", UNARY["expm1"])
+    expm1_ = _unary_("expm1", UNARY["expm1"])
+    floor = _unary("floor", UNARY["floor"])
+    floor_ = _unary_("floor", UNARY["floor"])
+    frac = _unary("frac", UNARY["frac"])
+    frac_ = _unary_("frac", UNARY["frac"])
+    lgamma = _unary("lgamma", UNARY["lgamma"])
+    lgamma_ = _unary_("lgamma", UNARY["lgamma"])
+    log = _unary("log", UNARY["log"])
+    log_ = _unary_("log", UNARY["log"])
+    log10 = _unary("log10", UNARY["log10"])
+    log10_ = _unary_("log10", UNARY["log10"])
+    log1p = _unary("log1p", UNARY["log1p"])
+    log1p_ = _unary_("log1p", UNARY["log1p"])
+    log2 = _unary("log2", UNARY["log2"])
+    log2_ = _unary_("log2", UNARY["log2"])
+    neg = _unary("neg", UNARY["neg"])
+    neg_ = _unary_("neg", UNARY["neg"])
+    reciprocal = _unary("reciprocal", UNARY["reciprocal"])
+    reciprocal_ = _unary_("reciprocal", UNARY["reciprocal"])
+    round = _unary("round", UNARY["round"])
+    round_ = _unary_("round", UNARY["round"])
+    sigmoid = _unary("sigmoid", UNARY["sigmoid"])
+    sigmoid_ = _unary_("sigmoid", UNARY["sigmoid"])
+    sign = _unary("sign", UNARY["sign"])
+    sign_ = _unary_("sign", UNARY["sign"])
+    sin = _unary("sin", UNARY["sin"])
+    sin_ = _unary_("sin", UNARY["sin"])
+    sinh = _unary("sinh", UNARY["sinh"])
+    sinh_ = _unary_("sinh", UNARY["sinh"])
+    sqrt = _unary("sqrt", UNARY["sqrt"])
+    sqrt_ = _unary_("sqrt", UNARY["sqrt"])
+    tan = _unary("tan", UNARY["tan"])
+    tan_ = _unary_("tan", UNARY["tan"])
+    tanh = _unary("tanh", UNARY["tanh"])
+    tanh_ = _unary_("tanh", UNARY["tanh"])
+    trunc = _unary("trunc", UNARY["trunc"])
+    trunc_ = _unary_("trunc", UNARY["trunc"])
+    isfinite = _predicate("isfinite")
+    isnan = _predicate("isnan")
+    isinf = _predicate("isinf")
+    isneginf = _predicate("isneginf")
+    isposinf = _predicate("isposinf")
+    isreal = _predicate("isreal")
+
+    # -- where ----------------------------------------------------------------------------------
+    def where(self, condition: torch.Tensor, other: Any, *, out: Any = None, pad: Any = None) -> Any:
+        """The leaves where ``condition`` is true, ``other``'s elsewhere (``torch.where`` leaf by leaf).
+
+        Args:
+            condition: a boolean tensor over the leading batch dims, aligned with every leaf.
+            other: a number, a tensor (broadcast with each leaf as torch does), or a tensordict
+                with the same keys.
+            out: a tensordict to write the result into (returned).
+            pad: with a tensordict ``other``, the value that stands in for an entry only one of the
+                two has (else such an entry is a ``MissingKeyError``).
+
+        Raises:
+            ArgumentTypeError: ``condition`` is not a tensor.
+            MissingKeyError: the keys differ and no ``pad`` is given.
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(x=torch.ones(2, 3), batch_size=[2])
+        >>> td.where(torch.tensor([True, False]), 0.0)["x"][:, 0].tolist()
+        [1.0, 0.0]
+        """
+        if not isinstance(condition, torch.Tensor):
+            raise ArgumentTypeError(f"where: condition must be a boolean tensor, got {type(condition).__name__}.")
+        theirs = operand(other)
+        if node_layout(theirs) in (LEVEL, STACK):
+            if pad is not None:
+                result = _where_pad(self, condition, theirs, pad)
+            else:
+                result = binary(self, "where", lambda x, c, o: torch.where(c, x, o), (condition, theirs))
+        else:
+            cond = prepare(self, "where", condition)
+            result = walk(self, lambda x, c: torch.where(c, x, other), (cond,), inplace=False)
+        return result if out is None else out.update(result)
+
+    # -- torch functions ------------------------------------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """``torch.exp(td)``, ``torch.sum(td, 0)``, ``torch.where(c, td, x)``...: the method of that name."""
+        kwargs = kwargs or {}
+        if func is torch.where and len(args) >= 2:
+            cond, first, *rest = args
+            second = rest[0] if rest else kwargs.pop("other")
+            if not isinstance(first, PointwiseOps) and isinstance(second, PointwiseOps):
+                return second.where(cond.logical_not(), first, **kwargs)
+            return first.where(cond, second, **kwargs)
+        name = TORCH_FUNCTIONS.get(func)
+        if name is not None:
+            if not args or not isinstance(args[0], PointwiseOps):
+                raise ArgumentTypeError(f"torch.{name} takes the tensordict as its first argument.")
+            return getattr(args[0], name)(*args[1:], **kwargs)
+        nxt = getattr(super(), "__torch_function__", None)  # the next mixin's (stack, cat...)
+        return NotImplemented if nxt is None else nxt(func, types, args, kwargs)
+
+
+# the torch functions a tensordict answers with its method of the same name (the reference's list)
+TORCH_FUNCTIONS: dict[Any, str] = {
+    getattr(torch, name): name
+    for name in (
+        *UNARY,
+        *(n + "_" for n in UNARY if hasattr(torch, n + "_")),
+        *("isfinite", "isnan", "isneginf", "isposinf", "isreal", "add", "addcdiv", "addcmul", "bitwise_and"),
+        *("clamp", "clamp_max", "clamp_min", "clamp_max_", "clamp_min_", "div", "lerp", "logical_and"),
+        *("maximum", "minimum", "mul", "pow", "rsub", "sub", "sum", "mean", "std", "var"),
+    )
+    if hasattr(torch, name)
+}
+
+
+def _where_pad(td: Any, condition: torch.Tensor, other: Any, pad: Any) -> Any:
+    """``where`` with entries that only one side has: ``pad`` stands in for the missing side."""
+    if node_layout(td) != LEVEL or node_layout(other) != LEVEL:
+        raise NotSupportedError("where(pad=...) pairs two TensorDicts; convert a lazy stack with to_tensordict().")
+    cond = condition.expand(td.batch_size)
+
+    def pick(c: torch.Tensor, x: torch.Tensor, y: Any) -> torch.Tensor:
+        if not isinstance(y, torch.Tensor):
+            y = torch.tensor(y, dtype=x.dtype, device=x.device)
+        return torch.where(c.reshape((*c.shape, *([1] * (x.dim() - c.dim())))), x, y)
+
+    leaves: dict[str, Any] = {}
+    for key, leaf in td._tensordict.items():
+        match, kind = other._tensordict.get(key), node_layout(leaf)
+        if kind == "value":
+            leaves[key] = leaf.clone()
+        elif kind == LEVEL:
+            leaves[key] = _where_pad(leaf, cond, leaf.empty() if match is None else match, pad)
+        elif kind == "tensor":
+            leaves[key] = pick(cond, leaf, pad if match is None else match)
+        else:
+            raise NotSupportedError(f"where(pad=...): the entry {key!r} is a {type(leaf).__name__}, not a level.")
+    for key, match in other._tensordict.items():
+        if key in td._tensordict:
+            continue
+        if node_layout(match) == "tensor":
+            leaves[key] = pick(cond.logical_not(), match, pad)
+        elif node_layout(match) == LEVEL:
+            leaves[key] = _where_pad(match, cond.logical_not(), match.empty(), pad)
+    return type(td)._from_leaves(leaves, td._batch_size, td._device, td._names)

@@ -1,0 +1,575 @@
+"""The in-memory methods of a tensorclass instance: :class:`TensorClassOps`.
+
+:func:`tdshare.tensorclass` (:mod:`tdshare._tensorclass`) copies these methods, and those of
+:class:`tdshare._tensorclass_io.TensorClassIO` (the memory-mapping family), onto the class it
+decorates.  An instance holds one thing, ``_tensordict``: tensor fields, nested tensordicts and
+tensorclasses are its entries, every other value is a ``NonTensorData`` entry, and a field set to
+None has no entry at all, as in the reference.  Other TensorDict methods are reached through
+``__getattr__``, which forwards to the tensordict and wraps a tensordict result back into the class.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, TypeVar
+
+import torch
+
+from ._arithmetic import OPERATORS
+from ._compact_repr import compact_repr
+from ._errors import ArgumentTypeError, FieldError, FrozenFieldError, MissingKeyError, NotSupportedError
+from ._indexing import is_key
+from ._keys import NestedKey, unravel_key
+from ._nontensor import NonTensorData
+from ._pointwise import TORCH_FUNCTIONS
+from ._tensorclass_io import TensorClassIO
+from ._tensorclass_options import TensorClassOptions, stored_value
+from ._tensorclass_stack import combine_instances, plain_collection
+from ._tensordict import TensorDict
+from ._tensordict_base import TensorDictBase, wrapped_collection
+
+__all__ = ["FIELDS_ATTR", "TensorClassOps", "is_tensorclass", "rebuild_tensorclass"]
+
+C = TypeVar("C", bound=type)
+T = TypeVar("T", bound="TensorClassOps")
+_NO_DEFAULT: Any = object()
+FIELDS_ATTR = "__tdshare_fields__"
+
+
+def is_tensorclass(obj: Any) -> bool:
+    """Whether ``obj`` is a class made by :func:`tensorclass` or an instance of one.
+
+    >>> import torch, tdshare
+    >>> @tdshare.tensorclass
+    ... class Obs:
+    ...     x: torch.Tensor
+    >>> tdshare.is_tensorclass(Obs), tdshare.is_tensorclass(torch.zeros(1))
+    (True, False)
+    """
+    cls = obj if isinstance(obj, type) else type(obj)
+    return isinstance(getattr(cls, FIELDS_ATTR, None), tuple)
+
+
+class TensorClassOps(TensorClassIO):
+    """The in-memory methods that :func:`tensorclass` gives a class (see its docstring)."""
+
+    _tensordict: TensorDict
+    __tdshare_fields__: ClassVar[tuple[str, ...]] = ()
+    __tdshare_defaults__: ClassVar[dict[str, tuple[bool, Any]]] = {}  # name -> (is a factory, value)
+    __tdshare_options__: ClassVar[TensorClassOptions] = TensorClassOptions()
+
+    def __init__(
+        self,
+        *args: Any,
+        batch_size: Any = None,
+        device: torch.device | str | int | None = None,
+        names: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        cls = type(self)
+        fields = cls.__tdshare_fields__
+        if args and cls.__tdshare_options__.kw_only:
+            raise ArgumentTypeError(
+                f"{cls.__name__}() takes its fields as keywords only (kw_only=True), but {len(args)} positional "
+                f"value(s) were given; pass {list(fields)[: len(args)]} by name."
+            )
+        if len(args) > len(fields):
+            raise ArgumentTypeError(
+                f"{cls.__name__}() takes at most {len(fields)} positional field values ({list(fields)}), "
+                f"but {len(args)} were given."
+            )
+        values = dict(zip(fields, args, strict=False))
+        for name, value in kwargs.items():
+            if name not in fields:
+                raise FieldError(
+                    f"{cls.__name__}() got the argument {name!r}, which is not one of its fields {list(fields)}; "
+                    "declare it as a field of the class, or drop it."
+                )
+            if name in values:
+                raise ArgumentTypeError(f"{cls.__name__}() got two values for the field {name!r}.")
+            values[name] = value
+        missing = [n for n in fields if n not in values and n not in cls.__tdshare_defaults__]
+        if missing:
+            raise ArgumentTypeError(
+                f"{cls.__name__}() is missing the required field(s) {missing}: pass them, or give them defaults."
+            )
+        self.__dict__["_tensordict"] = TensorDict({}, batch_size=batch_size, device=device)
+        for name in fields:
+            if name in values:
+                value = values[name]
+            else:
+                factory, value = cls.__tdshare_defaults__[name]
+                value = value() if factory else value
+            self._set_field(name, value)
+        if names is not None:
+            self._tensordict.names = names
+        post_init = getattr(self, "__post_init__", None)
+        if post_init is not None:
+            post_init()
+        if cls.__tdshare_options__.frozen:
+            self._tensordict.lock_()  # as the reference: a frozen instance is locked (in-place writes only)
+
+    @classmethod
+    def _from_tensordict(cls: type[T], td: TensorDictBase, fields: dict[str, Any] | None = None) -> T:
+        """Wrap ``td`` without copying or checking; ``fields``: JSON fields from a wrapper's meta.json."""
+        out = cls.__new__(cls)
+        out.__dict__["_tensordict"] = td
+        for name, value in (fields or {}).items():
+            if name in cls.__tdshare_fields__ and name not in td._tensordict:  # older writers kept them there
+                td._tensordict[name] = NonTensorData(value)
+        return out
+
+    @classmethod
+    def from_tensordict(cls: type[T], td: TensorDictBase, non_tensordict: dict[str, Any] | None = None) -> T:
+        """An instance whose fields are the entries of ``td`` (no copy: the instance uses ``td``).
+
+        Args:
+            td: a :class:`tdshare.TensorDict` whose keys are fields of the class.
+            non_tensordict: more field values (non-tensor ones, typically).
+
+        Returns:
+            The new instance.
+
+        Raises:
+            ArgumentTypeError: ``td`` is not a TensorDict.
+            FieldError: a key of ``td`` is not a field.
+
+        >>> import torch, tdshare
+        >>> @tdshare.tensorclass
+        ... class Obs:
+        ...     x: torch.Tensor
+        >>> Obs.from_tensordict(tdshare.TensorDict(x=torch.ones(2), batch_size=[2])).x.tolist()
+        [1.0, 1.0]
+        """
+        if not isinstance(td, TensorDictBase):
+            raise ArgumentTypeError(f"{cls.__name__}.from_tensordict expects a TensorDict, got {type(td).__name__}.")
+        unknown = [k for k in td._tensordict if k not in cls.__tdshare_fields__]
+        if unknown:
+            raise FieldError(
+                f"{cls.__name__}.from_tensordict: the keys {unknown} are not fields of {cls.__name__} "
+                f"({list(cls.__tdshare_fields__)}); select the fields first (td.exclude(...))."
+            )
+        out = cls._from_tensordict(td)
+        for name, value in (non_tensordict or {}).items():
+            out._set_field(out._field_key(name), value)  # type: ignore[arg-type]
+        return out
+
+    # -- fields -------------------------------------------------------------------------------
+    def _field_key(self, key: NestedKey) -> NestedKey:
+        parts = unravel_key(key)
+        if parts[0] not in type(self).__tdshare_fields__:
+            raise FieldError(self._no_field(parts[0]))
+        return key
+
+    def _no_field(self, name: str) -> str:
+        cls = type(self)
+        return (
+            f"{name!r} is not a field of {cls.__name__}; its fields are {list(cls.__tdshare_fields__)}. Declare it "
+            "in the class body to store it."
+        )
+
+    def _set_field(self, name: str, value: Any, inplace: bool = False) -> None:
+        td = self._tensordict
+        if value is None:  # a None field has no entry, as in the reference
+            if name in td._tensordict:
+                td.pop(name)
+            return
+        value = stored_value(type(self), type(self).__tdshare_options__, name, value, td.batch_size)
+        stored = (torch.Tensor, TensorDictBase, NonTensorData, list)  # lists: TensorDict.set's rules
+        if not isinstance(value, stored) and wrapped_collection(value) is None:
+            value = NonTensorData(value)
+        td.set(name, value, inplace=inplace)
+
+    def __getattr__(self, name: str) -> Any:
+        # only called when normal lookup fails: fields (no class attributes) and TensorDict methods
+        td = self.__dict__.get("_tensordict")
+        if td is not None and name in type(self).__tdshare_fields__:  # private field names too (``_c``)
+            leaf = td._tensordict.get(name)
+            return leaf.data if isinstance(leaf, NonTensorData) else leaf
+        if td is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        attr = getattr(td, name, _NO_DEFAULT)
+        if attr is _NO_DEFAULT:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        if callable(attr):
+            return functools.partial(_forward, self, attr)
+        return attr
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        cls = type(self)
+        if name in cls.__tdshare_fields__:
+            if cls.__tdshare_options__.frozen:
+                raise FrozenFieldError(f"cannot assign to field {name!r}: {cls.__name__} is frozen (frozen=True).")
+            self._set_field(name, value)
+        elif name.startswith("_") or isinstance(getattr(cls, name, None), property):
+            object.__setattr__(self, name, value)
+        else:
+            raise FieldError(f"Cannot set the attribute {name!r}: {self._no_field(name)}")
+
+    def __delattr__(self, name: str) -> None:
+        if name in type(self).__tdshare_fields__:
+            if type(self).__tdshare_options__.frozen:
+                raise FrozenFieldError(f"cannot delete field {name!r}: {type(self).__name__} is frozen (frozen=True).")
+            self._set_field(name, None)
+        else:
+            object.__delattr__(self, name)
+
+    def get(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
+        """The value of the field ``key`` (a nested key reads inside a nested field).
+
+        Returns:
+            The field's value (None for a field that is unset), or ``default`` if the key is not a field.
+
+        Raises:
+            MissingKeyError: ``key`` is not a field and no default is given.
+
+        >>> import torch, tdshare
+        >>> @tdshare.tensorclass
+        ... class Obs:
+        ...     x: torch.Tensor
+        ...     label: str = "a"
+        >>> Obs(x=torch.ones(1), batch_size=[1]).get("label")
+        'a'
+        """
+        parts = unravel_key(key)
+        if parts[0] not in type(self).__tdshare_fields__:
+            if len(parts) == 1 and isinstance(getattr(type(self), parts[0], None), property):
+                return getattr(self, parts[0])  # as the reference: get("batch_size") reads the property
+            if default is not _NO_DEFAULT:
+                return default
+            raise MissingKeyError(self._no_field(parts[0]))
+        value = getattr(self, parts[0])
+        if len(parts) == 1:
+            return value
+        if not hasattr(value, "get") or isinstance(value, torch.Tensor):
+            if default is not _NO_DEFAULT:
+                return default
+            raise MissingKeyError(f"Cannot read {key!r}: the field {parts[0]!r} holds a leaf, not a collection.")
+        if value is None:
+            if default is not _NO_DEFAULT:
+                return default
+            raise MissingKeyError(f"Cannot read {key!r}: the field {parts[0]!r} is unset (None).")
+        rest = parts[1:] if len(parts) > 2 else parts[1]
+        return value.get(rest) if default is _NO_DEFAULT else value.get(rest, default)
+
+    def set(self: T, key: NestedKey, value: Any, inplace: bool = False) -> T:
+        """Set the field ``key`` to ``value`` (a nested key sets inside a nested field); return ``self``.
+
+        Raises:
+            FieldError: ``key`` is not a field.
+            LockedError: the instance is locked (use :meth:`set_` for an in-place write).
+            BatchSizeError: the value's leading dimensions are not the batch size.
+
+        >>> import torch, tdshare
+        >>> @tdshare.tensorclass
+        ... class Obs:
+        ...     x: torch.Tensor
+        >>> Obs(x=torch.ones(1), batch_size=[1]).set("x", torch.zeros(1)).x.tolist()
+        [0.0]
+        """
+        parts = unravel_key(self._field_key(key))
+        if len(parts) == 1:
+            self._set_field(parts[0], value, inplace)
+        else:
+            self.get(parts[0]).set(parts[1:] if len(parts) > 2 else parts[1], value, inplace=inplace)
+        return self
+
+    def set_(self: T, key: NestedKey, value: Any) -> T:
+        """Write ``value`` into the existing field ``key`` (allowed while locked); return ``self``.
+
+        Raises:
+            FieldError: ``key`` is not a field.
+            MissingKeyError: the field is unset.
+
+        >>> import torch, tdshare
+        >>> @tdshare.tensorclass
+        ... class Obs:
+        ...     x: torch.Tensor
+        >>> Obs(x=torch.ones(1), batch_size=[1]).lock_().set_("x", torch.zeros(1)).x.tolist()
+        [0.0]
+        """
+        parts = unravel_key(self._field_key(key))
+        if len(parts) == 1:
+            self._tensordict.set_(parts[0], value)
+        else:
+            self.get(parts[0]).set_(parts[1:] if len(parts) > 2 else parts[1], value)
+        return self
+
+    def update(self: T, other: Any, inplace: bool = False, **kwargs: Any) -> T:
+        """Set every field of ``other`` (an instance, a TensorDict or a mapping) on ``self``; return ``self``.
+
+        >>> import torch, tdshare
+        >>> @tdshare.tensorclass
+        ... class Obs:
+        ...     x: torch.Tensor
+        >>> Obs(x=torch.ones(1), batch_size=[1]).update({"x": torch.zeros(1)}).x.tolist()
+        [0.0]
+        """
+        if kwargs:  # the keywords of TensorDict.update (clone, keys_to_update, ...): the tensordict does it
+            self._tensordict.update(other._tensordict if is_tensorclass(other) else other, inplace=inplace, **kwargs)
+            return self
+        items = other._tensordict._tensordict.items() if is_tensorclass(other) else _items(other)
+        for key, value in list(items):
+            self.set(key, value, inplace=inplace)
+        return self
+
+    # -- batch --------------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> torch.Size:
+        """The batch size (settable, like a TensorDict's)."""
+        return self._tensordict.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: Any) -> None:
+        self._tensordict.batch_size = value
+
+    @property
+    def shape(self) -> torch.Size:
+        """The batch size."""
+        return self._tensordict.batch_size
+
+    @property
+    def names(self) -> list:
+        """The names of the batch dimensions (settable)."""
+        return self._tensordict.names
+
+    @names.setter
+    def names(self, value: Any) -> None:
+        self._tensordict.names = value
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device of the fields (None: mixed or unset)."""
+        return self._tensordict.device
+
+    @property
+    def batch_dims(self) -> int:
+        """The number of batch dimensions."""
+        return self._tensordict.batch_dims
+
+    ndim = batch_dims
+
+    def dim(self) -> int:
+        """The number of batch dimensions."""
+        return self._tensordict.batch_dims
+
+    def numel(self) -> int:
+        """The number of elements of the batch."""
+        return self._tensordict.numel()
+
+    def __len__(self) -> int:
+        return len(self._tensordict)
+
+    # -- indexing -----------------------------------------------------------------------------
+    def __getitem__(self: T, idx: Any) -> Any:
+        if is_key(idx):
+            return self.get(idx)
+        return type(self)._from_tensordict(self._tensordict[idx])
+
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        if is_key(idx):
+            self.set(idx, value)
+            return
+        if is_tensorclass(value):
+            value = value._tensordict
+        self._tensordict[idx] = value
+
+    def __iter__(self: T) -> Iterator[T]:
+        for td in self._tensordict:
+            yield type(self)._from_tensordict(td)
+
+    def unbind(self: T, dim: int = 0) -> tuple[T, ...]:
+        """The instances along the batch dimension ``dim``.
+
+        >>> import torch, tdshare
+        >>> @tdshare.tensorclass
+        ... class Obs:
+        ...     x: torch.Tensor
+        >>> [o.x.item() for o in Obs(x=torch.arange(2), batch_size=[2]).unbind(0)]
+        [0, 1]
+        """
+        return tuple(type(self)._from_tensordict(td) for td in self._tensordict.unbind(dim))
+
+    # -- copies, devices, maps ------------------------------------------------------------------
+    def to(self: T, *args: Any, **kwargs: Any) -> T:
+        """Move to a device and/or cast to a dtype, like ``torch.Tensor.to`` (``self`` if nothing changes).
+
+        >>> import torch, tdshare
+        >>> @tdshare.tensorclass
+        ... class Obs:
+        ...     x: torch.Tensor
+        >>> Obs(x=torch.ones(1), batch_size=[1]).to(torch.float64).x.dtype
+        torch.float64
+        """
+        td = self._tensordict.to(*args, **kwargs)
+        return self if td is self._tensordict else type(self)._from_tensordict(td)
+
+    def cpu(self: T) -> T:
+        """``to("cpu")``."""
+        return self.to("cpu")
+
+    def clone(self: T, recurse: bool = True) -> T:
+        """A copy (``recurse=False``: the tensors are shared, only the structure is new).
+
+        >>> import torch, tdshare
+        >>> @tdshare.tensorclass
+        ... class Obs:
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.ones(1), batch_size=[1])
+        >>> obs.clone().x.data_ptr() != obs.x.data_ptr()
+        True
+        """
+        return type(self)._from_tensordict(self._tensordict.clone(recurse))
+
+    def contiguous(self: T) -> T:
+        """A copy whose tensors are contiguous."""
+        return type(self)._from_tensordict(self._tensordict.contiguous())
+
+    def apply(self: T, fn: Callable[..., Any], *others: Any, batch_size: Any = None, **kwargs: Any) -> T:
+        """A new instance with ``fn(tensor, *other_tensors)`` for every tensor (nested fields included).
+
+        >>> import torch, tdshare
+        >>> @tdshare.tensorclass
+        ... class Obs:
+        ...     x: torch.Tensor
+        >>> Obs(x=torch.ones(1), batch_size=[1]).apply(lambda t: t + 1).x.tolist()
+        [2.0]
+        """
+        tds = [o._tensordict if is_tensorclass(o) else o for o in others]
+        result = self._tensordict.apply(fn, *tds, batch_size=batch_size, **kwargs)  # the keywords of TensorDict.apply
+        return _rewrap(self, result)
+
+    def to_tensordict(self) -> TensorDict:
+        """A :class:`tdshare.TensorDict` copy of the fields (nested tensorclasses become tensordicts).
+
+        >>> import torch, tdshare
+        >>> @tdshare.tensorclass
+        ... class Obs:
+        ...     x: torch.Tensor
+        >>> type(Obs(x=torch.ones(1), batch_size=[1]).to_tensordict()).__name__
+        'TensorDict'
+        """
+        return plain_collection(self._tensordict).clone()
+
+    # -- locking and shared memory ------------------------------------------------------------
+    @property
+    def is_locked(self) -> bool:
+        """Whether structural changes (setting a field) are refused."""
+        return self._tensordict.is_locked
+
+    def lock_(self: T) -> T:
+        """Refuse setting fields from now on (in-place writes still work); return ``self``."""
+        self._tensordict.lock_()
+        return self
+
+    def unlock_(self: T) -> T:
+        """Allow setting fields again (a memory-mapped instance stops being one); return ``self``."""
+        self._tensordict.unlock_()
+        return self
+
+    def __enter__(self: T) -> T:
+        self._tensordict.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._tensordict.__exit__(*exc)
+
+    def share_memory_(self: T) -> T:
+        """Move every tensor to shared memory (in place) and lock; return ``self``.
+
+        Raises:
+            MemmapError: the instance is memory-mapped.
+        """
+        self._tensordict.share_memory_()
+        return self
+
+    def is_shared(self) -> bool:
+        """Whether the tensors are in shared memory (``share_memory_()``)."""
+        return self._tensordict.is_shared()
+
+    # -- comparison, representation, pickling, torch functions -------------------------------
+    def __eq__(self: T, other: object) -> T:  # type: ignore[override]
+        theirs = getattr(other, "_tensordict") if is_tensorclass(other) else other  # noqa: B009
+        return type(self)._from_tensordict(self._tensordict._compare(theirs, lambda a, b: a == b))
+
+    def __ne__(self: T, other: object) -> T:  # type: ignore[override]
+        theirs = getattr(other, "_tensordict") if is_tensorclass(other) else other  # noqa: B009
+        return type(self)._from_tensordict(self._tensordict._compare(theirs, lambda a, b: a != b))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __bool__(self) -> bool:
+        raise NotSupportedError(
+            f"The truth value of a {type(self).__name__} is ambiguous: use .all() or .any() (e.g. (a == b).all())."
+        )
+
+    def __repr__(self) -> str:
+        return compact_repr(self)  # the reference's compact form: Name(batch_size=[...], fields={...})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the class by its qualified name, the tensordict as its own compact pickle (leaf handles)
+        return (rebuild_tensorclass, (type(self), self._tensordict))
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.stack or func is torch.cat:
+            items = kwargs.pop("tensors", args[0] if args else None)
+            dim = kwargs.pop("dim", args[1] if len(args) > 1 else 0)
+            return combine_instances(list(items), dim, new_dim=func is torch.stack)
+        if func is torch.unbind:
+            return args[0].unbind(*args[1:], **kwargs)
+        if func is torch.where and len(args) >= 2:
+            cond, first, *rest = args
+            second = rest[0] if rest else kwargs.pop("other")
+            if is_tensorclass(first):
+                return first.where(cond, second, **kwargs)
+            return second.where(cond.logical_not(), first, **kwargs)
+        name = TORCH_FUNCTIONS.get(func)
+        if name is not None and args and is_tensorclass(args[0]):  # torch.exp(obj), torch.sum(obj, 0)...
+            return getattr(args[0], name)(*args[1:], **kwargs)
+        return NotImplemented
+
+
+def rebuild_tensorclass(cls: type[T], td: TensorDictBase) -> T:
+    """Rebuild a pickled tensorclass instance of class ``cls`` around its tensordict ``td``."""
+    return cls._from_tensordict(td)
+
+
+def _forward(tc: Any, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call a TensorDict method of ``tc``'s tensordict; a tensordict result becomes an instance again."""
+    return _rewrap(tc, method(*args, **kwargs))
+
+
+def _rewrap(tc: Any, result: Any) -> Any:
+    if result is tc._tensordict:
+        return tc
+    if isinstance(result, TensorDictBase) and all(k in type(tc).__tdshare_fields__ for k in result._tensordict):
+        return type(tc)._from_tensordict(result)
+    if isinstance(result, tuple) and result and all(isinstance(r, TensorDictBase) for r in result):
+        items = [_rewrap(tc, r) for r in result]
+        return tuple(items) if type(result) is tuple else type(result)(items)  # e.g. torch.return_types.max
+    return result
+
+
+def _items(other: Any) -> Any:
+    if isinstance(other, TensorDictBase):
+        return other._tensordict.items()
+    return dict(other).items()
+
+
+def _operator(name: str) -> Callable[..., Any]:
+    """A Python operator (``__add__``, ``__lt__``...) applied to the fields' tensordict, rewrapped."""
+
+    def method(self: Any, *args: Any) -> Any:
+        return _forward(self, getattr(self._tensordict, name), *args)
+
+    method.__name__ = name
+    method.__qualname__ = f"TensorClassOps.{name}"
+    method.__doc__ = f"``{name}`` of the fields' tensordict; a tensordict result is an instance of the class again."
+    return method
+
+
+for _name in OPERATORS:  # Python looks operators up on the class, never through __getattr__
+    setattr(TensorClassOps, _name, _operator(_name))
