@@ -29,6 +29,17 @@ from ._errors import (
     TdshareError,
     UnsupportedFormatError,
 )
+from ._functional import (
+    cat,
+    dense_stack_tds,
+    is_tensor_collection,
+    lazy_stack,
+    maybe_dense_stack,
+    merge_tensordicts,
+    pad,
+    pad_sequence,
+    stack,
+)
 from ._future import TensorDictFuture
 from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
@@ -37,6 +48,7 @@ from ._progress import TerminalProgress
 from ._settings import capture_non_tensor_stack, list_to_stack, set_capture_non_tensor_stack, set_list_to_stack
 from ._tensorclass import TensorClass, is_tensorclass, tensorclass
 from ._tensordict import TensorDict, from_consolidated, from_consolidated_parts, load, load_memmap, memmap, save
+from ._tensordict_base import TensorDictBase
 
 __version__ = "0.1.0"
 
@@ -69,25 +81,35 @@ __all__ = [
     "TdshareError",
     "TensorClass",
     "TensorDict",
+    "TensorDictBase",
     "TensorDictFuture",
     "TerminalProgress",
     "UnsupportedFormatError",
     "__version__",
     "capture_non_tensor_stack",
+    "cat",
     "compact_metadata",
     "consolidated_parts",
+    "dense_stack_tds",
     "from_consolidated",
     "from_consolidated_parts",
+    "is_tensor_collection",
     "is_tensorclass",
+    "lazy_stack",
     "list_to_stack",
     "load",
     "load_memmap",
+    "maybe_dense_stack",
     "memmap",
+    "merge_tensordicts",
     "pack_memmap",
+    "pad",
+    "pad_sequence",
     "refresh_archive_checksums",
     "save",
     "set_capture_non_tensor_stack",
     "set_list_to_stack",
+    "stack",
     "tensorclass",
     "unpack_memmap",
 ]

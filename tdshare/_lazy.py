@@ -378,20 +378,13 @@ class LazyStackedTensorDict(MemmapFamily):
             td.set_(parts, piece)
         return self
 
-    def update(self: T, input: Mapping[Any, Any] | TensorDictBase, inplace: bool = False) -> T:
-        """Set every entry of ``input`` (split along the stack dimension) into the members."""
-        items = input.items() if isinstance(input, TensorDictBase) else dict(input).items()
-        for key, value in list(items):
-            self._set(unravel_key(key), value, inplace)
-        return self
-
     def pop(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
         """Remove ``key`` from every member; return the stacked value (or ``default``)."""
         parts = unravel_key(key)
         if not all(parts in td for td in self._members):
             if default is not _NO_DEFAULT:
                 return default
-        value = self.get(parts)
+        value = self.get_non_tensor(parts)
         self.del_(parts)
         return value
 
@@ -406,23 +399,28 @@ class LazyStackedTensorDict(MemmapFamily):
     def __delitem__(self, key: NestedKey) -> None:
         self.del_(key)
 
-    def rename_key_(self: T, old: NestedKey, new: NestedKey) -> T:
+    def rename_key_(self: T, old_key: NestedKey, new_key: NestedKey, safe: bool = False) -> T:
+        """Rename the entry in every member (see ``TensorDict.rename_key_``)."""
         for td in self._members:
-            td.rename_key_(old, new)
+            td.rename_key_(old_key, new_key, safe=safe)
         return self
 
     # -- derived stacks -----------------------------------------------------------------------
     def _stack_parts(self) -> tuple[list[Any], int] | None:
         return self._members, self._stack_dim  # the shape operations work on the members
 
-    def _restack(self, members: Sequence[Any], stack_dim: int, keep_name: bool = True) -> Any:
-        out = type(self)(*members, stack_dim=stack_dim, stack_dim_name=self._stack_dim_name if keep_name else None)
+    def _restack(self, members: Sequence[Any], stack_dim: int | None = None, keep_name: bool = True) -> Any:
+        dim = self._stack_dim if stack_dim is None else stack_dim
+        out = type(self)(*members, stack_dim=dim, stack_dim_name=self._stack_dim_name if keep_name else None)
         if self._is_locked:
             out.lock_()
         return out
 
     def _like(self: T, members: Sequence[TensorDictBase]) -> T:
         return type(self)(*members, stack_dim=self._stack_dim, stack_dim_name=self._stack_dim_name)
+
+    def _lazy_members(self) -> Sequence[TensorDictBase]:
+        return self._members  # key operations run member by member (see tdshare._key_ops)
 
     def _map(
         self: T,
@@ -437,17 +435,20 @@ class LazyStackedTensorDict(MemmapFamily):
             return self._like([td._map(fn, None, keep_non_tensor=keep_non_tensor) for td in self._members])
         return self._like([td._map(fn, None, device, keep_non_tensor) for td in self._members])
 
-    def apply(self: T, fn: Callable[..., Any], *others: TensorDictBase, batch_size: Sequence[int] | None = None) -> T:
-        """A new lazy stack with ``fn`` applied member by member (``others`` unbound alike)."""
-        if batch_size is not None:
-            raise NotSupportedError("A LazyStackedTensorDict cannot change its batch size through apply().")
-        split = [o.unbind(self._stack_dim) for o in others]
-        return self._like([td.apply(fn, *(s[i] for s in split)) for i, td in enumerate(self._members)])
+    def select(self: T, *keys: NestedKey, inplace: bool = False, strict: bool = True, as_tensordict: bool = False) -> T:
+        """The members' ``select`` (see ``TensorDict.select``), stacked again (or in place)."""
+        if inplace:
+            for td in self._members:
+                td.select(*keys, inplace=True, strict=strict)
+            return self
+        return self._like([td.select(*keys, strict=strict) for td in self._members])
 
-    def select(self: T, *keys: NestedKey) -> T:
-        return self._like([td.select(*keys) for td in self._members])
-
-    def exclude(self: T, *keys: NestedKey) -> T:
+    def exclude(self: T, *keys: NestedKey, inplace: bool = False) -> T:
+        """The members' ``exclude`` (see ``TensorDict.exclude``), stacked again (or in place)."""
+        if inplace:
+            for td in self._members:
+                td.exclude(*keys, inplace=True)
+            return self
         return self._like([td.exclude(*keys) for td in self._members])
 
     def empty(self: T) -> T:
@@ -586,20 +587,6 @@ class LazyStackedTensorDict(MemmapFamily):
     make_memmap_from_tensor = make_memmap
     make_memmap_from_storage = make_memmap
 
-    # -- representation and pickling ----------------------------------------------------------
-    def __repr__(self) -> str:
-        shared = self._shared_keys()
-
-        def fields(td: TensorDictBase, keys: list[str]) -> str:
-            return ", ".join(f"{k}: {_short(td._get_leaf((k,)))}" for k in keys)
-
-        exclusive = {i: [k for k in td.keys() if k not in shared] for i, td in enumerate(self._members)}
-        extra = ", ".join(f"{i}: {{{fields(self._members[i], ks)}}}" for i, ks in exclusive.items() if ks)
-        return (
-            f"{type(self).__name__}(batch_size={list(self.batch_size)}, stack_dim={self._stack_dim}, "
-            f"fields={{{', '.join(shared)}}}, exclusive_fields={{{extra}}})"
-        )
-
     def __reduce__(self) -> tuple[Any, ...]:
         state = (
             self._members,
@@ -613,12 +600,6 @@ class LazyStackedTensorDict(MemmapFamily):
             self._generation,
         )
         return (_rebuild, (type(self), state))
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
-    return type(value).__name__
 
 
 def _rebuild(cls: type[LazyStackedTensorDict], state: tuple[Any, ...]) -> LazyStackedTensorDict:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from ._arithmetic import OPERATORS
+from ._compact_repr import compact_repr
 from ._errors import ArgumentTypeError, FieldError, FrozenFieldError, MissingKeyError, NotSupportedError
 from ._indexing import is_key
 from ._keys import NestedKey, unravel_key
@@ -296,7 +297,7 @@ class TensorClassOps(TensorClassIO):
             self.get(parts[0]).set_(parts[1:] if len(parts) > 2 else parts[1], value)
         return self
 
-    def update(self: T, other: Any, inplace: bool = False) -> T:
+    def update(self: T, other: Any, inplace: bool = False, **kwargs: Any) -> T:
         """Set every field of ``other`` (an instance, a TensorDict or a mapping) on ``self``; return ``self``.
 
         >>> import torch, tdshare
@@ -306,6 +307,9 @@ class TensorClassOps(TensorClassIO):
         >>> Obs(x=torch.ones(1), batch_size=[1]).update({"x": torch.zeros(1)}).x.tolist()
         [0.0]
         """
+        if kwargs:  # the keywords of TensorDict.update (clone, keys_to_update, ...): the tensordict does it
+            self._tensordict.update(other._tensordict if is_tensorclass(other) else other, inplace=inplace, **kwargs)
+            return self
         items = other._tensordict._tensordict.items() if is_tensorclass(other) else _items(other)
         for key, value in list(items):
             self.set(key, value, inplace=inplace)
@@ -425,7 +429,7 @@ class TensorClassOps(TensorClassIO):
         """A copy whose tensors are contiguous."""
         return type(self)._from_tensordict(self._tensordict.contiguous())
 
-    def apply(self: T, fn: Callable[..., Any], *others: Any, batch_size: Any = None) -> T:
+    def apply(self: T, fn: Callable[..., Any], *others: Any, batch_size: Any = None, **kwargs: Any) -> T:
         """A new instance with ``fn(tensor, *other_tensors)`` for every tensor (nested fields included).
 
         >>> import torch, tdshare
@@ -436,7 +440,8 @@ class TensorClassOps(TensorClassIO):
         [2.0]
         """
         tds = [o._tensordict if is_tensorclass(o) else o for o in others]
-        return type(self)._from_tensordict(self._tensordict.apply(fn, *tds, batch_size=batch_size))
+        result = self._tensordict.apply(fn, *tds, batch_size=batch_size, **kwargs)  # the keywords of TensorDict.apply
+        return _rewrap(self, result)
 
     def to_tensordict(self) -> TensorDict:
         """A :class:`tdshare.TensorDict` copy of the fields (nested tensorclasses become tensordicts).
@@ -503,25 +508,7 @@ class TensorClassOps(TensorClassIO):
         )
 
     def __repr__(self) -> str:
-        lines = []
-        for name in type(self).__tdshare_fields__:
-            leaf = self._tensordict._tensordict.get(name)
-            if isinstance(leaf, torch.Tensor):
-                body = (
-                    f"{type(leaf).__name__}(shape={leaf.shape}, device={leaf.device}, dtype={leaf.dtype}, "
-                    f"is_shared={leaf.is_shared()})"
-                )
-            elif isinstance(leaf, NonTensorData):
-                body = repr(leaf.data)
-            else:
-                body = repr(leaf).replace("\n", "\n    ")
-            lines.append(f"    {name}={body},")
-        fields = "\n".join(lines)
-        td = self._tensordict
-        return (
-            f"{type(self).__name__}(\n{fields}\n    batch_size={td.batch_size},\n    device={td.device},\n"
-            f"    is_shared={td.is_shared()})"
-        )
+        return compact_repr(self)  # the reference's compact form: Name(batch_size=[...], fields={...})
 
     def __reduce__(self) -> tuple[Any, ...]:
         # the class by its qualified name, the tensordict as its own compact pickle (leaf handles)

@@ -16,9 +16,11 @@ from typing import Any, TypeGuard, TypeVar
 
 import torch
 
+from ._apply import ApplyOps
 from ._arithmetic import ArithmeticOps
 from ._combine import CombineOps
 from ._consolidate import ConsolidateOps
+from ._conversions import ConversionOps
 from ._dataloader import LoaderOps
 from ._errors import (
     ArgumentTypeError,
@@ -31,15 +33,19 @@ from ._errors import (
 )
 from ._format import LEVEL, TD_TYPE
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
+from ._key_ops import KeyOps
 from ._keys import NestedKey, unravel_key
 from ._lazy_leaves import raw_items, raw_values, rebuilt
+from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData, NonTensorStack, assign_elements
+from ._pad import PadOps
 from ._pointwise import PointwiseOps
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_leaf, encode_leaf
 from ._settings import list_to_stack
 from ._shape_ops import ShapeOps
+from ._updates import UpdateOps
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
 
@@ -55,6 +61,12 @@ _LOCKED_MSG = (
 
 class TensorDictBase(
     ShapeOps,
+    KeyOps,
+    UpdateOps,
+    ConversionOps,
+    ApplyOps,
+    NnOps,
+    PadOps,
     ReduceOps,
     ArithmeticOps,
     PointwiseOps,
@@ -108,8 +120,8 @@ class TensorDictBase(
         # anonymous memory-mapped trees: (runtime store path, this level's key from the root)
         self._anon_store: tuple[str, tuple[str, ...]] | None = None
         self._registry: Any = None  # (folder, SharedRegistry) held while this tensordict lives
-        self._last_op: list[str | None] = []  # the latest lock_/unlock_ (None: it changed nothing)
-        self._op_queue: list[str | None] = []  # the ops of the open ``with`` blocks
+        self._last_op: list[Any] = []  # the latest lock_/unlock_ (None: it changed nothing)
+        self._op_queue: list[Any] = []  # the ops of the open ``with`` blocks
 
     @classmethod
     def _level_class(cls) -> type[TensorDictBase]:
@@ -242,6 +254,8 @@ class TensorDictBase(
             self.lock_()
         elif op == "lock_":
             self.unlock_()
+        elif callable(op):  # an undo action (e.g. to_module's swap puts the old values back)
+            op()
         self._last_op.clear()
 
     def _propagate(self, fn: Callable[[TensorDictBase], None]) -> None:
@@ -274,27 +288,35 @@ class TensorDictBase(
         return node
 
     def get(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
-        """The value at ``key`` (a non-tensor leaf gives its value), or ``default`` if given."""
-        leaf = self._get_leaf(unravel_key(key), default)
-        return leaf.data if isinstance(leaf, NonTensorData) else leaf
+        """The entry at ``key`` as stored, or ``default`` if given and ``key`` is missing.
+
+        As in the reference, a non-tensor entry comes back as its ``NonTensorData`` (or
+        ``NonTensorStack``); ``td[key]`` and :meth:`get_non_tensor` give the value itself.
+
+        Raises:
+            MissingKeyError: ``key`` is missing and no default is given.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(s="x")
+        >>> type(td.get("s")).__name__, td["s"], td.get("zz", 0)
+        ('NonTensorData', 'x', 0)
+        """
+        return self._get_leaf(unravel_key(key), default)
 
     def get_non_tensor(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
-        """The value of the non-tensor entry ``key`` (as :meth:`get`)."""
-        return self.get(key, default)
+        """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``)."""
+        leaf = self.get(key) if default is _NO_DEFAULT else self.get(key, default)  # subclasses have own markers
+        return leaf.data if isinstance(leaf, NonTensorData) else leaf
 
     def __getitem__(self, idx: Any) -> Any:
         if is_key(idx):
-            return self.get(idx)
+            return self.get_non_tensor(idx)
         return self._index(idx)
 
     def __contains__(self, key: object) -> bool:
         if not is_key(key):
             raise KeyTypeError(f"Keys must be strings or tuples of strings, got {type(key).__name__} {key!r}.")
         return self._get_leaf(unravel_key(key), None) is not None
-
-    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list:
-        """The keys, in insertion order; nested keys are tuples when ``include_nested``."""
-        return list(self._iter_keys(include_nested, leaves_only))
 
     def _iter_keys(self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()) -> Iterator[Any]:
         """The keys of :meth:`_iter_items`, without reading any value (a lazy stack's would be stacked)."""
@@ -316,24 +338,33 @@ class TensorDictBase(
             elif (inner := wrapped_collection(leaf)) is not None:  # a tensorclass entry
                 yield from inner._stored_tensors()
 
-    def items(self, include_nested: bool = False, leaves_only: bool = False) -> Iterator[tuple[Any, Any]]:
+    def items(
+        self, include_nested: bool = False, leaves_only: bool = False, is_leaf: Any = None, *, sort: bool = False
+    ) -> Iterator[tuple[Any, Any]]:
         """Iterate over ``(key, value)`` pairs; a non-tensor leaf gives its value.
 
         Args:
             include_nested: also yield the entries of nested tensordicts, under tuple keys.
             leaves_only: leave out nested tensordicts themselves.
+            is_leaf, sort: as in :meth:`keys`.
 
         >>> from tdshare import TensorDict
         >>> td = TensorDict(a=torch.zeros(2), n={"b": torch.ones(2)}, batch_size=[2])
         >>> [k for k, _ in td.items(include_nested=True, leaves_only=True)]
         ['a', ('n', 'b')]
         """
+        if is_leaf is not None or sort:
+            for key in self.keys(include_nested, leaves_only, is_leaf, sort=sort):
+                yield key, self.get_non_tensor(key)
+            return
         for key, leaf in self._iter_items(include_nested, leaves_only):
             yield key, leaf.data if isinstance(leaf, NonTensorData) else leaf
 
-    def values(self, include_nested: bool = False, leaves_only: bool = False) -> Iterator[Any]:
+    def values(
+        self, include_nested: bool = False, leaves_only: bool = False, is_leaf: Any = None, *, sort: bool = False
+    ) -> Iterator[Any]:
         """Iterate over the values (as :meth:`items`, without the keys)."""
-        for _, value in self.items(include_nested, leaves_only):
+        for _, value in self.items(include_nested, leaves_only, is_leaf, sort=sort):
             yield value
 
     def _iter_items(
@@ -459,32 +490,6 @@ class TensorDictBase(
         """Hook for subclasses that persist non-tensor writes."""
         leaf.data = value
 
-    def update(self: T, input: Mapping[Any, Any] | TensorDictBase, inplace: bool = False) -> T:
-        """Set every entry of ``input`` (a mapping or a tensordict), merging nested levels; return self.
-
-        Args:
-            input: the entries to set.
-            inplace: write into existing entries instead of replacing them.
-
-        Raises:
-            LockedError: a new entry on a locked tensordict.
-            BatchSizeError: a value whose leading dims disagree with the batch size.
-        """
-        for key, value in _items_of(input):
-            parts = unravel_key(key)
-            current = self._get_leaf(parts, None)
-            if isinstance(current, TensorDictBase) and isinstance(value, (Mapping, TensorDictBase)):
-                current.update(value, inplace=inplace)
-            else:
-                self._set(parts, value, inplace=inplace)
-        return self
-
-    def update_(self: T, input: Mapping[Any, Any] | TensorDictBase) -> T:
-        """Write every entry of ``input`` into the existing entries (allowed while locked)."""
-        for key, value in _items_of(input):
-            self.set_(key, value)
-        return self
-
     def _set_at(self, idx: Any, value: Any) -> None:
         idx = normalize_index(idx, self.batch_dims)
         if isinstance(value, (Mapping, TensorDictBase)):
@@ -556,21 +561,6 @@ class TensorDictBase(
     def __delitem__(self, key: NestedKey) -> None:
         self.pop(key)
 
-    def rename_key_(self: T, old: NestedKey, new: NestedKey) -> T:
-        """Move the entry ``old`` to ``new``; return self.
-
-        Raises:
-            MissingKeyError: ``old`` is missing.
-            LockedError: the tensordict is locked.
-        """
-        value = self._get_leaf(unravel_key(old))
-        self._check_unlocked(str(old))
-        if unravel_key(old) == unravel_key(new):
-            return self
-        self._set(unravel_key(new), value)
-        self.pop(old)
-        return self
-
     # -- derived tensordicts ------------------------------------------------------------------
     def _index(self: T, idx: Any) -> T:
         idx = normalize_index(idx, self.batch_dims)
@@ -618,34 +608,6 @@ class TensorDictBase(
         dev = self._device if device is _NO_DEFAULT else device
         return type(self)._from_leaves(leaves, self._batch_size if batch_size is None else batch_size, dev, self._names)
 
-    def apply(self: T, fn: Callable[..., Any], *others: TensorDictBase, batch_size: Sequence[int] | None = None) -> T:
-        """A new tensordict with ``fn(leaf, *other_leaves)`` for every tensor leaf."""
-        if not others:
-            return self._map(fn, None if batch_size is None else as_size(batch_size))
-        out = self._map(lambda t: t, None)
-        for key, leaf in self._iter_items(True, True):
-            if isinstance(leaf, torch.Tensor):
-                parts = unravel_key(key)
-                value = fn(leaf, *(o._get_leaf(parts) for o in others))
-                if value is None:
-                    out.pop(parts)  # like the one-tensordict form: None drops the entry
-                else:
-                    _put(out, parts, value)
-        if batch_size is not None:
-            out.batch_size = as_size(batch_size)
-        return out
-
-    def apply_(self: T, fn: Callable[[torch.Tensor], torch.Tensor]) -> T:
-        """Replace every tensor leaf's values with ``fn(leaf)``, in place; return self.
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.ones(2), batch_size=[2]).apply_(lambda t: t * 3)["a"].tolist()
-        [3.0, 3.0]
-        """
-        for leaf in self._stored_tensors():
-            leaf.copy_(fn(leaf))
-        return self
-
     def to(self: T, *args: Any, **kwargs: Any) -> T:
         """Move to a device and/or cast to a dtype, like ``torch.Tensor.to``."""
         device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
@@ -677,28 +639,6 @@ class TensorDictBase(
     def empty(self: T) -> T:
         """A tensordict with the same batch size, device and names, and no entries."""
         return type(self)._from_leaves({}, self._batch_size, self._device, self._names)
-
-    def select(self: T, *keys: NestedKey) -> T:
-        """A new tensordict with only the entries ``keys`` (the leaves are shared, not copied).
-
-        Raises:
-            MissingKeyError: a key that is missing.
-        """
-        out = self.empty()
-        for key in keys:
-            _put(out, unravel_key(key), self._get_leaf(unravel_key(key)))
-        return out
-
-    def exclude(self: T, *keys: NestedKey) -> T:
-        """A new tensordict without the entries ``keys`` (missing keys are ignored; leaves shared)."""
-        out = self.clone(recurse=False)
-        for key in keys:
-            out.pop(key, None)
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """A plain (nested) dict of the entries; non-tensor leaves give their values."""
-        return {k: (v.to_dict() if isinstance(v, TensorDictBase) else v) for k, v in self.items()}
 
     def zero_(self: T) -> T:
         """Fill every tensor leaf with zeros, in place; return self."""
@@ -747,25 +687,6 @@ class TensorDictBase(
         return self._is_shared
 
     # -- representation and pickling ----------------------------------------------------------
-    def __repr__(self) -> str:
-        lines = []
-        for key, leaf in self._tensordict.items():
-            if isinstance(leaf, TensorDictBase):
-                body = repr(leaf).replace("\n", "\n        ")
-            elif isinstance(leaf, NonTensorData):
-                body = repr(leaf)
-            else:
-                body = (
-                    f"{type(leaf).__name__}(shape={leaf.shape}, device={leaf.device}, "
-                    f"dtype={leaf.dtype}, is_shared={leaf.is_shared()})"
-                )
-            lines.append(f"        {key}: {body}")
-        fields = ",\n".join(lines)
-        return (
-            f"{type(self).__name__}(\n    fields={{\n{fields}}},\n    batch_size={self._batch_size},\n"
-            f"    device={self._device},\n    is_shared={self._is_shared})"
-        )
-
     def __reduce__(self) -> tuple[Any, ...]:
         # memory-mapped leaves travel as compact handles (see _reductions), never as bytes
         prefix = self._memmap_prefix
@@ -794,17 +715,6 @@ def _items_of(value: Mapping[Any, Any] | TensorDictBase) -> Iterator[tuple[Any, 
     if isinstance(value, TensorDictBase):
         return iter(list(value._tensordict.items()))
     return iter(list(value.items()))
-
-
-def _put(td: TensorDictBase, parts: tuple[str, ...], value: Any) -> None:
-    node = td
-    for part in parts[:-1]:
-        nxt = node._tensordict.get(part)
-        if not isinstance(nxt, TensorDictBase):
-            nxt = type(td)._from_leaves({}, node._batch_size, node._device, node._names)
-            node._tensordict[part] = nxt
-        node = nxt
-    node._tensordict[parts[-1]] = value
 
 
 def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:

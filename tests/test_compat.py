@@ -106,8 +106,10 @@ def describe(td: Any) -> dict:
         is_ref_td = tensordict.is_tensor_collection(v) and not tensordict.is_non_tensor(v)
         if isinstance(v, tdshare.TensorDict) or is_ref_td:
             entries[key] = describe(v)
-        elif isinstance(v, tensordict.NonTensorStack):
+        elif isinstance(v, (tensordict.NonTensorStack, tdshare.NonTensorStack)):
             entries[key] = ("non-tensor", value_desc(v.tolist()))
+        elif isinstance(v, tdshare.NonTensorData):  # get() gives the wrapper, as the reference's does
+            entries[key] = ("non-tensor", value_desc(v.data))
         elif tensordict.is_non_tensor(v):
             entries[key] = ("non-tensor", value_desc(v.data))
         elif isinstance(v, torch.Tensor):

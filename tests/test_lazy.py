@@ -146,7 +146,7 @@ def test_dense_conversion_equality_repr_pickle() -> None:
     assert not (ls == dense.apply(lambda t: t + 1)).any()
     assert (ls != 0).tensordicts[0]["x"].tolist() == [False, True, True]
     text = repr(_stack())
-    assert "stack_dim=0" in text and "exclusive_fields" in text and "y: int64[3]" in text
+    assert "stack_dim=0" in text and "exclusive_fields={0: {y: i64[]}, 1: {z: f32[]}}" in text and "x: f32[-1]" in text
     back = pickle.loads(pickle.dumps(ls))
     assert isinstance(back, LazyStackedTensorDict) and back.stack_dim == 1 and back["x"].tolist() == ls["x"].tolist()
     with pytest.raises((tdshare.NotSupportedError, tdshare.MissingKeyError)):

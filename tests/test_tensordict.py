@@ -553,11 +553,8 @@ def test_batch_size_setter() -> None:
 
 
 def test_repr() -> None:
-    text = repr(make())
-    assert text.startswith("TensorDict(") and "batch_size=torch.Size([3])" in text
-    pieces = ["a: Tensor(shape=torch.Size([3, 2])", "dtype=torch.float32", "s: NonTensorData", "'x'"]
-    assert all(p in text for p in [*pieces, "c: Tensor", "device=None", "is_shared=False"])
-    assert text.index("c: Tensor") > text.index("n: TensorDict(")
+    # the compact form of tensordict 0.15.3 (tests/test_key_ops.py compares many cases with it)
+    assert repr(make()) == "TensorDict(batch_size=[3], fields={a: f32[2], n: {c: i64[], d: f32[1]}, s: str})"
 
 
 @pytest.mark.parametrize("locked", [True, False])
@@ -580,7 +577,8 @@ def test_pickle_round_trip(locked: bool) -> None:
 def test_non_tensor_leaves() -> None:
     obj = object()
     td = TensorDict(s="hello", obj=obj, lst=["x", "y"], num=[1, 2], nt=NonTensorData("wrapped"), batch_size=[2])
-    assert td["s"] == "hello" and td.get("obj") is obj and td["lst"] == ["x", "y"] and td["nt"] == "wrapped"
+    assert td["s"] == "hello" and td["obj"] is obj and td["lst"] == ["x", "y"] and td["nt"] == "wrapped"
+    assert td.get("obj").data is obj  # get() gives the NonTensorData, as the reference's does
     # as the reference: a list of numbers is a tensor, any other list one non-tensor value per element
     assert isinstance(td["num"], torch.Tensor) and td["num"].tolist() == [1, 2]
     assert isinstance(td._tensordict["lst"], NonTensorStack) and td[1]["lst"] == "y"

@@ -1,0 +1,259 @@
+"""Copies and updates of every tensor collection: ``copy``, ``copy_``, ``update`` (with the
+reference's ``keys_to_update``, ``clone``, ``ignore_lock``, ``update_batch_size``), ``update_``
+and ``update_at_``.  A mixin of :class:`tdshare._tensordict_base.TensorDictBase`; a lazy stack's
+writes go into its members through its ``_set``/``set_``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from ._errors import ArgumentTypeError, BatchSizeError, MissingKeyError
+from ._key_ops import inner_collection, is_node
+from ._keys import NestedKey, unravel_key
+from ._nodes import kind_of
+from ._nontensor import NonTensorData
+
+__all__ = ["UpdateOps"]
+
+T = TypeVar("T", bound="UpdateOps")
+
+
+class UpdateOps:
+    """Copies and updates; the host class provides the storage and accessors."""
+
+    def copy(self: T) -> T:
+        """A shallow copy: a new structure over the same leaves (``clone(recurse=False)``).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
+        >>> td.copy()["a"] is td["a"]
+        True
+        """
+        td: Any = self
+        return td.clone(recurse=False)
+
+    def copy_(self: T, tensordict: Any, non_blocking: bool = False) -> T:
+        """Write every entry of ``tensordict`` into this one's existing entries (``update_``); return self.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
+        >>> td.copy_(TensorDict(a=torch.ones(2), batch_size=[2]))["a"].tolist()
+        [1.0, 1.0]
+        """
+        td: Any = self
+        td.update_(tensordict, non_blocking=non_blocking)
+        return self
+
+    def update(
+        self: T,
+        input_dict_or_td: Any = None,
+        clone: bool = False,
+        inplace: bool = False,
+        *,
+        non_blocking: bool = False,
+        keys_to_update: Sequence[NestedKey] | None = None,
+        is_leaf: Any = None,
+        update_batch_size: bool = False,
+        ignore_lock: bool = False,
+        **kwargs: Any,
+    ) -> T:
+        """Set every entry of ``input_dict_or_td`` (and of ``kwargs``), merging nested levels; return self.
+
+        Args:
+            input_dict_or_td: a mapping or a tensordict (None: only ``kwargs``).
+            clone: copy the values before setting them.
+            inplace: write into existing entries instead of replacing them.
+            non_blocking: accepted for compatibility (cpu copies are synchronous).
+            keys_to_update: only these keys (and the entries below them) are set.
+            is_leaf: ignored beyond the default.
+            update_batch_size: take the batch size of a tensordict source too.
+            ignore_lock: set entries even though the tensordict is locked.
+            **kwargs: more entries to set.
+
+        Raises:
+            LockedError: a new entry on a locked tensordict (without ``ignore_lock``).
+            BatchSizeError: a value whose leading dims disagree with the batch size.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
+        >>> td.update({"b": torch.ones(2)}, keys_to_update=["b"]).keys()
+        ['a', 'b']
+        """
+        td: Any = self
+        selected = _key_filter(keys_to_update)
+        if ignore_lock and td.is_locked:
+            with td.unlock_():
+                return td.update(
+                    input_dict_or_td,
+                    clone,
+                    inplace,
+                    keys_to_update=keys_to_update,
+                    update_batch_size=update_batch_size,
+                    **kwargs,
+                )
+        source = input_dict_or_td
+        if is_node(source) and td.batch_size[: source.batch_dims] != source.batch_size[: td.batch_dims]:
+            if not update_batch_size:
+                raise BatchSizeError(
+                    f"update() got a source with batch size {list(source.batch_size)} for a destination with batch "
+                    f"size {list(td.batch_size)}. Pass update_batch_size=True to replace the batch size."
+                )
+            if inplace:
+                raise BatchSizeError(
+                    "update(update_batch_size=True, inplace=True): the batch sizes differ, so the entries cannot be "
+                    "written in place; pass inplace=False."
+                )
+        if update_batch_size and is_node(source) and td._lazy_members() is None:
+            td._batch_size = torch.Size([])  # the entries are replaced one by one, then the new size is set
+            for key in [k for k in td.keys() if not is_node(td._get_leaf((k,)))]:
+                td._tensordict.pop(key)
+            td._batch_size = source.batch_size
+        for key, value in _items_of(input_dict_or_td, kwargs):
+            parts = unravel_key(key)
+            if not selected(parts):
+                continue
+            current = td._get_leaf(parts, None)
+            if (
+                is_node(current)
+                and (isinstance(value, Mapping) or is_node(value))
+                and not isinstance(value, NonTensorData)
+            ):
+                sub = [k[len(parts) :] for k in map(unravel_key, keys_to_update or ()) if k[: len(parts)] == parts]
+                current.update(
+                    value,
+                    clone,
+                    inplace,
+                    keys_to_update=[k for k in sub if k] or None,
+                    update_batch_size=update_batch_size,
+                )
+                continue
+            td._set(parts, _cloned(value) if clone else value, inplace=inplace)
+        return self
+
+    def update_(
+        self: T,
+        input_dict_or_td: Any = None,
+        clone: bool = False,
+        *,
+        non_blocking: bool = False,
+        keys_to_update: Sequence[NestedKey] | NestedKey | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """Write every entry of ``input_dict_or_td`` into the existing entries (allowed while locked).
+
+        Args:
+            input_dict_or_td: a mapping or a tensordict (nested levels are written into).
+            clone: accepted for compatibility (values are copied into the entries anyway).
+            non_blocking: accepted for compatibility.
+            keys_to_update: only these keys (a key or a sequence of keys).
+            **kwargs: more entries to write.
+
+        Raises:
+            MissingKeyError: an entry of the input that this tensordict lacks.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2]).lock_()
+        >>> td.update_({"a": torch.ones(2)})["a"].tolist()
+        [1.0, 1.0]
+        """
+        td: Any = self
+        if isinstance(keys_to_update, (str, tuple)):
+            keys_to_update = [keys_to_update]
+        selected = _key_filter(keys_to_update)
+        for key, value in _leaf_items(input_dict_or_td, kwargs):
+            if selected(key):
+                if td._get_leaf(key, None) is None:
+                    raise MissingKeyError(
+                        f"update_: key {key!r} was not found in the tensordict; update_ writes into existing entries, "
+                        "use update() to add it."
+                    )
+                td.set_(key, value)
+        return self
+
+    def update_at_(
+        self: T,
+        input_dict_or_td: Any,
+        idx: Any,
+        clone: bool = False,
+        *,
+        non_blocking: bool = False,
+        keys_to_update: Sequence[NestedKey] | None = None,
+    ) -> T:
+        """Write every entry of ``input_dict_or_td`` at index ``idx`` of the existing entries; return self.
+
+        Args:
+            input_dict_or_td: a mapping or a tensordict of the values at ``idx``.
+            idx: an index of the batch dims.
+            clone: accepted for compatibility.
+            non_blocking: accepted for compatibility.
+            keys_to_update: only these keys.
+
+        Raises:
+            MissingKeyError: an entry of the input that this tensordict lacks.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(3), batch_size=[3])
+        >>> td.update_at_({"a": torch.ones(())}, 1)["a"].tolist()
+        [0.0, 1.0, 0.0]
+        """
+        td: Any = self
+        selected = _key_filter(keys_to_update)
+        for key, value in _leaf_items(input_dict_or_td, {}):
+            if not selected(key):
+                continue
+            target = td._get_leaf(key, None)
+            if target is None:
+                raise MissingKeyError(f"update_at_: key {key!r} is not in the tensordict; add it first.")
+            if isinstance(target, NonTensorData):
+                continue
+            target[idx] = value
+        return self
+
+
+def _cloned(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) or is_node(value):
+        return value.clone()
+    return value
+
+
+def _items_of(source: Any, kwargs: Mapping[str, Any]) -> list[tuple[Any, Any]]:
+    if source is None:
+        items: list[tuple[Any, Any]] = []
+    elif is_node(source):
+        items = [(k, source._get_leaf((k,))) for k in source.keys()]
+    elif kind_of(source) is not None and kind_of(source).unwrap is not None:  # type: ignore[union-attr]
+        inner = kind_of(source).unwrap(source)[0]  # type: ignore[union-attr, misc]
+        items = [(k, inner._get_leaf((k,))) for k in inner.keys()]
+    elif isinstance(source, Mapping):
+        items = list(source.items())
+    else:
+        raise ArgumentTypeError(f"update takes a mapping or a tensordict, got {type(source).__name__}.")
+    return items + list(kwargs.items())
+
+
+def _leaf_items(source: Any, kwargs: Mapping[str, Any]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(nested key, value) for every leaf of a mapping or tensordict source."""
+    for key, value in _items_of(source, kwargs):
+        parts = unravel_key(key)
+        inner = inner_collection(value)
+        if inner is not None or (isinstance(value, Mapping) and not isinstance(value, NonTensorData)):
+            for sub, leaf in _leaf_items(inner if inner is not None else value, {}):
+                yield (*parts, *sub), leaf
+        else:
+            yield parts, value
+
+
+def _key_filter(keys: Sequence[NestedKey] | None) -> Callable[[tuple[str, ...]], bool]:
+    """Whether a nested key is selected: it is one of ``keys``, above one or below one (None: all)."""
+    if keys is None:
+        return lambda parts: True
+    wanted = [unravel_key(k) for k in keys]
+
+    def selected(parts: tuple[str, ...]) -> bool:
+        return any(parts[: len(w)] == w or w[: len(parts)] == parts for w in wanted)
+
+    return selected
