@@ -45,6 +45,7 @@ LAYERS: dict[str, list[str]] = {
     "model": ["_nontensor", "_shared_nontensor", "_reductions", "_combine", "_tensordict_base", "_nodes", "_future"],
     "io": ["_plan", "_write", "_archive", "_read", "_entries", "_refresh", "_save"],
     "api": [
+        "_map",
         "_memmap_family",
         "_tensordict",
         "_lazy",
