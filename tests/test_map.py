@@ -113,18 +113,28 @@ def same_values(ours: Any, theirs: Any) -> None:
 
 
 def children() -> set[int]:
-    """Our live descendants, but for multiprocessing's long-lived helpers (forkserver, resource tracker)."""
+    """Our live descendants, but for multiprocessing's long-lived helpers (forkserver, resource tracker).
+
+    A forkserver's workers are its children and share its command line, so only our own direct
+    children are told apart by it.
+    """
+    helpers = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
     out = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and not any(
-                "multiprocessing.forkserver" in part or "multiprocessing.resource_tracker" in part
-                for part in p.cmdline()
-            ):
-                out.add(p.pid)
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if p.ppid() == os.getpid() and any(h in part for part in p.cmdline() for h in helpers):
+                continue
+            out.add(p.pid)
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def torch_shm(pids: set[int]) -> set[str]:
+    """The shared-memory files torch made in /dev/shm for these processes (it names them by pid)."""
+    return {name for name in os.listdir("/dev/shm") if any(name.startswith(f"torch_{pid}_") for pid in pids)}
 
 
 @pytest.fixture(scope="module", params=METHODS)
@@ -376,14 +386,15 @@ def test_replaced_workers_get_new_seeds() -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_map_iter_left_early_leaves_no_worker(method: str) -> None:
     td = TensorDict(a=torch.arange(100), b=torch.zeros(100, 8), batch_size=[100])
-    shm_before, before = set(os.listdir("/dev/shm")), children()
+    before = children()
     it = td.map_iter(add_one, num_workers=2, chunksize=1, generator=torch.Generator(), mp_start_method=method)
     first = next(it)
     assert first["a"].tolist() == [1]
-    assert len(children() - before) >= 2
+    workers = children() - before
+    assert len(workers) >= 2
     it.close()  # what breaking out of the loop and dropping the iterator does
     assert children() == before
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert torch_shm({os.getpid(), *workers}) == set()  # descriptors only, nothing named left behind
     with pytest.raises(ValueError, match=r"fn failed"):
         td.map(fails, num_workers=2, generator=torch.Generator(), mp_start_method=method)
     assert children() == before
