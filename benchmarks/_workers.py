@@ -16,7 +16,17 @@ from typing import Any
 import psutil
 import torch
 
-__all__ = ["MappedColumns", "identity", "loader_worker", "noop", "pipe_waiter", "read_one", "registry_waiter"]
+__all__ = [
+    "MappedColumns",
+    "identity",
+    "loader_worker",
+    "map_add_one",
+    "noop",
+    "pipe_waiter",
+    "plain_add_one",
+    "read_one",
+    "registry_waiter",
+]
 
 
 def noop(conn: Connection) -> None:
@@ -172,3 +182,24 @@ def pipe_waiter(wake: int, rounds: int, conn: Connection) -> None:
         os.read(wake, 1)
         conn.send(time.perf_counter())
     conn.close()
+
+
+def _plus_one(t: torch.Tensor) -> torch.Tensor:
+    return t + 1
+
+
+def map_add_one(chunk: Any) -> Any:
+    """The ``map`` workload's function, for either library: one more in every leaf of the chunk."""
+    return chunk.apply(_plus_one)
+
+
+def plain_add_one(spec: list[tuple[str, tuple[int, ...], str]], start: int, end: int) -> list[torch.Tensor]:
+    """The ``map`` limit: rows ``start:end`` of the raw files (path, shape, dtype name), plus one."""
+    out = []
+    for path, shape, dtype_name in spec:
+        n = 1
+        for s in shape:
+            n *= s
+        column = torch.from_file(path, shared=True, size=n, dtype=getattr(torch, dtype_name)).view(shape)
+        out.append(column[start:end] + 1)
+    return out

@@ -37,6 +37,7 @@ from ._common import (
     require,
     run_interleaved,
 )
+from .map_rows import map_rows
 
 __all__ = [
     "GROUPS",
@@ -1339,4 +1340,5 @@ GROUPS: dict[str, tuple[Group, bool]] = {
     "loader": (loader, False),
     "dataloader": (dataloader, False),
     "consolidate": (consolidate, False),
+    "map": (map_rows, False),
 }

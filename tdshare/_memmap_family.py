@@ -30,6 +30,7 @@ from ._errors import NotMemmapError, NotSupportedError
 from ._files import no_data_error
 from ._future import TensorDictFuture
 from ._keys import NestedKey
+from ._map import MapOps
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
 from ._options import SaveOptions
@@ -45,7 +46,10 @@ T = TypeVar("T", bound="MemmapFamily")
 PathLike = str | os.PathLike
 
 
-class MemmapFamily(TensorDictBase):
+class MemmapFamily(
+    MapOps,  # map, map_iter
+    TensorDictBase,
+):
     """The memory-mapping, saving and loading methods of every tensor collection class.
 
     >>> import tempfile, torch

@@ -50,3 +50,11 @@ def test_dataloader_workers(tmp_path: Path) -> None:
     assert int(match.group(1)) < 2048  # a handle, not the data
     total = sum(range(10_000 * 8))
     assert f"2 workers read all 10000 rows; sum of obs = {total}" in out
+
+
+@pytest.mark.timeout(180)
+def test_map_chunks(tmp_path: Path) -> None:
+    out = _run("map_chunks.py", tmp_path)
+    assert "map: 100000 rows, max obs 1.0" in out
+    assert "out filled by the workers: True" in out
+    assert "map_iter: stopped after 3 batches of 10000; workers left: 0" in out
