@@ -247,3 +247,53 @@ def test_meta_is_json(tmp_path: Path) -> None:
     path = _tree(tmp_path)
     TensorDict(a=torch.zeros(3), batch_size=[3]).save(path)
     assert json.loads((path / "meta.json").read_text())["a"]["shape"] == [3]
+
+
+# -- 3. strict loading -----------------------------------------------------------------------------
+def _edit_meta(path: Path, edit: Any) -> None:
+    meta = json.loads((path / "meta.json").read_text())
+    edit(meta)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda m: m.update(a=[3]), r"the entry 'a' must be a JSON object .* found list"),
+        (lambda m: m.update(a="torch.float32"), r"the entry 'a' must be a JSON object .* found str"),
+        (lambda m: m.update(a=m["a"] | {"dtyp": m["a"].pop("dtype")}), r"the leaf entry 'a' has no 'dtype' field"),
+        (lambda m: m.update(a={"shape": [3]}), r"the leaf entry 'a' has no 'dtype' field"),
+        (lambda m: m.update(a={}), r"the leaf entry 'a' has no 'dtype' and no 'shape' field"),
+        (lambda m: m.update(n={"type": 7}), r"the 'type' of the nested entry 'n' must be a string"),
+        (lambda m: m.update(a=m["a"] | {"shape": [3, 2.0]}), r"the shape of 'a' must be a list"),
+    ],
+)
+def test_malformed_entries_raise_naming_file_and_key(tmp_path: Path, edit: Any, match: str) -> None:
+    path = _tree(tmp_path)
+    _edit_meta(path, edit)
+    with pytest.raises(tdshare.CorruptDataError, match=match) as info:
+        TensorDict.load_memmap(path)
+    assert str(path / "meta.json") in str(info.value)
+
+
+def test_deeply_nested_meta_json_is_a_format_error(tmp_path: Path) -> None:
+    path = _tree(tmp_path)
+    (path / "n" / "meta.json").write_text('{"x": ' * 100_000 + "1" + "}" * 100_000)
+    with pytest.raises(tdshare.CorruptDataError, match=r"n/meta\.json nests its JSON too deeply"):
+        TensorDict.load_memmap(path)
+
+
+def test_truncated_leaf_is_refused_and_longer_reference_leaf_allowed(tmp_path: Path) -> None:
+    import tensordict
+
+    path = _tree(tmp_path)
+    with open(path / "a.memmap", "r+b") as f:
+        f.truncate(8)
+    with pytest.raises(tdshare.CorruptDataError, match=r"a\.memmap' holds 8 bytes .* expects 12 .* truncated"):
+        TensorDict.load_memmap(path)
+    # the format allows a longer file: tensordict 0.15.3 re-saves over one without truncating it
+    ref = tmp_path / "ref"
+    tensordict.TensorDict(a=torch.arange(10.0), batch_size=[10]).memmap(ref)
+    tensordict.TensorDict(a=torch.ones(2), batch_size=[2]).memmap(ref)
+    assert (ref / "a.memmap").stat().st_size == 40
+    assert TensorDict.load_memmap(ref)["a"].tolist() == tensordict.TensorDict.load_memmap(ref)["a"].tolist()
