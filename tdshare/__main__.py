@@ -7,22 +7,24 @@ folder or archive from its metadata alone (nothing is unpickled, no payload is r
 CRC-32) and unpickles nothing unless ``--allow-pickle`` is given, ``status PATH`` prints where a
 saved folder's lock and generation counter are and the generation, ``gc`` removes the runtime
 folders of anonymous tensordicts whose processes are gone and the control files of trees that no
-longer exist.
+longer exist, and ``gc PATH...`` also the debris that killed writers left in or beside each saved
+folder or archive (staging folders, temporary files, unreferenced leaf files; see
+:mod:`tdshare._debris`) and reports the bytes freed.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.metadata
 import json
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 
 from ._archive import pack_memmap, unpack_memmap
-from ._atomic import STAGING_PREFIX
+from ._atomic import make_staging
 from ._crc import crc32_threaded
 from ._errors import CorruptDataError, FileExistsRuntimeError, TdshareError
 from ._format import JOURNAL_FILE, META_FILE, VALUE, VALUE_STACK, layout_of, loads_json
@@ -99,6 +101,31 @@ def _verify(path: str, allow_pickle: bool) -> str:
     return f"ok: {path} ({leaves} leaves{crcs}; batch size {list(td.batch_size)})"
 
 
+def _collect(paths: list[str]) -> list[str]:
+    """Remove the debris of dead writers in or beside each path; one line per removal, then the total."""
+    from ._coordination import SharedRegistry
+    from ._debris import Swept, sweep_archive, sweep_staging, sweep_tree
+
+    out = Swept()
+    for given in paths:
+        path = os.path.abspath(given)
+        if os.path.isfile(path):
+            sweep_archive(path, out)
+            continue
+        if not os.path.isdir(path):
+            raise FileNotFoundError(errno.ENOENT, f"gc: {path!r} is neither a saved folder nor an archive", path)
+        sweep_staging(os.path.dirname(path), out)
+        sweep_staging(path, out)  # a folder holding trees (the staging folders of its children)
+        if os.path.isfile(os.path.join(path, META_FILE)):
+            with SharedRegistry.for_directory(path).lock():  # no live make_memmap is between file and metadata
+                sweep_tree(path, orphans=True, out=out)
+        else:
+            sweep_tree(path, orphans=False, out=out)
+    if not out:
+        return []
+    return [f"removed {p}" for p in out] + [f"freed {out.freed} bytes ({len(out)} paths)"]
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("tdshare")
@@ -125,10 +152,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", help="load a saved folder or archive with every check, CRCs included")
     verify.add_argument("path", help="a saved folder or .tdz archive")
     verify.add_argument("--allow-pickle", action="store_true", help="also unpickle pickled values (trusted data only)")
-    commands.add_parser(
+    gc = commands.add_parser(
         "gc",
-        help="remove the runtime folders of anonymous tensordicts whose processes are gone, and the control "
-        "files of trees that no longer exist",
+        help="remove the runtime folders of anonymous tensordicts whose processes are gone, the control "
+        "files of trees that no longer exist, and the debris of killed writers in each PATH",
+    )
+    gc.add_argument(
+        "paths", nargs="*", metavar="PATH", help="a saved folder, a .tdz archive, or a folder holding saved trees"
     )
     status = commands.add_parser("status", help="print where a saved folder's lock and generation counter are")
     status.add_argument("path", help="a saved folder (or a level in it)")
@@ -141,7 +171,7 @@ def _unpack(archive: str, folder: str, force: bool) -> str:
     if os.path.lexists(target) and not (os.path.isdir(target) and not os.listdir(target)):
         if not force:
             raise FileExistsRuntimeError(f"{target!r} already exists and is not empty: pass --force to replace it.")
-        work = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=os.path.dirname(target))
+        work = make_staging(os.path.dirname(target), target)
         try:
             _unpack_with_progress(archive, os.path.join(work, "new"))  # the old folder stays until this succeeds
             os.rename(target, os.path.join(work, "old"))
@@ -197,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 
             lines = [f"removed the runtime store {path}" for path in reap()]
             lines += [f"removed the control files of {path} (the tree no longer exists)" for path in reap_trees()]
+            lines += _collect(args.paths)
             print("\n".join(lines) if lines else "nothing to clean")
         elif args.command == "status":
             from ._coordination import SharedRegistry

@@ -3,7 +3,10 @@
 Readers see the old directory or the new one, never a mix.  Between the two renames that replace
 an existing directory, the target is briefly missing (POSIX has no atomic directory exchange that
 works on every file system).  The staging folder ``.tdtmp-*`` sits next to the target, so the
-renames stay on one file system; it is removed on failure.  Nothing is synced to disk: this
+renames stay on one file system; it is removed on failure.  Its name carries the writer's pid
+(``.tdtmp-<pid>-<random>``) and it holds a note naming the target, so the staging folder of a
+killed writer is recognised and cleaned (or, killed between the renames, put back) by
+:mod:`tdshare._debris`.  Nothing is synced to disk: this
 guards against a killed process, not against a power failure.
 """
 
@@ -19,9 +22,27 @@ from contextlib import contextmanager
 from ._errors import AtomicTargetError, FileExistsRuntimeError, MemmapError, NotSupportedError
 from ._format import META_FILE
 
-__all__ = ["check_atomic_target", "atomic_directory", "STAGING_PREFIX"]
+__all__ = ["check_atomic_target", "atomic_directory", "make_staging", "STAGING_PREFIX", "TARGET_NOTE"]
 
 STAGING_PREFIX = ".tdtmp-"
+TARGET_NOTE = "target"  # the file in a staging folder naming (by basename) the path it replaces
+
+
+def make_staging(parent: str, target: str | None = None) -> str:
+    """Create a staging folder ``.tdtmp-<pid>-<random>`` in ``parent`` and return its path.
+
+    ``target`` (a path in ``parent``) is noted in it, so a sweep can put that tree back if the
+    writer dies between moving it out and moving the new one in.
+
+    >>> import os, tempfile
+    >>> os.path.basename(make_staging(tempfile.mkdtemp())).startswith(f".tdtmp-{os.getpid()}-")
+    True
+    """
+    work = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=parent)
+    if target is not None:
+        with open(os.path.join(work, TARGET_NOTE), "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(os.path.basename(target))
+    return work
 
 
 def check_atomic_target(prefix: str, existsok: bool) -> None:
@@ -49,7 +70,7 @@ def atomic_directory(prefix: str, existsok: bool) -> Iterator[str]:
     check_atomic_target(target, existsok)
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent)
+    work = make_staging(parent, target)
     new = os.path.join(work, "new")
     old = os.path.join(work, "old")
     remove_work = True

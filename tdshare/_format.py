@@ -342,6 +342,11 @@ def loads_json(raw: bytes, where: str) -> dict:
     try:
         # UTF-8 text without a BOM (every writer's) skips json's encoding detection on bytes
         obj = json.loads(raw.decode("utf-8") if raw[:1] == b"{" else raw)
+    except RecursionError:
+        raise CorruptDataError(
+            f"{where} nests its JSON too deeply to parse (deeper than Python's recursion limit); no writer "
+            "produces that, the file is damaged or hostile. Save the tensordict again."
+        ) from None
     except (ValueError, UnicodeDecodeError) as err:
         raise CorruptDataError(
             f"{where} is not valid JSON ({err}); the file is truncated or was not written by "
@@ -390,6 +395,15 @@ class LevelMeta:
     raw: dict
 
 
+#: level fields other writers put in a collection's meta.json (not user entries)
+_OTHER_FIELDS: frozenset[str] = frozenset()
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _int_list(value: object, what: str, where: str) -> tuple[int, ...]:
     if type(value) is list:
         if len(value) == 1:  # most leaves: no generator for one number (bool and float refused too)
@@ -413,15 +427,28 @@ def parse_level(meta: dict, where: str) -> LevelMeta:
     children: list[tuple[str, str]] = []
     for key, entry in meta.items():
         if type(entry) is not dict:
-            continue  # a level field; a dict under a field name is a user entry the reference kept
+            if key in RESERVED_KEYS or key in _OTHER_FIELDS:
+                continue  # a level field; a dict under a field name is a user entry the reference kept
+            raise CorruptDataError(
+                f"{where}: the entry {key!r} must be a JSON object (a leaf's dtype and shape, or a nested "
+                f"level's type), found {type(entry).__name__} {_short(entry)}. The file is damaged: save it again."
+            )
         if "type" in entry:
-            children.append((key, str(entry["type"])))
+            if type(entry["type"]) is not str:
+                raise CorruptDataError(
+                    f"{where}: the 'type' of the nested entry {key!r} must be a string, found {_short(entry['type'])}."
+                )
+            children.append((key, entry["type"]))
             continue
         name = entry.get("dtype")
         shape = entry.get("shape")
         if name is None or shape is None:
-            if "dtype" not in entry or "shape" not in entry:
-                continue  # not an entry of any writer we know; the reference skips it too
+            if not entry.get(NO_FILE_FIELD) and ("dtype" not in entry or "shape" not in entry):
+                missing = [f for f in ("dtype", "shape") if f not in entry]
+                raise CorruptDataError(
+                    f"{where}: the leaf entry {key!r} has no {' and no '.join(map(repr, missing))} field (it holds "
+                    f"{sorted(entry)}); a leaf needs both, a nested level a 'type'. The file is damaged: save it again."
+                )
         if entry.get(NO_FILE_FIELD):
             continue
         dtype = (_DTYPES.get(name) if type(name) is str else None) or str_to_dtype(name, where)

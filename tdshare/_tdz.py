@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ._crc import CHUNK, crc32, crc32_combine, pool, results
+from ._debris import sweep_archive
 from ._errors import CorruptDataError, InvalidArgumentError, UnsupportedFormatError
 from ._files import tensor_buffer, tensor_memory, tmp_name
 from ._format import LEAF_SUFFIX, META_FILE
@@ -294,6 +295,7 @@ def write_archive(path: str, entries: Iterable[tuple[str, Source]], method: int,
             os.close(fd)
         os.unlink(tmp)
         raise
+    sweep_archive(path)  # temporary archives of writers that were killed
 
 
 def _as_tensor(src: Source) -> torch.Tensor:

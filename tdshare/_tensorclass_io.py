@@ -17,7 +17,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import shutil
-import tempfile
 import threading
 import warnings
 from collections.abc import Sequence
@@ -28,7 +27,7 @@ import torch
 
 from ._archive import pack_memmap
 from ._archive_store import ArchiveStore
-from ._atomic import STAGING_PREFIX, atomic_directory
+from ._atomic import atomic_directory, make_staging
 from ._coordination import SharedRegistry
 from ._errors import InvalidArgumentError, MemmapError, UnsupportedFormatError
 from ._format import META_FILE, WRAPPED, WRAPPED_DIR, dumps_json, layout_of
@@ -531,7 +530,7 @@ def _save_archive(tc: T, path: str, opts: SaveOptions) -> T:
     """Write the wrapper's files into a scratch folder beside ``path`` and pack them into the archive."""
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent)
+    scratch = make_staging(parent)
     try:
         inner_opts = opts.but(archive=False, compression=None, atomic=False, existsok=True, num_threads=0)
         try:

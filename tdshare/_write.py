@@ -9,11 +9,18 @@ A write runs in three phases, so that a bad input never leaves a half-written di
 3. **install**: swap the new MemoryMappedTensors into the tensordict (``memmap_``) or into a new
    one (``memmap``), then lock it.  The source tensordict is changed only after every file is
    written, so an error leaves it as it was.
+
+Over a folder that already holds a saved tree, a non-atomic write puts every leaf file under a
+temporary name first (:func:`_stage`) and moves them over the old files only under the tree's
+lock once all are written, just before the metadata: a failure while writing (a full disk)
+leaves the old tree whole and loadable.  The same commit removes the debris of writers that
+died in the tree (:mod:`tdshare._debris`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import os
 import threading
 from contextlib import nullcontext
@@ -23,8 +30,9 @@ import torch
 
 from ._atomic import atomic_directory
 from ._coordination import SharedRegistry, unchanged_since
+from ._debris import sweep_staging, sweep_tree
 from ._errors import InvalidArgumentError, MemmapError, NotAFolderError
-from ._files import check_not_symlink, jagged_from_buffer, nested_from_buffer, replace_file
+from ._files import check_not_symlink, jagged_from_buffer, nested_from_buffer, replace_file, tmp_name
 from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR, dumps_level, level_meta
 from ._future import TensorDictFuture
 from ._journal import drop_journal
@@ -137,14 +145,92 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
     return changed, kept
 
 
+# -- staged leaf files (a non-atomic write over a saved tree) -------------------------------------
+Staged = dict[str, str]  # temporary path -> final path
+
+
+def _stage(root: PlannedLevel) -> Staged:
+    """Point every leaf file the write creates at a temporary name beside its final one."""
+    staged: Staged = {}
+    for level in root.walk():
+        if level.plain:
+            plain = []
+            for src, path, info in level.plain:
+                tmp = tmp_name(path)
+                staged[tmp] = path
+                plain.append((src, tmp, info))
+            level.plain = plain
+            level.empty = False  # write_batch's listing trick wants a folder found empty
+        for leaf in level.leaves:
+            if leaf.reuse is None and leaf.path is not None and leaf.src.numel():
+                tmp = tmp_name(leaf.path)
+                staged[tmp] = leaf.path
+                leaf.path = tmp
+    return staged
+
+
+def _unstage(root: PlannedLevel, staged: Staged) -> None:
+    """Move every staged file over its final name (the caller holds the lock); fix the results' names."""
+    for tmp, final in staged.items():
+        os.replace(tmp, final)
+    for level in root.walk():
+        for i, (src, path, info) in enumerate(level.plain):
+            level.plain[i] = (src, staged.get(path, path), info)
+        for out in level.plain_out:
+            name = out._filename
+            if name is not None and name in staged:
+                out._filename = staged[name]
+        for leaf in level.leaves:
+            if leaf.path is not None and leaf.path in staged:
+                leaf.path = staged[leaf.path]
+            r = leaf.result
+            if r is not None and r is not leaf.reuse and r._filename in staged:
+                r._filename = staged[cast(str, r._filename)]
+
+
+def _discard(staged: Staged) -> None:
+    """Remove the staged files of a write that failed: the old tree stays as it was."""
+    for tmp in staged:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+
+def _check_space(root: PlannedLevel, path: str) -> None:
+    """Raise ``OSError(ENOSPC)`` naming ``path`` and the sizes when its file system has too little
+    free space for every leaf file of the write (one ``statvfs``: cheap, and only a first check)."""
+    need = sum(src.nbytes for lvl in root.walk() for src, _, _ in lvl.plain)
+    need += sum(leaf.src.nbytes for lvl in root.walk() for leaf in lvl.leaves if leaf.reuse is None)
+    if not need:
+        return
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise OSError(
+            errno.ENOSPC,
+            f"Not enough free space to save under {path!r}: the leaf files need {need} bytes, the file system "
+            f"has {free} free. Free some space or save elsewhere",
+            path,
+        )
+
+
 def _commit_metadata(
-    root: PlannedLevel, registry: SharedRegistry | None, seen: tuple[int, int] | None
+    root: PlannedLevel,
+    registry: SharedRegistry | None,
+    seen: tuple[int, int] | None,
+    staged: Staged | None = None,
 ) -> tuple[int, int] | None:
     """Write the metadata, under the tree's lock with a generation bump when anything changed.
 
     ``registry`` is None for a folder that held no saved tensordict before this write: nobody
-    can be sharing it yet, so no control files are made.  Returns the registry state the written
-    tensordict is current with (``seen``, its state before, when levels kept newer disk content).
+    can be sharing it yet, so no control files are made.  ``staged``: leaf files written under
+    temporary names, moved into place under the lock just before the metadata (after the
+    debris of dead writers is removed).  Returns the registry state the written tensordict is
+    current with (``seen``, its state before, when levels kept newer disk content).
     """
     if registry is None:
         _write_metadata(root, fresh=True)
@@ -154,6 +240,10 @@ def _commit_metadata(
     )
     with registry.lock():
         before = registry.state(create=True)
+        if staged is not None:
+            assert root.path is not None
+            sweep_tree(root.path, orphans=True)  # under the lock: no live writer has unnamed leaf files
+            _unstage(root, staged)
         changed, kept = _write_metadata(root)
         after = registry.bump(files_replaced=wrote_data) if changed or wrote_data else before
     return after if not kept or unchanged_since(seen, before) else seen
@@ -391,6 +481,7 @@ class FolderWriter(TreeWriter):
                 f"The prefix {path!r} is a file, but a folder is written there (one file per leaf): remove the "
                 "file or choose another prefix, or end the prefix with '.tdz' to write one archive file."
             )
+        sweep_staging(os.path.dirname(os.path.realpath(path)))  # dead atomic writers' (or their trees, put back)
         fresh = not os.path.exists(os.path.join(path, META_FILE))
         registry = None if fresh else SharedRegistry.for_directory(path)
         if not fresh:  # this process's leaves loaded from here and not read yet keep their bytes
@@ -401,11 +492,20 @@ class FolderWriter(TreeWriter):
         root = plan_tree(td, path, opts.robust_key, opts.copy_existing, opts.existsok)
         root.share = opts.share_non_tensor
         dest = td if inplace else _blank(td)
+        staged = None
+        if not fresh:  # never damage the saved tree: new files under new names, moved in at the commit
+            _check_space(root, path)
+            staged = _stage(root)
         _make_dirs(root)
         if opts.return_early and opts.num_threads > 1:
-            return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen)
-        _run_writes(root, opts.num_threads, opts.existsok, opts.progress)
-        gen = _commit_metadata(root, registry, seen)
+            return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen, staged)
+        try:
+            _run_writes(root, opts.num_threads, opts.existsok, opts.progress)
+        except BaseException:
+            if staged:
+                _discard(staged)
+            raise
+        gen = _commit_metadata(root, registry, seen, staged)
         _install(root, dest, path)
         dest._generation = gen
         return dest
@@ -419,6 +519,7 @@ class FolderWriter(TreeWriter):
                 except MemmapError as err:  # name the target, not the staging folder
                     raise type(err)(str(err).replace(staging, path)) from None
                 root.share = opts.share_non_tensor
+                _check_space(root, staging)
                 _make_dirs(root)
                 _run_writes(root, opts.num_threads, existsok=True, progress=opts.progress)
                 _write_metadata(root, fresh=True)
@@ -464,6 +565,7 @@ def _write_in_background(
     existsok: bool,
     registry: SharedRegistry | None,
     seen: tuple[int, int] | None,
+    staged: Staged | None = None,
 ) -> TensorDictFuture[T]:
     """Write the leaves in the pool; the last one to finish commits the metadata and installs.
 
@@ -479,9 +581,14 @@ def _write_in_background(
 
     def commit() -> None:
         try:
-            for f in futures:
-                f.result()
-            gen = _commit_metadata(root, registry, seen)
+            try:
+                for f in futures:
+                    f.result()
+            except BaseException:
+                if staged:
+                    _discard(staged)
+                raise
+            gen = _commit_metadata(root, registry, seen, staged)
             _install(root, dest, path)
             dest._generation = gen
         except BaseException as err:  # delivered by TensorDictFuture.result()

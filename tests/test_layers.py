@@ -50,6 +50,7 @@ LAYERS: dict[str, list[str]] = {
         "_coordination",
         "_runtime",
         "_atomic",
+        "_debris",
         "_tdz",
         "_store",
         "_archive_store",
