@@ -79,6 +79,33 @@ def test_every_name_is_importable(name: str) -> None:
         assert getattr(obj, "__module__", "tdshare").startswith("tdshare"), f"{name} comes from outside tdshare"
 
 
+DISTRIBUTED = [
+    "DistributedError",
+    "PeerError",
+    "Schema",
+    "SchemaMismatchError",
+    "Transfer",
+    "all_gather",
+    "broadcast",
+    "irecv",
+    "isend",
+    "leaves_of",
+    "recv",
+    "scatter",
+    "schema_of",
+    "send",
+    "sync",
+]
+
+
+def test_distributed_submodule_is_pinned() -> None:
+    import tdshare.distributed as tdd
+
+    assert sorted(tdd.__all__) == DISTRIBUTED
+    for name in DISTRIBUTED:
+        assert getattr(tdd, name).__module__.startswith("tdshare"), name
+
+
 def test_star_import_gives_all() -> None:
     namespace: dict[str, object] = {}
     exec("from tdshare import *", namespace)
