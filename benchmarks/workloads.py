@@ -23,6 +23,7 @@ import torch
 
 from . import _workers, limits
 from ._common import LIMIT, Backend, Cell, Config, Row, Scratch, UnsupportedError, log, require, run_interleaved
+from .distributed import distributed
 
 __all__ = ["GROUPS", "big_leaves", "family", "handoff", "loader", "make_memmap", "refresh", "small_leaves", "tdz"]
 
@@ -932,4 +933,5 @@ GROUPS: dict[str, tuple[Group, bool]] = {
     "handoff": (handoff, False),
     "tdz": (tdz, False),
     "loader": (loader, False),
+    "distributed": (distributed, False),
 }

@@ -35,9 +35,21 @@ from ._nontensor import NonTensorData, NonTensorStack
 from ._tensordict import TensorDict
 from ._tensordict_base import TensorDictBase
 
-__all__ = ["Group", "Schema", "schema_of", "leaves_of", "build_tree", "dtype_from_name", "value_of"]
+__all__ = [
+    "DIRECT_BYTES",
+    "Group",
+    "Schema",
+    "describe",
+    "schema_of",
+    "leaves_of",
+    "build_tree",
+    "dtype_from_name",
+    "value_of",
+]
 
 _FORMAT = 1
+#: a leaf of at least this many bytes travels as its own message, from and into its own memory
+DIRECT_BYTES = 1 << 20
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -63,7 +75,9 @@ class Schema:
     Attributes:
         tree: the JSON description (see the module docstring).
         groups: the flat buffers, in order.
-        slots: per tensor leaf, depth first: ``(group index, element offset, shape)``.
+        slots: per tensor leaf, depth first: ``(group index, element offset, shape)``; group -1
+            for a leaf of at least :data:`DIRECT_BYTES`, sent as its own message.
+        direct: ``(index in slots, dtype)`` of those leaves, in order.
         digest: hash of the whole schema (values included), as a non-negative 63-bit int.
         layout_digest: hash of what the buffers depend on only.
     """
@@ -71,6 +85,7 @@ class Schema:
     tree: dict[str, Any]
     groups: list[Group] = field(default_factory=list)
     slots: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
+    direct: list[tuple[int, torch.dtype]] = field(default_factory=list)
     digest: int = 0
     layout_digest: int = 0
 
@@ -123,8 +138,12 @@ def _finish(tree: dict[str, Any]) -> Schema:
             numel = 1
             for n in shape:
                 numel *= n
-            schema.slots.append((g, schema.groups[g].numel, shape))
-            schema.groups[g] = Group(dtype, schema.groups[g].numel + numel)
+            if numel * dtype.itemsize >= DIRECT_BYTES:
+                schema.direct.append((len(schema.slots), dtype))
+                schema.slots.append((-1, 0, shape))
+            else:
+                schema.slots.append((g, schema.groups[g].numel, shape))
+                schema.groups[g] = Group(dtype, schema.groups[g].numel + numel)
         for _, child in node.get("items", ()):
             visit(child)
         for member in node.get("members", ()):
@@ -205,6 +224,74 @@ def _describe(value: Any, where: str, allow_pickle: bool, leaves: list[torch.Ten
     raise NotSupportedError(f"Cannot send {where!r}: the node kind {kind.name} has no schema.")
 
 
+_CACHE: dict[tuple[int, bool], tuple[list[Any], Schema]] = {}
+_CACHE_SIZE = 64
+
+
+def _signature(value: Any, sig: list[Any], leaves: list[torch.Tensor]) -> bool:
+    """Append what ``value``'s schema depends on to ``sig`` (cheaply), its leaves to ``leaves``;
+    False where only a full description can tell (a value JSON cannot hold)."""
+    kind = kind_of(value)
+    if kind is None:
+        if not isinstance(value, torch.Tensor):
+            return False
+        sig.append((value.shape, value.dtype, value.is_nested))
+        leaves.append(value)
+        return True
+    layout = kind.layout
+    if layout == LEVEL:
+        sig.append((kind.name, value.batch_size, len(value._tensordict)))
+        for k, v in value._tensordict.items():
+            sig.append(k)
+            if not _signature(v, sig, leaves):
+                return False
+        return True
+    if layout == STACK:
+        members = value.tensordicts
+        sig.append((kind.type_tag, value.stack_dim, len(members)))
+        return all(_signature(m, sig, leaves) for m in members)
+    if layout == WRAPPED and kind.unwrap is not None:
+        inner, fields = kind.unwrap(value)
+        sig.append((kind.type_tag, repr(fields)))
+        return _signature(inner, sig, leaves)
+    if layout in (VALUE, VALUE_STACK):
+        data = value.tolist() if layout == VALUE_STACK else value.data
+        try:
+            sig.append((layout, value.batch_size, type(data), json.dumps(data)))
+        except (TypeError, ValueError):
+            return False
+        return True
+    return False
+
+
+def describe(tree: Any, *, allow_pickle: bool = False) -> tuple[Schema, list[torch.Tensor]]:
+    """The schema of ``tree`` and its tensor leaves (schema order) in one walk.
+
+    A tree described before (the same object) whose keys, dtypes, shapes and values are unchanged
+    reuses its schema: only a cheap signature is computed then.
+
+    Raises:
+        as :func:`schema_of`.
+    """
+    if kind_of(tree) is None:
+        raise ArgumentTypeError(f"Expected a tensordict, tensorclass or lazy stack, got {type(tree).__name__}.")
+    sig: list[Any] = []
+    leaves: list[torch.Tensor] = []
+    key = (id(tree), allow_pickle)
+    cacheable = _signature(tree, sig, leaves)
+    if cacheable:
+        hit = _CACHE.get(key)
+        if hit is not None and hit[0] == sig:
+            return hit[1], leaves
+    leaves = []
+    schema = _finish(_describe(tree, "", allow_pickle, leaves))
+    if cacheable:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = (sig, schema)
+    return schema, leaves
+
+
 def schema_of(tree: Any, *, allow_pickle: bool = False) -> Schema:
     """The schema of ``tree`` (a tensordict, tensorclass or lazy stack).
 
@@ -224,9 +311,7 @@ def schema_of(tree: Any, *, allow_pickle: bool = False) -> Schema:
     >>> schema_of(TensorDict(a=torch.zeros(3), batch_size=[3])).slots
     [(0, 0, (3,))]
     """
-    if kind_of(tree) is None:
-        raise ArgumentTypeError(f"Expected a tensordict, tensorclass or lazy stack, got {type(tree).__name__}.")
-    return _finish(_describe(tree, "", allow_pickle, None))
+    return describe(tree, allow_pickle=allow_pickle)[0]
 
 
 def leaves_of(tree: Any) -> list[torch.Tensor]:
@@ -238,7 +323,9 @@ def leaves_of(tree: Any) -> list[torch.Tensor]:
     [[0.0], [1.0]]
     """
     out: list[torch.Tensor] = []
-    _describe(tree, "", True, out)
+    if not _signature(tree, [], out):
+        out = []
+        _describe(tree, "", True, out)
     return out
 
 

@@ -106,35 +106,52 @@ def contiguous_run(leaves: list[torch.Tensor], dtype: torch.dtype, device: torch
 
 
 def _grouped(schema: Schema, leaves: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The packed leaves of each dtype group (the direct ones left out)."""
     groups: list[list[torch.Tensor]] = [[] for _ in schema.groups]
     for (g, _, _), leaf in zip(schema.slots, leaves, strict=True):
-        groups[g].append(leaf)
+        if g >= 0:
+            groups[g].append(leaf)
     return groups
+
+
+def _own_memory(leaf: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """A flat view of ``leaf`` to send from or receive into, where it is contiguous on ``device``."""
+    return leaf.view(-1) if leaf.is_contiguous() and leaf.device == device else None
 
 
 def staged_views(
     schema: Schema, leaves: list[torch.Tensor], device: torch.device
 ) -> tuple[list[torch.Tensor], Callable[[], None]]:
-    """Flat receive buffers for ``leaves`` (of ``schema``'s layout) and a function that copies staged
-    buffers into the leaves (nothing to copy where a buffer is the leaves' own memory)."""
-    flats: list[torch.Tensor] = []
+    """The messages to receive ``leaves`` (of ``schema``'s layout) into, and a function that copies
+    staged messages into the leaves (nothing to copy where a message is the leaves' own memory).
+
+    The messages are one flat buffer per dtype group, then one per direct (big) leaf."""
+    msgs: list[torch.Tensor] = []
     copies: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
     for group, members in zip(schema.groups, _grouped(schema, leaves), strict=True):
         flat = contiguous_run(members, group.dtype, device)
         if flat is None:
             flat = torch.empty(group.numel, dtype=group.dtype, device=device)
-            copies.append((flat, members))
-        flats.append(flat)
+            if group.numel:
+                copies.append((flat, [m for m in members if m.numel()]))
+        msgs.append(flat)
+    for i, _ in schema.direct:
+        leaf = leaves[i]
+        own = _own_memory(leaf, device)
+        if own is None:
+            own = torch.empty(leaf.numel(), dtype=leaf.dtype, device=device)
+            copies.append((own, [leaf]))
+        msgs.append(own)
 
     def finish() -> None:
         for flat, members in copies:
-            offset = 0
-            for leaf in members:
-                n = leaf.numel()
-                leaf.copy_(flat[offset : offset + n].view(leaf.shape))
-                offset += n
+            if len(members) == 1:
+                members[0].copy_(flat.view(members[0].shape))
+                continue
+            parts = torch.split(flat, [m.numel() for m in members])
+            torch._foreach_copy_(members, [p.view(m.shape) for p, m in zip(parts, members, strict=True)])
 
-    return flats, finish
+    return msgs, finish
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -181,7 +198,8 @@ class Transport:
 
     # -- buffers ----------------------------------------------------------------------------
     def pack(self, schema: Schema, leaves: list[torch.Tensor]) -> list[torch.Tensor]:
-        """One flat buffer per dtype group (a view of the leaves where they are one run)."""
+        """The messages of ``leaves``: one flat buffer per dtype group (a view of the leaves where
+        they are one run, else one packed copy), then each direct (big) leaf, from its own memory."""
         out = []
         for group, members in zip(schema.groups, _grouped(schema, leaves), strict=True):
             flat = contiguous_run(members, group.dtype, self.device)
@@ -189,21 +207,33 @@ class Transport:
                 parts = [t.detach().reshape(-1).to(self.device) for t in members]
                 flat = torch.cat(parts) if parts else torch.empty(0, dtype=group.dtype, device=self.device)
             out.append(flat)
+        for i, _ in schema.direct:
+            leaf = leaves[i].detach()
+            own = _own_memory(leaf, self.device)
+            out.append(own if own is not None else leaf.contiguous().to(self.device).view(-1))
         return out
 
     def allocate(self, schema: Schema) -> list[torch.Tensor]:
-        """Empty flat buffers for ``schema``'s groups."""
-        return [torch.empty(g.numel, dtype=g.dtype, device=self.device) for g in schema.groups]
+        """Empty messages for ``schema``: its groups' buffers, then its direct leaves."""
+        msgs = [torch.empty(g.numel, dtype=g.dtype, device=self.device) for g in schema.groups]
+        for i, dtype in schema.direct:
+            msgs.append(torch.empty(schema.slots[i][2], dtype=dtype, device=self.device).view(-1))
+        return msgs
 
     @staticmethod
-    def unpack(schema: Schema, flats: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The leaves of ``schema`` as views of ``flats``."""
+    def unpack(schema: Schema, msgs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The leaves of ``schema`` as views of its messages."""
         out = []
+        direct = len(schema.groups)
         for g, offset, shape in schema.slots:
+            if g < 0:
+                out.append(msgs[direct].view(shape))
+                direct += 1
+                continue
             n = 1
             for d in shape:
                 n *= d
-            out.append(flats[g][offset : offset + n].view(shape))
+            out.append(msgs[g][offset : offset + n].view(shape))
         return out
 
     # -- point to point ---------------------------------------------------------------------

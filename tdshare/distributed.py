@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._nodes import kind_of
-from ._schema import Schema, build_tree, leaves_of, schema_of, value_of
+from ._schema import Schema, build_tree, describe, leaves_of, schema_of, value_of
 from ._sync import sync_tree
 from ._transport import DistributedError, Header, PeerError, Transport, require_group, staged_views
 
@@ -96,10 +96,10 @@ class _Outgoing:
 
     def __init__(self, td: Any, transport: Transport, allow_pickle: bool, known: int | None) -> None:
         self.td = td
-        self.schema = schema_of(td, allow_pickle=allow_pickle)
+        self.schema, leaves = describe(td, allow_pickle=allow_pickle)
         self.text = b"" if known == self.schema.digest else self.schema.to_json().encode()
         self.header = Header(self.schema.digest, self.schema.layout_digest, len(self.text))
-        self.buffers = transport.pack(self.schema, leaves_of(td))
+        self.buffers = transport.pack(self.schema, leaves)
 
 
 class Transfer:
@@ -204,21 +204,20 @@ def _resolve_schema(header: Header, text: bytes | None, cache_key: tuple[int, in
     return cached
 
 
-def _layout_matches(target: Any, schema: Schema) -> Schema | None:
-    """The target's own schema when its layout is ``schema``'s, else None."""
+def _layout_matches(target: Any, schema: Schema) -> tuple[Schema | None, list[torch.Tensor]]:
+    """The target's own schema (when its layout is ``schema``'s, else None) and its leaves."""
     if target is None:
-        return None
-    mine = target if isinstance(target, Schema) else schema_of(target, allow_pickle=True)
-    return mine if mine.layout_digest == schema.layout_digest else None
+        return None, []
+    mine, leaves = (target, []) if isinstance(target, Schema) else describe(target, allow_pickle=True)
+    return (mine if mine.layout_digest == schema.layout_digest else None), leaves
 
 
 def _receive_into(
     target: Any, schema: Schema, transport: Transport, receive: Any, allow_pickle: bool, peer: str
 ) -> Any:
     """Receive the buffers of ``schema`` (``receive(flat_tensors)``) into ``target`` or a new tree."""
-    mine = _layout_matches(target, schema)
+    mine, leaves = _layout_matches(target, schema)
     if mine is not None and not isinstance(target, Schema):
-        leaves = leaves_of(target)
         flats, finish = staged_views(schema, leaves, transport.device)
         receive(flats)
         finish()
@@ -390,7 +389,7 @@ def all_gather(td: Any, *, group: Any = None, allow_pickle: bool = False, timeou
     """
     _check_collection(td, "all_gather")
     transport = Transport(group, timeout)
-    schema = schema_of(td, allow_pickle=allow_pickle)
+    schema, leaves = describe(td, allow_pickle=allow_pickle)
     headers = transport.all_gather_header(Header(schema.digest, schema.layout_digest, 0), "all_gather")
     odd = [r for r, h in enumerate(headers) if h.layout_digest != schema.layout_digest]
     if odd:
@@ -403,7 +402,7 @@ def all_gather(td: Any, *, group: Any = None, allow_pickle: bool = False, timeou
     else:
         texts = transport.all_gather_object(schema.to_json(), "all_gather")
         schemas = [Schema.from_json(t) for t in texts]
-    gathered = transport.all_gather_buffers(transport.pack(schema, leaves_of(td)), "all_gather")
+    gathered = transport.all_gather_buffers(transport.pack(schema, leaves), "all_gather")
     trees = [
         build_tree(s, transport.unpack(s, flats), allow_pickle=allow_pickle)
         for s, flats in zip(schemas, gathered, strict=True)

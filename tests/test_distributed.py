@@ -94,6 +94,13 @@ def _all_dtypes(offset: int) -> TensorDict:
     return TensorDict(leaves, nested={"x": torch.arange(3.0) + offset, "empty": torch.zeros(3, 0)}, batch_size=[3])
 
 
+def _big_and_strided(offset: int) -> TensorDict:
+    """A leaf over the direct-message size (1 MiB), a transposed (non-contiguous) one, a small one."""
+    big = torch.arange(300_000, dtype=torch.float64) + offset  # 2.4 MB: its own message
+    strided = (torch.arange(12.0).view(3, 4) + offset).t()
+    return TensorDict(big=big, strided=strided, small=torch.tensor([offset]), batch_size=[])
+
+
 # -- point to point ---------------------------------------------------------------------------
 
 
@@ -118,6 +125,8 @@ def _p2p(rank: int, world: int, folder: str) -> dict[str, Any]:
             tdd.send(TensorDict(obj={1, 2}, batch_size=[]), 1, tag=5)
         tdd.send(TensorDict(obj={1, 2}, batch_size=[]), 1, tag=5, allow_pickle=True)
         tdd.send(TensorDict(obj={3}, batch_size=[]), 1, tag=6, allow_pickle=True)
+        tdd.send(_big_and_strided(1), 1, tag=7)
+        tdd.send(_big_and_strided(2), 1, tag=7)
         return report
     for kind in KINDS:
         fresh = tdd.recv(None, 0, timeout=20)
@@ -155,6 +164,12 @@ def _p2p(rank: int, world: int, folder: str) -> dict[str, Any]:
     with pytest.raises(PickleRefusedError, match=r"allow_pickle"):
         tdd.recv(None, 0, tag=5)
     report["pickled"] = tdd.recv(None, 0, tag=6, allow_pickle=True)["obj"]
+    report["big_new"] = {k: _bits(v) for k, v in tdd.recv(None, 0, tag=7).items()}
+    target = _big_and_strided(0)
+    ptrs = {k: v.data_ptr() for k, v in target.items()}
+    tdd.recv(target, 0, tag=7)
+    assert {k: v.data_ptr() for k, v in target.items()} == ptrs
+    report["big_inplace"] = {k: _bits(v) for k, v in target.items()}
     return report
 
 
@@ -169,6 +184,8 @@ def test_send_recv_every_kind_dtype_and_schema_change(tmp_path: Path) -> None:
     assert res["memmap_files"] == [0.0, 1.0, 2.0, 3.0]
     assert res["irecv"] == [1, 1, 1, 1]
     assert res["pickled"] == {3}
+    assert res["big_new"] == {k: _bits(v) for k, v in _big_and_strided(1).items()}
+    assert res["big_inplace"] == {k: _bits(v) for k, v in _big_and_strided(2).items()}
 
 
 # -- collectives ------------------------------------------------------------------------------
