@@ -84,24 +84,26 @@ class Header:
 
 
 def contiguous_run(leaves: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
-    """One flat tensor over ``leaves`` when they lie back to back in one storage, else None."""
+    """One flat tensor over ``leaves`` when they lie back to back in one storage, else None.
+
+    The leaves must follow one another without gaps from the first one's address on, and end
+    inside the first one's storage (virtual addresses of distinct allocations never overlap, so
+    that storage then holds them all)."""
     parts = [t for t in leaves if t.numel()]
     if not parts:
         return None
     first = parts[0]
     size = first.element_size()
-    end = None
+    end = first.data_ptr()
     for t in parts:
-        if t.dtype != dtype or t.device != device or not t.is_contiguous() or t.is_nested:
+        if t.data_ptr() != end or t.dtype != dtype or t.device != device or not t.is_contiguous():
             return None
-        if t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr():
-            return None
-        if end is not None and t.data_ptr() != end:
-            return None
-        end = t.data_ptr() + t.numel() * size
-    total = sum(t.numel() for t in parts)
+        end += t.numel() * size
+    storage = first.untyped_storage()
+    if end > storage.data_ptr() + storage.nbytes():
+        return None
     flat = torch.empty(0, dtype=dtype, device=device)
-    flat.set_(first.untyped_storage(), first.storage_offset(), (total,), (1,))
+    flat.set_(storage, first.storage_offset(), ((end - first.data_ptr()) // size,), (1,))
     return flat
 
 

@@ -191,8 +191,8 @@ def test_send_recv_every_kind_dtype_and_schema_change(tmp_path: Path) -> None:
 # -- collectives ------------------------------------------------------------------------------
 
 
-def _collectives(rank: int, world: int) -> dict[str, Any]:
-    report: dict[str, Any] = {}
+def _collectives(rank: int, world: int, folder: str) -> dict[str, Any]:
+    report: dict[str, Any] = _sync(rank, world, folder)
     src_td = TensorDict(x=torch.arange(6.0).reshape(3, 2), n={"i": torch.arange(3)}, tag="b", batch_size=[3])
     target = TensorDict(x=torch.zeros(3, 2), n={"i": torch.zeros(3, dtype=torch.int64)}, tag="", batch_size=[3])
     got = tdd.broadcast(src_td if rank == 1 else target, 1, timeout=20)
@@ -207,9 +207,12 @@ def _collectives(rank: int, world: int) -> dict[str, Any]:
     return report
 
 
-def test_broadcast_all_gather_scatter_world_4(tmp_path: Path) -> None:
-    res = _run(4, _collectives, tmp_path)
+def test_broadcast_all_gather_scatter_sync_world_4(tmp_path: Path) -> None:
+    res = _run(4, _collectives, tmp_path, str(tmp_path))
     for rank in range(4):
+        assert res[rank]["first"] == [0.0, 1.0, 2.0, 3.0]  # sync: the first call sends every leaf
+        assert res[rank]["new"] == [[0, 1], [2, 3], [4, 5], [6, 7]]  # make_memmap on rank 0, in each folder
+        assert res[rank]["mode"] == "eval" and res[rank]["live"] == "eval"
         assert res[rank]["broadcast"] == ([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]], [0, 1, 2], "b")
         assert res[rank]["all_gather"] == (
             [4],
@@ -223,6 +226,21 @@ def test_broadcast_all_gather_scatter_world_4(tmp_path: Path) -> None:
 # -- replicated refresh -----------------------------------------------------------------------
 
 
+class _CountingStore:
+    """A Store that records the calls made through it."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.calls = store, []
+
+    def get(self, key: str) -> bytes:
+        self.calls.append("get")
+        return self.store.get(key)
+
+    def set(self, key: str, value: str) -> None:
+        self.calls.append("set")
+        self.store.set(key, value)
+
+
 def _sync(rank: int, world: int, folder: str) -> dict[str, Any]:
     td = TensorDict(a=torch.zeros(4), mode="train", batch_size=[4]).memmap_(f"{folder}/{rank}")
     if rank == 0:
@@ -233,17 +251,11 @@ def _sync(rank: int, world: int, folder: str) -> dict[str, Any]:
         td.make_memmap(("n", "new"), [4, 2], dtype=torch.int32).copy_(torch.arange(8, dtype=torch.int32).view(4, 2))
         td.set_("mode", "eval")
     tdd.sync(td, 0, timeout=20)
-    tdd.sync(td, 0, timeout=20)  # unchanged: one store read
+    counting = _CountingStore(dist.distributed_c10d._get_default_store())
+    tdd.sync(td, 0, store=counting, timeout=20)  # unchanged
+    assert counting.calls == (["set"] if rank == 0 else ["get"])  # one Store round trip, no data
     loaded = TensorDict.load(f"{folder}/{rank}")  # the additions are in this rank's own folder
     return {"first": first, "new": loaded["n", "new"].tolist(), "mode": loaded["mode"], "live": td["mode"]}
-
-
-def test_sync_replicates_additions_and_values(tmp_path: Path) -> None:
-    res = _run(2, _sync, tmp_path, str(tmp_path))
-    for rank in range(2):
-        assert res[rank]["first"] == [0.0, 1.0, 2.0, 3.0]
-        assert res[rank]["new"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-        assert res[rank]["mode"] == "eval" and res[rank]["live"] == "eval"
 
 
 # -- failures ---------------------------------------------------------------------------------
