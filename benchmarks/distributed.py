@@ -53,12 +53,11 @@ def _cases(rank: int, workload: str, cfg: dict[str, Any], libs: list[str]) -> di
     def make(lib: Any) -> Any:
         return _many(lib) if workload == "many" else _big(lib, cfg["n"], cfg["nbytes"])
 
-    src = make(tdshare)
-    dst = make(tdshare).zero_()
-    mm_src = make(tdshare).memmap_()
-    mm_dst = make(tdshare).memmap_()
-    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in _leaves(src)])
-    leaves = _leaves(src) if rank == 0 else _leaves(dst)
+    # each rank builds only its side: rank 0 the sources, rank 1 the targets (memory for 4 x 256 MiB)
+    src = dst = make(tdshare) if rank == 0 else make(tdshare).zero_()
+    mm_src = mm_dst = make(tdshare).memmap_()
+    leaves = _leaves(src)
+    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in leaves])
 
     def timed(op: Any) -> Any:
         def case() -> float:
@@ -81,7 +80,7 @@ def _cases(rank: int, workload: str, cfg: dict[str, Any], libs: list[str]) -> di
     if "tensordict" in libs:
         import tensordict
 
-        ref_src, ref_dst = make(tensordict), make(tensordict).zero_()
+        ref_src = ref_dst = make(tensordict) if rank == 0 else make(tensordict).zero_()
         cases["tensordict"] = timed(lambda: ref_src.send(1) if rank == 0 else ref_dst.recv(0))
     return cases
 

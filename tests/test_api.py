@@ -103,7 +103,9 @@ def test_distributed_submodule_is_pinned() -> None:
 
     assert sorted(tdd.__all__) == DISTRIBUTED
     for name in DISTRIBUTED:
-        assert getattr(tdd, name).__module__.startswith("tdshare"), name
+        obj = getattr(tdd, name)
+        assert obj.__module__.startswith("tdshare"), name
+        assert (obj.__doc__ or "").strip(), f"tdshare.distributed.{name} needs a docstring"
 
 
 def test_star_import_gives_all() -> None:

@@ -204,6 +204,16 @@ def _collectives(rank: int, world: int, folder: str) -> dict[str, Any]:
     ls = LazyStackedTensorDict(*[TensorDict(a=torch.tensor([float(i)]), batch_size=[]) for i in range(world)])
     piece = tdd.scatter(ls if rank == 0 else None, 0, timeout=20)
     report["scatter"] = piece["a"].tolist()
+    for kind in KINDS:  # every container kind through broadcast and all_gather
+        target = build(kind)
+        ptrs = [t.data_ptr() for t in tdd.leaves_of(target)]
+        got = tdd.broadcast(build(kind, 5.0) if rank == 2 else target, 2, timeout=20)
+        if rank != 2:
+            assert got is target and [t.data_ptr() for t in tdd.leaves_of(target)] == ptrs
+        gathered = tdd.all_gather(build(kind, float(rank)), timeout=20)
+        assert type(gathered) is type(build(kind)) and gathered.batch_size == (world, 4)
+        report[f"{kind} broadcast"] = [_bits(t) for t in tdd.leaves_of(got)]
+        report[f"{kind} all_gather"] = (_bits(gathered["a"]), _bits(gathered["n", "b"]))
     return report
 
 
@@ -221,6 +231,10 @@ def test_broadcast_all_gather_scatter_sync_world_4(tmp_path: Path) -> None:
             [f"rank{r}" for r in range(4)],
         )
         assert res[rank]["scatter"] == [float(rank)]
+        for kind in KINDS:
+            assert res[rank][f"{kind} broadcast"] == [_bits(t) for t in tdd.leaves_of(build(kind, 5.0))]
+            expected = torch.stack([build(kind, float(r)) for r in range(4)], 0)
+            assert res[rank][f"{kind} all_gather"] == (_bits(expected["a"]), _bits(expected["n", "b"]))
 
 
 # -- replicated refresh -----------------------------------------------------------------------
