@@ -129,29 +129,34 @@ def staged_views(
 
     The messages are one flat buffer per dtype group, then one per direct (big) leaf."""
     msgs: list[torch.Tensor] = []
-    copies: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
-    for group, members in zip(schema.groups, _grouped(schema, leaves), strict=True):
+    copies: list[tuple[torch.Tensor, list[torch.Tensor], list[tuple[int, ...]]]] = []
+    shapes: list[list[tuple[int, ...]]] = [[] for _ in schema.groups]
+    for g, _, shape in schema.slots:
+        if g >= 0:
+            shapes[g].append(shape)
+    for gi, (group, members) in enumerate(zip(schema.groups, _grouped(schema, leaves), strict=True)):
         flat = contiguous_run(members, group.dtype, device)
         if flat is None:
             flat = torch.empty(group.numel, dtype=group.dtype, device=device)
             if group.numel:
-                copies.append((flat, [m for m in members if m.numel()]))
+                copies.append((flat, members, shapes[gi]))
         msgs.append(flat)
     for i, _ in schema.direct:
         leaf = leaves[i]
         own = _own_memory(leaf, device)
         if own is None:
             own = torch.empty(leaf.numel(), dtype=leaf.dtype, device=device)
-            copies.append((own, [leaf]))
+            copies.append((own, [leaf], [tuple(leaf.shape)]))
         msgs.append(own)
 
     def finish() -> None:
-        for flat, members in copies:
+        for flat, members, member_shapes in copies:
             if len(members) == 1:
-                members[0].copy_(flat.view(members[0].shape))
+                members[0].copy_(flat.view(member_shapes[0]))
                 continue
             parts = torch.split(flat, [m.numel() for m in members])
-            torch._foreach_copy_(members, [p.view(m.shape) for p, m in zip(parts, members, strict=True)])
+            # one fused copy (torch has no public name for it)
+            torch._foreach_copy_(members, [p.view(sh) for p, sh in zip(parts, member_shapes, strict=True)])
 
     return msgs, finish
 
@@ -206,14 +211,24 @@ class Transport:
         for group, members in zip(schema.groups, _grouped(schema, leaves), strict=True):
             flat = contiguous_run(members, group.dtype, self.device)
             if flat is None:
-                parts = [t.detach().reshape(-1).to(self.device) for t in members]
-                flat = torch.cat(parts) if parts else torch.empty(0, dtype=group.dtype, device=self.device)
+                flat = self._packed(members, group.dtype)
             out.append(flat)
         for i, _ in schema.direct:
             leaf = leaves[i].detach()
             own = _own_memory(leaf, self.device)
             out.append(own if own is not None else leaf.contiguous().to(self.device).view(-1))
         return out
+
+    def _packed(self, members: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """``members`` flattened into one new buffer on this transport's device."""
+        if not members:
+            return torch.empty(0, dtype=dtype, device=self.device)
+        with torch.no_grad():
+            try:
+                flat = torch.cat([t.reshape(-1) for t in members])
+            except RuntimeError:  # leaves on several devices
+                flat = torch.cat([t.reshape(-1).to(self.device) for t in members])
+            return flat.to(self.device)
 
     def allocate(self, schema: Schema) -> list[torch.Tensor]:
         """Empty messages for ``schema``: its groups' buffers, then its direct leaves."""

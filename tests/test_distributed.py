@@ -358,3 +358,24 @@ def test_example_runs_under_spawn(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "rank 1 received obs sum=28.0 tag=hello" in proc.stdout
+
+
+def test_example_runs_under_torchrun(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(ROOT / "examples" / "distributed_pair.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 1 received obs sum=28.0 tag=hello" in proc.stdout
