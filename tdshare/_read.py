@@ -153,7 +153,9 @@ def _load_stack(cls: type[T], store: Store, level: str, meta: dict, out: Any, pa
     return result
 
 
-def _load_wrapped(cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any) -> Any:
+def _load_wrapped(
+    cls: type[T], store: Store, level: str, meta: dict, out: Any, parent_batch: Any, device: Any
+) -> Any:
     """A class around a collection (a tensorclass): the collection in ``_tensordict/``.
 
     A registered kind (:func:`tdshare._nodes.kind_for_tag`) rebuilds its own class; any other is
