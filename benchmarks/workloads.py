@@ -37,6 +37,7 @@ from ._common import (
     require,
     run_interleaved,
 )
+from .distributed import distributed
 from .map_rows import map_rows
 
 __all__ = [
@@ -1341,4 +1342,5 @@ GROUPS: dict[str, tuple[Group, bool]] = {
     "dataloader": (dataloader, False),
     "consolidate": (consolidate, False),
     "map": (map_rows, False),
+    "distributed": (distributed, False),
 }

@@ -5,8 +5,8 @@ A writer killed part way (SIGKILL, OOM, power to the process cut) can leave:
 * a staging folder ``.tdtmp-<pid>-*`` of an atomic write, beside the target;
 * temporary files ``.<name>.tdshare-<pid>-<hex>.tmp`` (a leaf, a ``meta.json`` or a ``.tdz``
   archive being written), in a level of the tree or beside the archive;
-* leaf data files (``*.memmap``) that no ``meta.json`` names (a ``make_memmap`` killed between
-  its file and its metadata).
+* leaf data files (``*.memmap``) that no ``meta.json`` (or its ``meta.jsonl`` record) names (a
+  ``make_memmap`` killed between its file and its metadata).
 
 Every name carries the writer's pid, so debris is removed only when that process is gone: a live
 writer's files are never touched (a pid reused by another live process keeps its debris until
@@ -24,7 +24,8 @@ import shutil
 
 from ._atomic import STAGING_PREFIX, TARGET_NOTE
 from ._files import TMP_MARK
-from ._format import LEAF_SUFFIX, META_FILE, loads_json
+from ._format import JOURNAL_FILE, LEAF_SUFFIX, META_FILE, loads_json
+from ._journal import merge_entries, parse_entries, read_journal
 from ._keys import encode_key
 
 __all__ = ["pid_alive", "sweep_staging", "sweep_tree", "sweep_archive", "Swept"]
@@ -154,10 +155,14 @@ def sweep_archive(path: str, out: Swept | None = None) -> Swept:
 
 
 def _referenced(level: str) -> set[str] | None:
-    """The ``*.memmap`` names a level's ``meta.json`` may use (None: no readable metadata)."""
+    """The ``*.memmap`` names a level's ``meta.json`` and its record of new entries (``meta.jsonl``)
+    may use (None: no readable metadata)."""
     try:
         with open(os.path.join(level, META_FILE), "rb") as f:
             meta = loads_json(f.read(), os.path.join(level, META_FILE))
+        journal = read_journal(level)  # entries added since the last compaction are committed too
+        if journal is not None:
+            meta = merge_entries(meta, parse_entries(journal.raw, os.path.join(level, JOURNAL_FILE)))
     except (OSError, ValueError):
         return None
     names = set()

@@ -94,6 +94,35 @@ def test_every_name_is_importable(name: str) -> None:
         assert getattr(obj, "__module__", "tdshare").startswith("tdshare"), f"{name} comes from outside tdshare"
 
 
+DISTRIBUTED = [
+    "DistributedError",
+    "PeerError",
+    "Schema",
+    "SchemaMismatchError",
+    "Transfer",
+    "all_gather",
+    "broadcast",
+    "irecv",
+    "isend",
+    "leaves_of",
+    "recv",
+    "scatter",
+    "schema_of",
+    "send",
+    "sync",
+]
+
+
+def test_distributed_submodule_is_pinned() -> None:
+    import tdshare.distributed as tdd
+
+    assert sorted(tdd.__all__) == DISTRIBUTED
+    for name in DISTRIBUTED:
+        obj = getattr(tdd, name)
+        assert obj.__module__.startswith("tdshare"), name
+        assert (obj.__doc__ or "").strip(), f"tdshare.distributed.{name} needs a docstring"
+
+
 def test_star_import_gives_all() -> None:
     namespace: dict[str, object] = {}
     exec("from tdshare import *", namespace)

@@ -127,6 +127,9 @@ def _debris(kind: str, path: str) -> list[str]:
             found += [os.path.join(root, n) for n in files if n.endswith(".tmp")]
             if "meta.json" in files:
                 meta = json.loads(Path(root, "meta.json").read_text())
+                journal = tdshare._journal.read_journal(root)  # entries added since the last compaction
+                if journal is not None:
+                    meta.update(tdshare._journal.parse_entries(journal.raw, root))
                 named = {k + suffix for k in meta for suffix in (".memmap", ".shape.memmap")}
                 named |= {tdshare._keys.encode_key(k) + ".memmap" for k in meta}
                 found += [os.path.join(root, n) for n in files if n.endswith(".memmap") and n not in named]

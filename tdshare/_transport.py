@@ -1,0 +1,341 @@
+"""The wire under :mod:`tdshare.distributed`: headers, flat buffers per dtype, and peer errors.
+
+Every message travels as bytes (a ``uint8`` view of its buffer), so any dtype the schema knows
+goes over gloo and NCCL alike.  A dtype group's buffer is, on the sending side, a view of the
+leaves themselves when they are one contiguous run of memory (an anonymous memory-mapped tree
+lays them out so), else one packed copy; on the receiving side, likewise, the leaves' own memory
+or one staging buffer copied into them.  Ranks are ranks *in the group*.
+
+>>> h = Header(5, 6, 7)
+>>> Header.from_tensor(h.tensor()) == h
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ._errors import FormatError, TdshareError
+from ._schema import Schema
+
+__all__ = ["DistributedError", "Header", "PeerError", "Transport", "staged_views", "contiguous_run", "require_group"]
+
+_MAGIC = 0x7464736861726531  # "tdshare1"
+
+
+class DistributedError(TdshareError, RuntimeError):
+    """Base class of the errors of :mod:`tdshare.distributed` (also: no process group yet)."""
+
+
+def require_group() -> None:
+    """Raise :class:`DistributedError` unless ``torch.distributed`` is initialized."""
+    if not dist.is_initialized():
+        raise DistributedError("torch.distributed is not initialized: call torch.distributed.init_process_group first.")
+
+
+class PeerError(DistributedError):
+    """A transfer failed because of a peer: it timed out, died or closed its connection.
+
+    Attributes:
+        peer: the peer's description (``"rank 1"``).
+    """
+
+    def __init__(self, message: str, peer: str = "") -> None:
+        super().__init__(message)
+        self.peer = peer
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.peer))
+
+
+@dataclass(frozen=True)
+class Header:
+    """What precedes every transfer: the schema's two hashes and the length of the schema text sent
+    with it (0: the peer has it already)."""
+
+    digest: int
+    layout_digest: int
+    schema_len: int
+
+    def tensor(self) -> torch.Tensor:
+        """The header as a 4-element int64 tensor."""
+        return torch.tensor([_MAGIC, self.digest, self.layout_digest, self.schema_len], dtype=torch.int64)
+
+    @classmethod
+    def from_tensor(cls, raw: torch.Tensor) -> Header:
+        """Read a header tensor.
+
+        Raises:
+            FormatError: not a tdshare header (another sender on the same tag).
+        """
+        magic, digest, layout, length = (int(v) for v in raw.cpu().tolist())
+        if magic != _MAGIC:
+            raise FormatError(
+                "The message is not a tdshare transfer header: another send on the same peer and tag was received "
+                "here; use a distinct tag for tdshare transfers."
+            )
+        return cls(digest, layout, length)
+
+
+def contiguous_run(leaves: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """One flat tensor over ``leaves`` when they lie back to back in one storage, else None.
+
+    The leaves must follow one another without gaps from the first one's address on, and end
+    inside the first one's storage (virtual addresses of distinct allocations never overlap, so
+    that storage then holds them all)."""
+    parts = [t for t in leaves if t.numel()]
+    if not parts:
+        return None
+    first = parts[0]
+    size = first.element_size()
+    end = first.data_ptr()
+    for t in parts:
+        if t.data_ptr() != end or t.dtype != dtype or t.device != device or not t.is_contiguous():
+            return None
+        end += t.numel() * size
+    storage = first.untyped_storage()
+    if end > storage.data_ptr() + storage.nbytes():
+        return None
+    flat = torch.empty(0, dtype=dtype, device=device)
+    flat.set_(storage, first.storage_offset(), ((end - first.data_ptr()) // size,), (1,))
+    return flat
+
+
+def _grouped(schema: Schema, leaves: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The packed leaves of each dtype group (the direct ones left out)."""
+    groups: list[list[torch.Tensor]] = [[] for _ in schema.groups]
+    for (g, _, _), leaf in zip(schema.slots, leaves, strict=True):
+        if g >= 0:
+            groups[g].append(leaf)
+    return groups
+
+
+def _own_memory(leaf: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """A flat view of ``leaf`` to send from or receive into, where it is contiguous on ``device``."""
+    return leaf.view(-1) if leaf.is_contiguous() and leaf.device == device else None
+
+
+def staged_views(
+    schema: Schema, leaves: list[torch.Tensor], device: torch.device
+) -> tuple[list[torch.Tensor], Callable[[], None]]:
+    """The messages to receive ``leaves`` (of ``schema``'s layout) into, and a function that copies
+    staged messages into the leaves (nothing to copy where a message is the leaves' own memory).
+
+    The messages are one flat buffer per dtype group, then one per direct (big) leaf."""
+    msgs: list[torch.Tensor] = []
+    copies: list[tuple[torch.Tensor, list[torch.Tensor], list[tuple[int, ...]]]] = []
+    shapes: list[list[tuple[int, ...]]] = [[] for _ in schema.groups]
+    for g, _, shape in schema.slots:
+        if g >= 0:
+            shapes[g].append(shape)
+    for gi, (group, members) in enumerate(zip(schema.groups, _grouped(schema, leaves), strict=True)):
+        flat = contiguous_run(members, group.dtype, device)
+        if flat is None:
+            flat = torch.empty(group.numel, dtype=group.dtype, device=device)
+            if group.numel:
+                copies.append((flat, members, shapes[gi]))
+        msgs.append(flat)
+    for i, _ in schema.direct:
+        leaf = leaves[i]
+        own = _own_memory(leaf, device)
+        if own is None:
+            own = torch.empty(leaf.numel(), dtype=leaf.dtype, device=device)
+            copies.append((own, [leaf], [tuple(leaf.shape)]))
+        msgs.append(own)
+
+    def finish() -> None:
+        for flat, members, member_shapes in copies:
+            if len(members) == 1:
+                members[0].copy_(flat.view(member_shapes[0]))
+                continue
+            parts = torch.split(flat, [m.numel() for m in members])
+            # one fused copy (torch has no public name for it)
+            torch._foreach_copy_(members, [p.view(sh) for p, sh in zip(parts, member_shapes, strict=True)])
+
+    return msgs, finish
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype is not torch.uint8 else t
+
+
+class Transport:
+    """The process group, its device and timeout, and the messages of one transfer.
+
+    Args:
+        group: the process group (None: the default one).
+        timeout: seconds each wait may take (None: the group's own timeout).
+    """
+
+    def __init__(self, group: Any, timeout: float | None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized: call torch.distributed.init_process_group first.")
+        self.group = group
+        self.timeout = timeout
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        backend = str(dist.get_backend(group)).lower()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
+
+    # -- waiting ----------------------------------------------------------------------------
+    def wait_all(self, works: list[Any], what: str, timeout: float | None = None) -> None:
+        """Wait for ``works``; a failure or timeout is a :class:`PeerError` naming ``what`` (the peer)."""
+        limit = self.timeout if timeout is None else timeout
+        for work in works:
+            try:
+                if limit is None:
+                    work.wait()
+                else:
+                    work.wait(timedelta(seconds=limit))
+            except TdshareError:
+                raise
+            except RuntimeError as exc:
+                late = f" within {limit} s" if limit is not None else ""
+                raise PeerError(
+                    f"{what} did not complete{late}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. "
+                    "The peer may have died, be stuck, or be waiting on another call; check it, or raise timeout=.",
+                    what,
+                ) from exc
+
+    # -- buffers ----------------------------------------------------------------------------
+    def pack(self, schema: Schema, leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The messages of ``leaves``: one flat buffer per dtype group (a view of the leaves where
+        they are one run, else one packed copy), then each direct (big) leaf, from its own memory."""
+        out = []
+        for group, members in zip(schema.groups, _grouped(schema, leaves), strict=True):
+            flat = contiguous_run(members, group.dtype, self.device)
+            if flat is None:
+                flat = self._packed(members, group.dtype)
+            out.append(flat)
+        for i, _ in schema.direct:
+            leaf = leaves[i].detach()
+            own = _own_memory(leaf, self.device)
+            out.append(own if own is not None else leaf.contiguous().to(self.device).view(-1))
+        return out
+
+    def _packed(self, members: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """``members`` flattened into one new buffer on this transport's device."""
+        if not members:
+            return torch.empty(0, dtype=dtype, device=self.device)
+        with torch.no_grad():
+            try:
+                flat = torch.cat([t.reshape(-1) for t in members])
+            except RuntimeError:  # leaves on several devices
+                flat = torch.cat([t.reshape(-1).to(self.device) for t in members])
+            return flat.to(self.device)
+
+    def allocate(self, schema: Schema) -> list[torch.Tensor]:
+        """Empty messages for ``schema``: its groups' buffers, then its direct leaves."""
+        msgs = [torch.empty(g.numel, dtype=g.dtype, device=self.device) for g in schema.groups]
+        for i, dtype in schema.direct:
+            msgs.append(torch.empty(schema.slots[i][2], dtype=dtype, device=self.device).view(-1))
+        return msgs
+
+    @staticmethod
+    def unpack(schema: Schema, msgs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The leaves of ``schema`` as views of its messages."""
+        out = []
+        direct = len(schema.groups)
+        for g, offset, shape in schema.slots:
+            if g < 0:
+                out.append(msgs[direct].view(shape))
+                direct += 1
+                continue
+            n = 1
+            for d in shape:
+                n *= d
+            out.append(msgs[g][offset : offset + n].view(shape))
+        return out
+
+    # -- point to point ---------------------------------------------------------------------
+    def post_send(self, header: Header, text: bytes, buffers: list[torch.Tensor], dst: int, tag: int) -> list[Any]:
+        """Post the header, the schema text (if any) and the buffers to ``dst``; return the works."""
+        msgs = [header.tensor().to(self.device)]
+        if text:
+            msgs.append(torch.frombuffer(bytearray(text), dtype=torch.uint8).to(self.device))
+        msgs.extend(_bytes(b) for b in buffers if b.numel())
+        return [dist.isend(m, group=self.group, tag=tag, group_dst=dst) for m in msgs]
+
+    def post_header_recv(self, src: int, tag: int) -> tuple[torch.Tensor, Any]:
+        """Post the receipt of a header from ``src``."""
+        raw = torch.empty(4, dtype=torch.int64, device=self.device)
+        return raw, dist.irecv(raw, group=self.group, tag=tag, group_src=src)
+
+    def recv_header(self, src: int, tag: int, peer: str) -> Header:
+        """Receive a header from ``src``."""
+        raw, work = self.post_header_recv(src, tag)
+        self.wait_all([work], f"recv from {peer}")
+        return Header.from_tensor(raw)
+
+    def recv_bytes(self, n: int, src: int, tag: int, peer: str) -> bytes:
+        """Receive ``n`` bytes (a schema's text) from ``src``."""
+        buf = torch.empty(n, dtype=torch.uint8, device=self.device)
+        self.wait_all([dist.irecv(buf, group=self.group, tag=tag, group_src=src)], f"recv from {peer}")
+        return bytes(buf.cpu().numpy().tobytes())
+
+    def post_recv(self, flats: list[torch.Tensor], src: int, tag: int) -> list[Any]:
+        """Post the receipt of ``flats`` (in order) from ``src``."""
+        return [dist.irecv(_bytes(f), group=self.group, tag=tag, group_src=src) for f in flats if f.numel()]
+
+    # -- collectives ------------------------------------------------------------------------
+    def _broadcast(self, t: torch.Tensor, src: int, peer: str) -> None:
+        self.wait_all([dist.broadcast(t, group=self.group, async_op=True, group_src=src)], f"broadcast from {peer}")
+
+    def broadcast_header(self, header: Header | None, src: int, peer: str) -> Header:
+        """Broadcast ``header`` from ``src`` (None on the others); return it on every rank."""
+        raw = (
+            header.tensor().to(self.device)
+            if header is not None
+            else torch.empty(4, dtype=torch.int64, device=self.device)
+        )
+        self._broadcast(raw, src, peer)
+        return header if header is not None else Header.from_tensor(raw)
+
+    def broadcast_bytes(self, data: bytes | int, src: int, peer: str) -> bytes:
+        """Broadcast bytes from ``src`` (elsewhere pass their length); return them on every rank."""
+        if isinstance(data, bytes):
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+        else:
+            buf = torch.empty(data, dtype=torch.uint8, device=self.device)
+        self._broadcast(buf, src, peer)
+        return data if isinstance(data, bytes) else bytes(buf.cpu().numpy().tobytes())
+
+    def broadcast_all(self, flats: list[torch.Tensor], src: int, peer: str) -> None:
+        """Broadcast every non-empty buffer from ``src``."""
+        works = [dist.broadcast(_bytes(f), group=self.group, async_op=True, group_src=src) for f in flats if f.numel()]
+        self.wait_all(works, f"broadcast from {peer}")
+
+    def all_gather_header(self, header: Header, what: str) -> list[Header]:
+        """Every rank's header, in rank order."""
+        mine = header.tensor().to(self.device)
+        outs = [torch.empty_like(mine) for _ in range(self.world)]
+        self.wait_all([dist.all_gather(outs, mine, group=self.group, async_op=True)], f"{what} (a rank of the group)")
+        return [Header.from_tensor(o) for o in outs]
+
+    def all_gather_object(self, obj: Any, what: str) -> list[Any]:
+        """Every rank's ``obj`` (small: schemas), in rank order."""
+        outs: list[Any] = [None] * self.world
+        try:
+            dist.all_gather_object(outs, obj, group=self.group)
+        except RuntimeError as exc:
+            raise PeerError(f"{what} (a rank of the group) failed: {exc}", what) from exc
+        return outs
+
+    def all_gather_buffers(self, flats: list[torch.Tensor], what: str) -> list[list[torch.Tensor]]:
+        """Every rank's buffers: ``result[rank][group]``."""
+        per_rank: list[list[torch.Tensor]] = [[] for _ in range(self.world)]
+        works = []
+        for flat in flats:
+            outs = [torch.empty_like(flat) for _ in range(self.world)]
+            if flat.numel():
+                works.append(dist.all_gather([_bytes(o) for o in outs], _bytes(flat), group=self.group, async_op=True))
+            for r, o in enumerate(outs):
+                per_rank[r].append(o)
+        self.wait_all(works, f"{what} (a rank of the group)")
+        return per_rank

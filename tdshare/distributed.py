@@ -1,0 +1,498 @@
+"""Whole tensor trees over ``torch.distributed``: schema once, then one message per dtype group.
+
+A transfer sends a small header (the schema's hashes), the schema itself only when the peer has
+not seen it (the first transfer, or after a change: keys, dtypes, shapes or a non-tensor value),
+then one flat buffer per dtype (see :mod:`tdshare._schema`).  The receiver writes into the
+tensordict it is given, in place (directly into the leaves' memory where a dtype's leaves are one
+contiguous run, as in an anonymous memory-mapped tree; through one staging buffer otherwise), or
+builds a new one from the schema.  A changed schema is always detected by its hash and never
+misread: a receiving tree of another layout raises :class:`SchemaMismatchError`, which carries the
+tree that arrived.  Errors of the process group (a timeout, a dead peer) raise :class:`PeerError`
+naming the peer.
+
+Works with gloo (CPU tensors) and NCCL (CUDA tensors: the buffers live on the current device).
+
+>>> import torch, torch.distributed as dist
+>>> from tdshare import TensorDict
+>>> # rank 0: send(TensorDict(a=torch.ones(3), batch_size=[3]), dst=1)
+>>> # rank 1: td = recv(None, src=0)   # or recv(preallocated, src=0), filled in place
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
+from ._nodes import kind_of
+from ._schema import Schema, build_tree, describe, leaves_of, schema_of, value_of
+from ._sync import sync_tree
+from ._transport import DistributedError, Header, PeerError, Transport, require_group, staged_views
+
+__all__ = [
+    "DistributedError",
+    "PeerError",
+    "Schema",
+    "SchemaMismatchError",
+    "Transfer",
+    "all_gather",
+    "broadcast",
+    "irecv",
+    "isend",
+    "leaves_of",
+    "recv",
+    "scatter",
+    "schema_of",
+    "send",
+    "sync",
+]
+
+
+class SchemaMismatchError(DistributedError):
+    """The tree that arrived has another layout than the one it was to be written into.
+
+    Attributes:
+        received: the tree that arrived (a new tensordict of the sender's schema), so that nothing
+            sent is lost; the target was left untouched.
+    """
+
+    def __init__(self, message: str, received: Any = None) -> None:
+        super().__init__(message)
+        self.received = received
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.received))
+
+
+_SCATTER_TAG = 0x7D5C  # scatter's own tag, away from the small tags users pick
+
+# what each side last sent / received, per (process group, peer, tag): the schema is resent on change
+_SENT: dict[tuple[int, int, Any], int] = {}
+_SEEN: dict[tuple[int, int, Any], Schema] = {}
+
+
+def _group_key(group: Any) -> int:
+    return id(group if group is not None else dist.group.WORLD)
+
+
+def _check_collection(td: Any, what: str) -> None:
+    if kind_of(td) is None or isinstance(td, torch.Tensor):
+        raise ArgumentTypeError(f"{what} expects a tensordict, tensorclass or lazy stack, got {type(td).__name__}.")
+
+
+def _check_rank(rank: Any, what: str, group: Any) -> None:
+    require_group()
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        raise ArgumentTypeError(f"{what}: the peer rank must be an int, got {type(rank).__name__}.")
+    world = dist.get_world_size(group)
+    if not 0 <= rank < world:
+        raise InvalidArgumentError(f"{what}: rank {rank} is outside the group of {world} ranks (0..{world - 1}).")
+
+
+class _Outgoing:
+    """A tree packed for sending: its schema, header and one flat buffer per dtype group."""
+
+    def __init__(self, td: Any, transport: Transport, allow_pickle: bool, known: int | None) -> None:
+        self.td = td
+        self.schema, leaves = describe(td, allow_pickle=allow_pickle)
+        self.text = b"" if known == self.schema.digest else self.schema.to_json().encode()
+        self.header = Header(self.schema.digest, self.schema.layout_digest, len(self.text))
+        self.buffers = transport.pack(self.schema, leaves)
+
+
+class Transfer:
+    """A transfer in flight (from :func:`isend` / :func:`irecv`): ``wait()`` gives the tree.
+
+    >>> # handle = isend(td, dst=1); ...; handle.wait(timeout=30)
+    """
+
+    def __init__(self, finish: Any, works: list[Any] | None = None) -> None:
+        self._finish = finish
+        self._works = works or []
+        self._result: Any = None
+        self._done = False
+
+    def is_completed(self) -> bool:
+        """Whether the messages posted so far have completed (``wait`` may still have work to do)."""
+        return self._done or all(w.is_completed() for w in self._works)
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Wait for the transfer and return its tree (the sent one, or the received one).
+
+        Args:
+            timeout: seconds to wait at most (None: the process group's timeout).
+
+        Raises:
+            PeerError: the peer timed out or failed.
+        """
+        if not self._done:
+            self._result = self._finish(timeout)
+            self._done = True
+        return self._result
+
+
+def _post_send(
+    td: Any, dst: int, group: Any, tag: int, allow_pickle: bool, timeout: float | None
+) -> tuple[_Outgoing, Transport, list[Any]]:
+    _check_collection(td, "send")
+    _check_rank(dst, "send", group)
+    transport = Transport(group, timeout)
+    key = (_group_key(group), dst, tag)
+    out = _Outgoing(td, transport, allow_pickle, _SENT.get(key))
+    works = transport.post_send(out.header, out.text, out.buffers, dst, tag)
+    _SENT[key] = out.schema.digest
+    return out, transport, works
+
+
+def send(
+    td: Any, dst: int, *, group: Any = None, tag: int = 0, allow_pickle: bool = False, timeout: float | None = None
+) -> None:
+    """Send the tree ``td`` to rank ``dst``: a header, the schema when ``dst`` lacks it, one buffer per dtype.
+
+    Args:
+        td: a tensordict, tensorclass or lazy stack (its members go as one stream).
+        dst: the receiving rank (in ``group``).
+        group: the process group (None: the default one).
+        tag: matches this send with the ``recv`` of the same tag.
+        allow_pickle: pickle non-tensor values that JSON cannot hold.
+        timeout: seconds to wait at most (None: the process group's timeout).
+
+    Raises:
+        PeerError: ``dst`` timed out or failed (the message names it).
+        PickleRefusedError: a non-JSON non-tensor value without ``allow_pickle``.
+
+    >>> # rank 0: send(td, dst=1); rank 1: recv(td_like, src=0)
+    """
+    _, transport, works = _post_send(td, dst, group, tag, allow_pickle, timeout)
+    transport.wait_all(works, f"send to rank {dst}")
+
+
+def isend(
+    td: Any, dst: int, *, group: Any = None, tag: int = 0, allow_pickle: bool = False, timeout: float | None = None
+) -> Transfer:
+    """Start sending ``td`` to ``dst`` (as :func:`send`) and return a :class:`Transfer` at once.
+
+    ``td`` must not be changed until ``wait()`` returns (the buffers may view its leaves).
+
+    >>> # handle = isend(td, dst=1); handle.wait()
+    """
+    out, transport, works = _post_send(td, dst, group, tag, allow_pickle, timeout)
+
+    def finish(t: float | None) -> Any:
+        transport.wait_all(works, f"send to rank {dst}", t)
+        return out.td
+
+    return Transfer(finish, works)
+
+
+def _resolve_schema(header: Header, text: bytes | None, cache_key: tuple[int, int, Any], peer: str) -> Schema:
+    if text is not None:
+        schema = Schema.from_json(text)
+        if schema.digest != header.digest:
+            raise SchemaMismatchError(f"The schema from {peer} does not match its own hash: a corrupt transfer.")
+        _SEEN[cache_key] = schema
+        return schema
+    cached = _SEEN.get(cache_key)
+    if cached is None or cached.digest != header.digest:
+        raise SchemaMismatchError(
+            f"{peer} sent a tree without its schema, believing this rank has it, but this rank last received "
+            f"{'nothing' if cached is None else 'another schema'} from it: the two sides' transfers are out of step "
+            "(every send needs its recv, in order, with the same tag)."
+        )
+    return cached
+
+
+def _layout_matches(target: Any, schema: Schema) -> tuple[Schema | None, list[torch.Tensor]]:
+    """The target's own schema (when its layout is ``schema``'s, else None) and its leaves."""
+    if target is None:
+        return None, []
+    mine, leaves = (target, []) if isinstance(target, Schema) else describe(target, allow_pickle=True)
+    return (mine if mine.layout_digest == schema.layout_digest else None), leaves
+
+
+def _receive_into(
+    target: Any, schema: Schema, transport: Transport, receive: Any, allow_pickle: bool, peer: str
+) -> Any:
+    """Receive the buffers of ``schema`` (``receive(flat_tensors)``) into ``target`` or a new tree."""
+    mine, leaves = _layout_matches(target, schema)
+    if mine is not None and not isinstance(target, Schema):
+        flats, finish = staged_views(schema, leaves, transport.device)
+        receive(flats)
+        finish()
+        if mine.digest != schema.digest:
+            _assign_values(target, schema.tree, allow_pickle)
+        return target
+    flats = transport.allocate(schema)
+    receive(flats)
+    tree = build_tree(schema, transport.unpack(schema, flats), allow_pickle=allow_pickle)
+    if target is not None and mine is None:
+        raise SchemaMismatchError(
+            f"The tree from {peer} has another layout (keys, dtypes or shapes) than the target: the target is "
+            "untouched; the tree that arrived is this error's .received (receive with None to take any tree).",
+            tree,
+        )
+    return tree
+
+
+def _assign_values(target: Any, node: dict[str, Any], allow_pickle: bool) -> None:
+    """Write the non-tensor values of the schema ``node`` that differ into ``target`` (same layout)."""
+    t = node["t"]
+    if t == "level":
+        for key, child in node["items"]:
+            if child["t"] in ("value", "vstack"):
+                value = value_of(child, allow_pickle)
+                if target.get(key) != value:
+                    target.set_(key, value)
+            elif child["t"] != "tensor":
+                _assign_values(target._tensordict[key], child, allow_pickle)
+    elif t == "stack":
+        for member, child in zip(target.tensordicts, node["members"], strict=True):
+            _assign_values(member, child, allow_pickle)
+    elif t == "wrapped":
+        kind = kind_of(target)
+        assert kind is not None and kind.unwrap is not None
+        _assign_values(kind.unwrap(target)[0], node["inner"], allow_pickle)
+
+
+def _recv(
+    target: Any,
+    src: int,
+    group: Any,
+    tag: int,
+    allow_pickle: bool,
+    timeout: float | None,
+    transport: Transport,
+    header: Header,
+) -> Any:
+    peer = f"rank {src}"
+    text = transport.recv_bytes(header.schema_len, src, tag, peer) if header.schema_len else None
+    schema = _resolve_schema(header, text, (_group_key(group), src, tag), peer)
+
+    def receive(flats: list[torch.Tensor]) -> None:
+        transport.wait_all(transport.post_recv(flats, src, tag), f"recv from {peer}")
+
+    return _receive_into(target, schema, transport, receive, allow_pickle, peer)
+
+
+def _check_target(target: Any, what: str) -> None:
+    if target is not None and not isinstance(target, Schema):
+        _check_collection(target, what)
+
+
+def recv(
+    td: Any, src: int, *, group: Any = None, tag: int = 0, allow_pickle: bool = False, timeout: float | None = None
+) -> Any:
+    """Receive a tree from rank ``src`` into ``td`` (in place) and return it.
+
+    Args:
+        td: the tree to fill (its leaves are written in place, its non-tensor values updated), or
+            None (or a :class:`Schema`) to build a new tree from the sender's schema.
+        src: the sending rank.
+        group, tag, timeout: as for :func:`send`.
+        allow_pickle: load pickled non-tensor values.
+
+    Returns:
+        ``td`` filled, or the new tree.
+
+    Raises:
+        SchemaMismatchError: the sender's tree has another layout than ``td`` (``td`` is untouched;
+            the error's ``received`` holds what arrived).
+        PeerError: ``src`` timed out or failed.
+        PickleRefusedError: a pickled value without ``allow_pickle``.
+
+    >>> # td = recv(TensorDict(a=torch.empty(3), batch_size=[3]), src=0)
+    """
+    _check_target(td, "recv")
+    _check_rank(src, "recv", group)
+    transport = Transport(group, timeout)
+    header = transport.recv_header(src, tag, f"rank {src}")
+    return _recv(td, src, group, tag, allow_pickle, timeout, transport, header)
+
+
+def irecv(
+    td: Any, src: int, *, group: Any = None, tag: int = 0, allow_pickle: bool = False, timeout: float | None = None
+) -> Transfer:
+    """Start receiving from ``src`` (as :func:`recv`); the returned :class:`Transfer`'s ``wait()`` gives the tree.
+
+    The header is posted at once; the buffers are posted when it has arrived (inside ``wait``),
+    since their sizes come with it.
+
+    >>> # handle = irecv(td, src=0); ...; td = handle.wait()
+    """
+    _check_target(td, "irecv")
+    _check_rank(src, "irecv", group)
+    transport = Transport(group, timeout)
+    raw, work = transport.post_header_recv(src, tag)
+
+    def finish(t: float | None) -> Any:
+        transport.wait_all([work], f"recv from rank {src}", t)
+        return _recv(td, src, group, tag, allow_pickle, timeout, transport, Header.from_tensor(raw))
+
+    return Transfer(finish, [work])
+
+
+def broadcast(td: Any, src: int, *, group: Any = None, allow_pickle: bool = False, timeout: float | None = None) -> Any:
+    """Broadcast the tree of rank ``src`` to every rank of ``group``; return each rank's tree.
+
+    Args:
+        td: on ``src``, the tree to send; elsewhere the tree to fill in place, or None (or a
+            :class:`Schema`) to build one.
+        src: the broadcasting rank.
+        group, allow_pickle, timeout: as for :func:`send` / :func:`recv`.
+
+    Raises:
+        SchemaMismatchError: on a receiving rank whose ``td`` has another layout.
+        PeerError: a rank timed out or failed.
+
+    >>> # td = broadcast(td if rank == 0 else None, src=0)
+    """
+    _check_rank(src, "broadcast", group)
+    transport = Transport(group, timeout)
+    key = (_group_key(group), -1 - src, "broadcast")
+    peer = f"rank {src} (broadcast)"
+    if transport.rank == src:
+        _check_collection(td, "broadcast")
+        out = _Outgoing(td, transport, allow_pickle, _SENT.get(key))
+        transport.broadcast_header(out.header, src, peer)
+        if out.text:
+            transport.broadcast_bytes(out.text, src, peer)
+        transport.broadcast_all(out.buffers, src, peer)
+        _SENT[key] = out.schema.digest
+        return td
+    _check_target(td, "broadcast")
+    header = transport.broadcast_header(None, src, peer)
+    text = transport.broadcast_bytes(header.schema_len, src, peer) if header.schema_len else None
+    schema = _resolve_schema(header, text, key, peer)
+    return _receive_into(
+        td, schema, transport, lambda flats: transport.broadcast_all(flats, src, peer), allow_pickle, peer
+    )
+
+
+def all_gather(td: Any, *, group: Any = None, allow_pickle: bool = False, timeout: float | None = None) -> Any:
+    """Gather every rank's tree of one layout, stacked along a new leading dim (rank order).
+
+    Args:
+        td: this rank's tree; every rank's must have the same keys, dtypes and shapes
+            (non-tensor values may differ: they become one value per rank).
+        group, allow_pickle, timeout: as for :func:`send`.
+
+    Returns:
+        the stack (``torch.stack`` of the ranks' trees), on every rank.
+
+    Raises:
+        SchemaMismatchError: the layouts differ (the message names the ranks), on every rank.
+        PeerError: a rank timed out or failed.
+
+    >>> # stacked = all_gather(td); stacked.batch_size == (world_size, *td.batch_size)
+    """
+    _check_collection(td, "all_gather")
+    transport = Transport(group, timeout)
+    schema, leaves = describe(td, allow_pickle=allow_pickle)
+    headers = transport.all_gather_header(Header(schema.digest, schema.layout_digest, 0), "all_gather")
+    odd = [r for r, h in enumerate(headers) if h.layout_digest != schema.layout_digest]
+    if odd:
+        raise SchemaMismatchError(
+            f"all_gather: the trees of ranks {odd} have another layout than this rank's ({transport.rank}): every "
+            "rank must gather the same keys, dtypes and shapes."
+        )
+    if all(h.digest == schema.digest for h in headers):
+        schemas = [schema] * len(headers)
+    else:
+        texts = transport.all_gather_object(schema.to_json(), "all_gather")
+        schemas = [Schema.from_json(t) for t in texts]
+    gathered = transport.all_gather_buffers(transport.pack(schema, leaves), "all_gather")
+    trees = [
+        build_tree(s, transport.unpack(s, flats), allow_pickle=allow_pickle)
+        for s, flats in zip(schemas, gathered, strict=True)
+    ]
+    return torch.stack(trees, 0)
+
+
+def scatter(
+    td: Any, src: int, *, out: Any = None, group: Any = None, allow_pickle: bool = False, timeout: float | None = None
+) -> Any:
+    """Give rank ``r`` the element ``td[r]`` of the stacked tree ``td`` of rank ``src``.
+
+    Args:
+        td: on ``src``, a tree whose leading batch dim is the group's size (ignored elsewhere).
+        src: the scattering rank.
+        out: the tree to fill in place on this rank (None: a new one; on ``src``, ``td[src]``).
+        group, allow_pickle, timeout: as for :func:`send`.
+
+    Returns:
+        this rank's element.
+
+    Raises:
+        BatchSizeError: on ``src``, a leading dim other than the group's size.
+        SchemaMismatchError / PeerError: as for :func:`recv`.
+
+    >>> # mine = scatter(stacked if rank == 0 else None, src=0)
+    """
+    _check_rank(src, "scatter", group)
+    transport = Transport(group, timeout)
+    if transport.rank != src:
+        return recv(out, src, group=group, tag=_SCATTER_TAG, allow_pickle=allow_pickle, timeout=timeout)
+    _check_collection(td, "scatter")
+    world = transport.world
+    if not td.batch_size or td.batch_size[0] != world:
+        raise BatchSizeError(
+            f"scatter: the tree's batch size {list(td.batch_size)} must lead with the group's size {world} "
+            "(one element per rank); stack the elements first."
+        )
+    handles = [
+        isend(td[r], r, group=group, tag=_SCATTER_TAG, allow_pickle=allow_pickle, timeout=timeout)
+        for r in range(world)
+        if r != src
+    ]
+    for handle in handles:
+        handle.wait(timeout)
+    mine = td[src]
+    if out is None:
+        return mine
+    for dst_leaf, src_leaf in zip(leaves_of(out), leaves_of(mine), strict=True):
+        dst_leaf.copy_(src_leaf)
+    return out
+
+
+def sync(
+    td: Any,
+    src: int,
+    *,
+    group: Any = None,
+    store: Any = None,
+    name: str = "default",
+    allow_pickle: bool = False,
+    timeout: float | None = None,
+) -> Any:
+    """Replicate ``src``'s structure changes (new entries, non-tensor values) into every rank's ``td``.
+
+    Collective: every rank of ``group`` calls it with its own copy.  ``src`` publishes its schema's
+    hash through the ``Store`` (one write); the others read it (one round trip) and, when it is
+    what they already have, return at once, with no data moved.  Otherwise they read the schema
+    from the store, add the entries they lack (``make_memmap`` on a memory-mapped tree, so they go
+    into its folder), set the changed non-tensor values, and receive the new entries' data
+    (broadcast from ``src``).  The first call also sends every leaf.
+
+    Args:
+        td: this rank's tensordict (a tensorclass's fields count; not a lazy stack).
+        src: the rank whose tree is the reference.
+        group: the process group (None: the default one).
+        store: the ``torch.distributed.Store`` (None: the default group's).
+        name: names this replicated tree (several may be kept in sync independently).
+        allow_pickle, timeout: as for :func:`send`.
+
+    Returns:
+        ``td``.
+
+    Raises:
+        NotSupportedError: a lazy stack, or an entry removed on ``src``.
+        PeerError: ``src`` timed out.
+
+    >>> # sync(td, src=0)   # on every rank, after rank 0 called td.make_memmap("new", [4])
+    """
+    _check_collection(td, "sync")
+    _check_rank(src, "sync", group)
+    transport = Transport(group, timeout)
+    return sync_tree(td, src, transport, store, name, allow_pickle, broadcast)

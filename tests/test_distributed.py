@@ -1,0 +1,381 @@
+"""tdshare.distributed over real gloo process groups (spawned ranks, a FileStore under tmp_path).
+
+Each test starts one group and runs a worker function on every rank; the workers check values
+bitwise where they are and send summaries back through a queue, which the test checks again.
+Every wait is bounded (queue timeouts, the group's timeout, ``timeout=`` on transfers).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from _kinds import KINDS, build
+
+import tdshare
+from tdshare import LazyStackedTensorDict, NonTensorData, PickleRefusedError, TensorDict
+from tdshare import distributed as tdd
+
+ROOT = Path(__file__).resolve().parents[1]
+DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16, torch.int32,
+    torch.int64, torch.bool, torch.complex64, torch.complex128, torch.uint16, torch.uint32, torch.uint64,
+    torch.float8_e4m3fn, torch.float8_e5m2,
+]  # fmt: skip
+
+
+def _entry(
+    rank: int, world: int, store_path: str, out: Any, fn: Callable[..., Any], args: tuple, backend: str = "gloo"
+) -> None:
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(
+            backend,
+            store=dist.FileStore(store_path, world),
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=30),
+        )
+        out.put((rank, "ok", fn(rank, world, *args)))
+    except BaseException:  # report anything to the parent
+        out.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(
+    world: int, fn: Callable[..., Any], tmp_path: Path, *args: Any, timeout: float = 60.0, backend: str = "gloo"
+) -> dict[int, Any]:
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned ranks; return each rank's result."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    store = str(tmp_path / f"store-{os.getpid()}-{fn.__name__}")
+    procs = [ctx.Process(target=_entry, args=(r, world, store, out, fn, args, backend)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    try:
+        for _ in range(world):
+            rank, status, value = out.get(timeout=timeout)
+            assert status == "ok", f"rank {rank} failed:\n{value}"
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return results
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def _all_dtypes(offset: int) -> TensorDict:
+    g = torch.Generator().manual_seed(offset)
+    leaves = {}
+    for i, dtype in enumerate(DTYPES):
+        raw = torch.randint(0, 256, (3, 2 + i % 3, dtype.itemsize), dtype=torch.uint8, generator=g)
+        leaves[str(dtype).removeprefix("torch.")] = raw.view(dtype).reshape(3, 2 + i % 3)
+    return TensorDict(leaves, nested={"x": torch.arange(3.0) + offset, "empty": torch.zeros(3, 0)}, batch_size=[3])
+
+
+def _big_and_strided(offset: int) -> TensorDict:
+    """A leaf over the direct-message size (1 MiB), a transposed (non-contiguous) one, a small one."""
+    big = torch.arange(300_000, dtype=torch.float64) + offset  # 2.4 MB: its own message
+    strided = (torch.arange(12.0).view(3, 4) + offset).t()
+    return TensorDict(big=big, strided=strided, small=torch.tensor([offset]), batch_size=[])
+
+
+# -- point to point ---------------------------------------------------------------------------
+
+
+def _p2p(rank: int, world: int, folder: str) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    if rank == 0:
+        for kind in KINDS:
+            tdd.send(build(kind, 1.0), 1, timeout=20)  # into a new tree
+            tdd.send(build(kind, 2.0), 1, timeout=20)  # into a preallocated one
+        tdd.send(_all_dtypes(1), 1)
+        tdd.send(_all_dtypes(2), 1)  # the same schema: no schema resent, in place
+        td = TensorDict(a=torch.arange(4.0), s="v1", batch_size=[4])
+        tdd.send(td, 1)
+        td["s"] = "v2"  # a changed non-tensor value: new schema, same buffers
+        tdd.send(td, 1)
+        td["b"] = torch.ones(4, dtype=torch.int16)  # a new key mid-stream
+        tdd.send(td, 1)
+        tdd.send(td, 1, tag=3)  # into the memory-mapped receiver
+        handle = tdd.isend(td, 1, tag=4)
+        assert handle.wait(timeout=20) is td
+        with pytest.raises(PickleRefusedError, match=r"allow_pickle"):
+            tdd.send(TensorDict(obj={1, 2}, batch_size=[]), 1, tag=5)
+        tdd.send(TensorDict(obj={1, 2}, batch_size=[]), 1, tag=5, allow_pickle=True)
+        tdd.send(TensorDict(obj={3}, batch_size=[]), 1, tag=6, allow_pickle=True)
+        tdd.send(_big_and_strided(1), 1, tag=7)
+        tdd.send(_big_and_strided(2), 1, tag=7)
+        return report
+    for kind in KINDS:
+        fresh = tdd.recv(None, 0, timeout=20)
+        assert type(fresh) is type(build(kind))
+        assert (fresh == build(kind, 1.0)).all()
+        target = build(kind)
+        ptrs = [t.data_ptr() for t in tdd.leaves_of(target)]  # the stored leaves (a lazy stack's members')
+        got = tdd.recv(target, 0, timeout=20)
+        assert got is target and [t.data_ptr() for t in tdd.leaves_of(target)] == ptrs
+        assert (target == build(kind, 2.0)).all()
+        report[kind] = [_bits(t) for t in tdd.leaves_of(target)]
+    report["dtypes_new"] = {k: _bits(v) for k, v in tdd.recv(None, 0).items(True, True) if isinstance(v, torch.Tensor)}
+    target = _all_dtypes(0)
+    ptrs = {k: v.data_ptr() for k, v in target.items(True, True)}
+    tdd.recv(target, 0)
+    assert {k: v.data_ptr() for k, v in target.items(True, True)} == ptrs
+    report["dtypes_inplace"] = {k: _bits(v) for k, v in target.items(True, True)}
+    target = TensorDict(a=torch.zeros(4), s="old", batch_size=[4])
+    tdd.recv(target, 0)
+    assert target["s"] == "v1"
+    a_ptr = target["a"].data_ptr()
+    tdd.recv(target, 0)
+    assert target["s"] == "v2" and target["a"].data_ptr() == a_ptr
+    with pytest.raises(tdd.SchemaMismatchError, match=r"another layout") as info:
+        tdd.recv(target, 0)
+    assert target.keys() == ["a", "s"]  # untouched
+    report["changed"] = info.value.received["b"].tolist()
+    mm = TensorDict(a=torch.zeros(4), s="v2", b=torch.zeros(4, dtype=torch.int16), batch_size=[4]).memmap_(folder)
+    ptr = mm["b"].data_ptr()
+    tdd.recv(mm, 0, tag=3)
+    assert mm["b"].data_ptr() == ptr
+    report["memmap_files"] = TensorDict.load(folder)["a"].tolist()  # read back through the files
+    handle = tdd.irecv(None, 0, tag=4)
+    report["irecv"] = handle.wait(timeout=20)["b"].tolist()
+    with pytest.raises(PickleRefusedError, match=r"allow_pickle"):
+        tdd.recv(None, 0, tag=5)
+    report["pickled"] = tdd.recv(None, 0, tag=6, allow_pickle=True)["obj"]
+    report["big_new"] = {k: _bits(v) for k, v in tdd.recv(None, 0, tag=7).items()}
+    target = _big_and_strided(0)
+    ptrs = {k: v.data_ptr() for k, v in target.items()}
+    tdd.recv(target, 0, tag=7)
+    assert {k: v.data_ptr() for k, v in target.items()} == ptrs
+    report["big_inplace"] = {k: _bits(v) for k, v in target.items()}
+    return report
+
+
+def test_send_recv_every_kind_dtype_and_schema_change(tmp_path: Path) -> None:
+    res = _run(2, _p2p, tmp_path, str(tmp_path / "mm"))[1]
+    for kind in KINDS:
+        assert res[kind] == [_bits(t) for t in tdd.leaves_of(build(kind, 2.0))]
+    expected = {k: _bits(v) for k, v in _all_dtypes(1).items(True, True)}
+    assert res["dtypes_new"] == expected
+    assert res["dtypes_inplace"] == {k: _bits(v) for k, v in _all_dtypes(2).items(True, True)}
+    assert res["changed"] == [1, 1, 1, 1]
+    assert res["memmap_files"] == [0.0, 1.0, 2.0, 3.0]
+    assert res["irecv"] == [1, 1, 1, 1]
+    assert res["pickled"] == {3}
+    assert res["big_new"] == {k: _bits(v) for k, v in _big_and_strided(1).items()}
+    assert res["big_inplace"] == {k: _bits(v) for k, v in _big_and_strided(2).items()}
+
+
+# -- collectives ------------------------------------------------------------------------------
+
+
+def _collectives(rank: int, world: int, folder: str) -> dict[str, Any]:
+    report: dict[str, Any] = _sync(rank, world, folder)
+    src_td = TensorDict(x=torch.arange(6.0).reshape(3, 2), n={"i": torch.arange(3)}, tag="b", batch_size=[3])
+    target = TensorDict(x=torch.zeros(3, 2), n={"i": torch.zeros(3, dtype=torch.int64)}, tag="", batch_size=[3])
+    got = tdd.broadcast(src_td if rank == 1 else target, 1, timeout=20)
+    assert got is (src_td if rank == 1 else target)
+    report["broadcast"] = (got["x"].tolist(), got["n", "i"].tolist(), got["tag"])
+    mine = TensorDict(v=torch.full((2,), float(rank)), r=torch.tensor([rank]), who=f"rank{rank}", batch_size=[])
+    stacked = tdd.all_gather(mine, timeout=20)
+    report["all_gather"] = (list(stacked.batch_size), stacked["v"].tolist(), stacked["r"].tolist(), stacked["who"])
+    ls = LazyStackedTensorDict(*[TensorDict(a=torch.tensor([float(i)]), batch_size=[]) for i in range(world)])
+    piece = tdd.scatter(ls if rank == 0 else None, 0, timeout=20)
+    report["scatter"] = piece["a"].tolist()
+    for kind in KINDS:  # every container kind through broadcast and all_gather
+        target = build(kind)
+        ptrs = [t.data_ptr() for t in tdd.leaves_of(target)]
+        got = tdd.broadcast(build(kind, 5.0) if rank == 2 else target, 2, timeout=20)
+        if rank != 2:
+            assert got is target and [t.data_ptr() for t in tdd.leaves_of(target)] == ptrs
+        gathered = tdd.all_gather(build(kind, float(rank)), timeout=20)
+        assert type(gathered) is type(build(kind)) and gathered.batch_size == (world, 4)
+        report[f"{kind} broadcast"] = [_bits(t) for t in tdd.leaves_of(got)]
+        report[f"{kind} all_gather"] = (_bits(gathered["a"]), _bits(gathered["n", "b"]))
+    return report
+
+
+def test_broadcast_all_gather_scatter_sync_world_4(tmp_path: Path) -> None:
+    res = _run(4, _collectives, tmp_path, str(tmp_path))
+    for rank in range(4):
+        assert res[rank]["first"] == [0.0, 1.0, 2.0, 3.0]  # sync: the first call sends every leaf
+        assert res[rank]["new"] == [[0, 1], [2, 3], [4, 5], [6, 7]]  # make_memmap on rank 0, in each folder
+        assert res[rank]["mode"] == "eval" and res[rank]["live"] == "eval"
+        assert res[rank]["broadcast"] == ([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]], [0, 1, 2], "b")
+        assert res[rank]["all_gather"] == (
+            [4],
+            [[float(r)] * 2 for r in range(4)],
+            [[r] for r in range(4)],
+            [f"rank{r}" for r in range(4)],
+        )
+        assert res[rank]["scatter"] == [float(rank)]
+        for kind in KINDS:
+            assert res[rank][f"{kind} broadcast"] == [_bits(t) for t in tdd.leaves_of(build(kind, 5.0))]
+            expected = torch.stack([build(kind, float(r)) for r in range(4)], 0)
+            assert res[rank][f"{kind} all_gather"] == (_bits(expected["a"]), _bits(expected["n", "b"]))
+
+
+# -- replicated refresh -----------------------------------------------------------------------
+
+
+class _CountingStore:
+    """A Store that records the calls made through it."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.calls = store, []
+
+    def get(self, key: str) -> bytes:
+        self.calls.append("get")
+        return self.store.get(key)
+
+    def set(self, key: str, value: str) -> None:
+        self.calls.append("set")
+        self.store.set(key, value)
+
+
+def _sync(rank: int, world: int, folder: str) -> dict[str, Any]:
+    td = TensorDict(a=torch.zeros(4), mode="train", batch_size=[4]).memmap_(f"{folder}/{rank}")
+    if rank == 0:
+        td["a"].copy_(torch.arange(4.0))
+    tdd.sync(td, 0, timeout=20)  # the first call sends every leaf
+    first = td["a"].tolist()
+    if rank == 0:
+        td.make_memmap(("n", "new"), [4, 2], dtype=torch.int32).copy_(torch.arange(8, dtype=torch.int32).view(4, 2))
+        td.set_("mode", "eval")
+    tdd.sync(td, 0, timeout=20)
+    counting = _CountingStore(dist.distributed_c10d._get_default_store())
+    tdd.sync(td, 0, store=counting, timeout=20)  # unchanged
+    assert counting.calls == (["set"] if rank == 0 else ["get"])  # one Store round trip, no data
+    loaded = TensorDict.load(f"{folder}/{rank}")  # the additions are in this rank's own folder
+    return {"first": first, "new": loaded["n", "new"].tolist(), "mode": loaded["mode"], "live": td["mode"]}
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+def _dead_peer(rank: int, world: int) -> str:
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:
+        store.set("ready", "1")
+        os._exit(0)  # dies without sending
+    store.wait(["ready"], timedelta(seconds=20))
+    with pytest.raises(tdd.PeerError, match=r"rank 1") as info:
+        tdd.recv(None, 1, timeout=2)
+    return str(info.value)
+
+
+def test_dead_peer_is_an_error_naming_it(tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    store = str(tmp_path / "store-dead")
+    procs = [ctx.Process(target=_entry, args=(r, 2, store, out, _dead_peer, ())) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        rank, status, value = out.get(timeout=60)
+        assert (rank, status) == (0, "ok"), value
+        assert "rank 1" in value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    with pytest.raises(queue.Empty):
+        out.get(timeout=0.1)
+
+
+def test_errors_before_any_transfer() -> None:
+    with pytest.raises(RuntimeError, match=r"init_process_group"):
+        tdd.send(TensorDict(a=torch.zeros(1), batch_size=[]), 1)
+    with pytest.raises(TypeError, match=r"tensordict"):
+        tdd.schema_of(torch.zeros(2))
+
+
+def test_schema_hashes_separate_values_from_layout() -> None:
+    a = tdd.schema_of(TensorDict(x=torch.zeros(2), s="a", batch_size=[2]))
+    b = tdd.schema_of(TensorDict(x=torch.ones(2), s="b", batch_size=[2]))
+    c = tdd.schema_of(TensorDict(x=torch.ones(3), s="a", batch_size=[3]))
+    assert a.layout_digest == b.layout_digest != c.layout_digest
+    assert a.digest != b.digest and a.digest == tdd.Schema.from_json(a.to_json()).digest
+    assert isinstance(NonTensorData("x"), NonTensorData) and tdshare.distributed is tdd
+
+
+def _nccl(rank: int, world: int) -> dict[str, Any]:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    td = TensorDict(a=torch.arange(4.0, device=dev) + rank, i=torch.arange(4, device=dev), s="x", batch_size=[4])
+    if rank == 0:
+        tdd.send(td, 1, timeout=60)
+    else:
+        target = td.clone().zero_()
+        ptr = target["a"].data_ptr()
+        tdd.recv(target, 0, timeout=60)
+        assert target["a"].data_ptr() == ptr and target["a"].is_cuda
+        td = target
+    got = tdd.broadcast(td, 0, timeout=60)
+    stacked = tdd.all_gather(td, timeout=60)
+    return {"a": got["a"].cpu().tolist(), "gathered": stacked["i"].cpu().tolist()}
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 1, reason="NCCL needs CUDA devices; this machine has none")
+def test_nccl_send_recv_broadcast_all_gather(tmp_path: Path) -> None:
+    if not dist.is_nccl_available():
+        pytest.skip("this torch build has no NCCL")
+    res = _run(2, _nccl, tmp_path, backend="nccl", timeout=120)
+    for rank in range(2):
+        assert res[rank]["a"] == [0.0, 1.0, 2.0, 3.0]
+        assert res[rank]["gathered"] == [[0, 1, 2, 3]] * 2
+
+
+def test_example_runs_under_spawn(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "distributed_pair.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "rank 1 received obs sum=28.0 tag=hello" in proc.stdout
+
+
+def test_example_runs_under_torchrun(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(ROOT / "examples" / "distributed_pair.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 1 received obs sum=28.0 tag=hello" in proc.stdout
