@@ -39,7 +39,7 @@ import multiprocessing.pool
 import os
 import pickle
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -479,7 +479,7 @@ class MapOps(TensorDictBase):
         index_with_generator: bool = True,
         pbar: bool = False,
         mp_start_method: str | None = None,
-    ) -> Iterator[Any]:
+    ) -> Generator[Any, None, None]:
         """Call ``fn`` on chunks of this collection in worker processes and yield each result.
 
         The iterator form of :meth:`map`, with the same arguments (no ``out``): the results come in
@@ -525,7 +525,7 @@ class MapOps(TensorDictBase):
         )
         plan = _Plan(self, fn, dim, None, chunksize, num_chunks, _workers(pool, options), shuffle, index_with_generator)
         if options is None:
-            return plan.run(pool, pbar, "map_iter") if plan.bounds else iter(())
+            return _in_given_pool(plan, pool, pbar)
         return _iterate(plan, options, pbar)
 
     # -- views handed to other processes ------------------------------------------------------
@@ -589,7 +589,13 @@ class MapOps(TensorDictBase):
         return self[idx]
 
 
-def _iterate(plan: _Plan, options: _PoolOptions, pbar: bool) -> Iterator[Any]:
+def _in_given_pool(plan: _Plan, pool: Any, pbar: bool) -> Generator[Any, None, None]:
+    """``map_iter`` over the caller's pool (left open: it is theirs)."""
+    if plan.bounds:
+        yield from plan.run(pool, pbar, "map_iter")
+
+
+def _iterate(plan: _Plan, options: _PoolOptions, pbar: bool) -> Generator[Any, None, None]:
     """``map_iter`` over a pool made for it: closed at the end, stopped when left early."""
     if not plan.bounds:
         return
