@@ -29,6 +29,7 @@ from ._files import (
     write_file,
 )
 from ._indexing import contiguous_strides
+from ._memmap_factories import MemmapFactories
 from ._segments import Segment
 
 __all__ = ["MemoryMappedTensor", "SharedMemoryHandle", "storage_filename"]
@@ -107,7 +108,7 @@ def _check_cpu(device: Any) -> None:
         raise MemmapError(f"Only CPU tensors are supported by MemoryMappedTensor, got device {device!r}.")
 
 
-class MemoryMappedTensor(torch.Tensor):
+class MemoryMappedTensor(MemmapFactories, torch.Tensor):
     """A tensor whose memory is a mapped file (``filename``) or an anonymous shared segment."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
@@ -381,7 +382,7 @@ class MemoryMappedTensor(torch.Tensor):
         out._handle = handler
         return out if index is None else out[index]
 
-    # -- factories ----------------------------------------------------------------------------
+    # -- factories (the public ones: MemmapFactories, tdshare._memmap_factories) ------------------
     @classmethod
     def _factory(
         cls, size: tuple, shape: Any, dtype: Any, device: Any, filename: Any, existsok: bool, fill: Any
@@ -406,227 +407,6 @@ class MemoryMappedTensor(torch.Tensor):
         if fill is not None and fill != 0:
             torch.Tensor.fill_(out, fill)
         return out
-
-    @classmethod
-    def empty(
-        cls,
-        *size: Any,
-        shape: Any = None,
-        dtype: torch.dtype | None = None,
-        device: Any = None,
-        filename: str | os.PathLike | None = None,
-        existsok: bool = False,
-    ) -> MemoryMappedTensor:
-        """A new mapped tensor; fresh files and segments are zero-filled, never holding stale bytes.
-
-        Args:
-            *size: the shape, as ints (``2, 3``) or as one sequence, ``torch.Size`` or 1-D tensor
-                (``(2, 3)``); or pass ``shape=`` instead.  A 0-dimensional tensor needs an empty
-                shape, ``()``: a call with no shape at all raises.
-            shape: the shape, when not given positionally.
-            dtype: the element type (default: ``torch.get_default_dtype()``).
-            device: None or ``"cpu"``.
-            filename: the file to create (None: anonymous shared memory).
-            existsok: replace an existing ``filename`` instead of raising.
-
-        Returns:
-            A new MemoryMappedTensor.
-
-        Raises:
-            ArgumentTypeError: no shape was given.
-            InvalidArgumentError: a negative, non-integer or doubly given size.
-            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
-            MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
-
-        Example:
-            >>> MemoryMappedTensor.empty(2, 3).shape
-            torch.Size([2, 3])
-        """
-        return cls._factory(size, shape, dtype, device, filename, existsok, None)
-
-    @classmethod
-    def zeros(
-        cls,
-        *size: Any,
-        shape: Any = None,
-        dtype: torch.dtype | None = None,
-        device: Any = None,
-        filename: str | os.PathLike | None = None,
-        existsok: bool = False,
-    ) -> MemoryMappedTensor:
-        """A new mapped tensor filled with zeros.
-
-        Args:
-            *size: the shape, as ints (``2, 3``) or as one sequence, ``torch.Size`` or 1-D tensor
-                (``(2, 3)``); or pass ``shape=`` instead.  A 0-dimensional tensor needs an empty
-                shape, ``()``: a call with no shape at all raises.
-            shape: the shape, when not given positionally.
-            dtype: the element type (default: ``torch.get_default_dtype()``).
-            device: None or ``"cpu"``.
-            filename: the file to create (None: anonymous shared memory).
-            existsok: replace an existing ``filename`` instead of raising.
-
-        Returns:
-            A new MemoryMappedTensor.
-
-        Raises:
-            ArgumentTypeError: no shape was given.
-            InvalidArgumentError: a negative, non-integer or doubly given size.
-            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
-            MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
-
-        Example:
-            >>> MemoryMappedTensor.zeros((2,)).tolist()
-            [0.0, 0.0]
-        """
-        return cls._factory(size, shape, dtype, device, filename, existsok, None)
-
-    @classmethod
-    def ones(
-        cls,
-        *size: Any,
-        shape: Any = None,
-        dtype: torch.dtype | None = None,
-        device: Any = None,
-        filename: str | os.PathLike | None = None,
-        existsok: bool = False,
-    ) -> MemoryMappedTensor:
-        """A new mapped tensor filled with ones.
-
-        Args:
-            *size: the shape, as ints (``2, 3``) or as one sequence, ``torch.Size`` or 1-D tensor
-                (``(2, 3)``); or pass ``shape=`` instead.  A 0-dimensional tensor needs an empty
-                shape, ``()``: a call with no shape at all raises.
-            shape: the shape, when not given positionally.
-            dtype: the element type (default: ``torch.get_default_dtype()``).
-            device: None or ``"cpu"``.
-            filename: the file to create (None: anonymous shared memory).
-            existsok: replace an existing ``filename`` instead of raising.
-
-        Returns:
-            A new MemoryMappedTensor.
-
-        Raises:
-            ArgumentTypeError: no shape was given.
-            InvalidArgumentError: a negative, non-integer or doubly given size.
-            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
-            MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
-
-        Example:
-            >>> MemoryMappedTensor.ones(2, dtype=torch.int64).tolist()
-            [1, 1]
-        """
-        return cls._factory(size, shape, dtype, device, filename, existsok, 1)
-
-    @classmethod
-    def full(
-        cls,
-        *size: Any,
-        fill_value: Any,
-        shape: Any = None,
-        dtype: torch.dtype | None = None,
-        device: Any = None,
-        filename: str | os.PathLike | None = None,
-        existsok: bool = False,
-    ) -> MemoryMappedTensor:
-        """A new mapped tensor with every element ``fill_value``.
-
-        Args:
-            *size: the shape, as ints (``2, 3``) or as one sequence, ``torch.Size`` or 1-D tensor
-                (``(2, 3)``); or pass ``shape=`` instead.  A 0-dimensional tensor needs an empty
-                shape, ``()``: a call with no shape at all raises.
-            fill_value: the value of every element.
-            shape: the shape, when not given positionally.
-            dtype: the element type (default: ``torch.get_default_dtype()``).
-            device: None or ``"cpu"``.
-            filename: the file to create (None: anonymous shared memory).
-            existsok: replace an existing ``filename`` instead of raising.
-
-        Returns:
-            A new MemoryMappedTensor.
-
-        Raises:
-            ArgumentTypeError: no shape was given.
-            InvalidArgumentError: a negative, non-integer or doubly given size.
-            FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
-            MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
-
-        Example:
-            >>> MemoryMappedTensor.full(2, fill_value=7.0).tolist()
-            [7.0, 7.0]
-        """
-        return cls._factory(size, shape, dtype, device, filename, existsok, fill_value)
-
-    @classmethod
-    def empty_like(cls, input: torch.Tensor, *, filename: str | os.PathLike | None = None) -> MemoryMappedTensor:
-        """A new memory-mapped tensor of ``input``'s shape and dtype (zero-filled: a fresh file or
-        segment never holds stale bytes).
-
-        Args:
-            input: the tensor whose shape and dtype are copied (its data is not).
-            filename: the file to create; None maps anonymous shared memory.
-
-        Returns:
-            The new :class:`MemoryMappedTensor`.
-
-        Raises:
-            MemmapError: ``filename`` is a symbolic link.
-
-        >>> MemoryMappedTensor.empty_like(torch.ones(2, 3)).shape
-        torch.Size([2, 3])
-        """
-        return cls._factory((), input.shape, input.dtype, None, filename, False, None)
-
-    @classmethod
-    def zeros_like(cls, input: torch.Tensor, *, filename: str | os.PathLike | None = None) -> MemoryMappedTensor:
-        """A new memory-mapped tensor of ``input``'s shape and dtype, filled with zeros.
-
-        Args:
-            input: the tensor whose shape and dtype are copied (its data is not).
-            filename: the file to create; None maps anonymous shared memory.
-
-        Returns:
-            The new :class:`MemoryMappedTensor`.
-
-        >>> MemoryMappedTensor.zeros_like(torch.ones(2)).tolist()
-        [0.0, 0.0]
-        """
-        return cls._factory((), input.shape, input.dtype, None, filename, False, None)
-
-    @classmethod
-    def ones_like(cls, input: torch.Tensor, *, filename: str | os.PathLike | None = None) -> MemoryMappedTensor:
-        """A new memory-mapped tensor of ``input``'s shape and dtype, filled with ones.
-
-        Args:
-            input: the tensor whose shape and dtype are copied (its data is not).
-            filename: the file to create; None maps anonymous shared memory.
-
-        Returns:
-            The new :class:`MemoryMappedTensor`.
-
-        >>> MemoryMappedTensor.ones_like(torch.zeros(2, dtype=torch.int64)).tolist()
-        [1, 1]
-        """
-        return cls._factory((), input.shape, input.dtype, None, filename, False, 1)
-
-    @classmethod
-    def full_like(
-        cls, input: torch.Tensor, fill_value: Any, *, filename: str | os.PathLike | None = None
-    ) -> MemoryMappedTensor:
-        """A new memory-mapped tensor of ``input``'s shape and dtype, filled with ``fill_value``.
-
-        Args:
-            input: the tensor whose shape and dtype are copied (its data is not).
-            fill_value: the value of every element.
-            filename: the file to create; None maps anonymous shared memory.
-
-        Returns:
-            The new :class:`MemoryMappedTensor`.
-
-        >>> MemoryMappedTensor.full_like(torch.zeros(2), 7.0).tolist()
-        [7.0, 7.0]
-        """
-        return cls._factory((), input.shape, input.dtype, None, filename, False, fill_value)
 
     # -- properties ---------------------------------------------------------------------------
     @property

@@ -42,6 +42,7 @@ LAYERS: dict[str, list[str]] = {
         "_segments",
         "_futex",
         "_flock",
+        "_memmap_factories",
         "_memmap",
         "_leaf_files",
         "_leaf_handle",
