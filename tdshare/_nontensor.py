@@ -313,6 +313,10 @@ def assign_elements(leaf: NonTensorData, batch: torch.Size, idx: Any, value: Any
     Raises:
         BatchSizeError: a ``NonTensorStack`` value whose element count is not the index's.
     """
+    plain = not isinstance(value, NonTensorStack)
+    one = value.data if isinstance(value, NonTensorData) and plain else value
+    if plain and not isinstance(leaf, NonTensorStack) and NonTensorData(leaf.data) == one:
+        return None  # the common case (a constant field written row by row): no index work at all
     full = leaf.batch_size if isinstance(leaf, NonTensorStack) else batch
     positions = torch.arange(math.prod(full)).reshape(full)[idx].flatten().tolist()
     if isinstance(value, NonTensorStack):
@@ -323,7 +327,7 @@ def assign_elements(leaf: NonTensorData, batch: torch.Size, idx: Any, value: Any
                 f"holds {len(new)}."
             )
     else:
-        new = [value.data if isinstance(value, NonTensorData) else value] * len(positions)
+        new = [one] * len(positions)
     if isinstance(leaf, NonTensorStack):
         values = list(leaf._values)
     elif all(NonTensorData(leaf.data) == v for v in new):
