@@ -13,7 +13,8 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -24,7 +25,16 @@ import torch.distributed as dist
 from ._errors import FormatError, TdshareError
 from ._schema import Schema
 
-__all__ = ["DistributedError", "Header", "PeerError", "Transport", "staged_views", "contiguous_run", "require_group"]
+__all__ = [
+    "DistributedError",
+    "Header",
+    "PeerError",
+    "Transport",
+    "peer_errors",
+    "staged_views",
+    "contiguous_run",
+    "require_group",
+]
 
 _MAGIC = 0x7464736861726531  # "tdshare1"
 
@@ -52,6 +62,27 @@ class PeerError(DistributedError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.peer))
+
+
+@contextmanager
+def peer_errors(what: str, limit: float | None = None) -> Iterator[None]:
+    """Turn the backend's ``RuntimeError`` inside the block into a :class:`PeerError` naming ``what``.
+
+    Posting a message fails as well as waiting for one: gloo raises at ``irecv`` itself once
+    the peer's connection is closed (a dead peer), before any work handle exists.
+    """
+    try:
+        yield
+    except TdshareError:
+        raise
+    except RuntimeError as exc:
+        late = f" within {limit} s" if limit is not None else ""
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise PeerError(
+            f"{what} did not complete{late}: {first}. "
+            "The peer may have died, be stuck, or be waiting on another call; check it, or raise timeout=.",
+            what,
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -188,20 +219,11 @@ class Transport:
         """Wait for ``works``; a failure or timeout is a :class:`PeerError` naming ``what`` (the peer)."""
         limit = self.timeout if timeout is None else timeout
         for work in works:
-            try:
+            with peer_errors(what, limit):
                 if limit is None:
                     work.wait()
                 else:
                     work.wait(timedelta(seconds=limit))
-            except TdshareError:
-                raise
-            except RuntimeError as exc:
-                late = f" within {limit} s" if limit is not None else ""
-                raise PeerError(
-                    f"{what} did not complete{late}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. "
-                    "The peer may have died, be stuck, or be waiting on another call; check it, or raise timeout=.",
-                    what,
-                ) from exc
 
     # -- buffers ----------------------------------------------------------------------------
     def pack(self, schema: Schema, leaves: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -260,12 +282,14 @@ class Transport:
         if text:
             msgs.append(torch.frombuffer(bytearray(text), dtype=torch.uint8).to(self.device))
         msgs.extend(_bytes(b) for b in buffers if b.numel())
-        return [dist.isend(m, group=self.group, tag=tag, group_dst=dst) for m in msgs]
+        with peer_errors(f"send to rank {dst}"):
+            return [dist.isend(m, group=self.group, tag=tag, group_dst=dst) for m in msgs]
 
     def post_header_recv(self, src: int, tag: int) -> tuple[torch.Tensor, Any]:
         """Post the receipt of a header from ``src``."""
         raw = torch.empty(4, dtype=torch.int64, device=self.device)
-        return raw, dist.irecv(raw, group=self.group, tag=tag, group_src=src)
+        with peer_errors(f"recv from rank {src}"):
+            return raw, dist.irecv(raw, group=self.group, tag=tag, group_src=src)
 
     def recv_header(self, src: int, tag: int, peer: str) -> Header:
         """Receive a header from ``src``."""
@@ -276,16 +300,21 @@ class Transport:
     def recv_bytes(self, n: int, src: int, tag: int, peer: str) -> bytes:
         """Receive ``n`` bytes (a schema's text) from ``src``."""
         buf = torch.empty(n, dtype=torch.uint8, device=self.device)
-        self.wait_all([dist.irecv(buf, group=self.group, tag=tag, group_src=src)], f"recv from {peer}")
+        with peer_errors(f"recv from {peer}"):
+            work = dist.irecv(buf, group=self.group, tag=tag, group_src=src)
+        self.wait_all([work], f"recv from {peer}")
         return bytes(buf.cpu().numpy().tobytes())
 
     def post_recv(self, flats: list[torch.Tensor], src: int, tag: int) -> list[Any]:
         """Post the receipt of ``flats`` (in order) from ``src``."""
-        return [dist.irecv(_bytes(f), group=self.group, tag=tag, group_src=src) for f in flats if f.numel()]
+        with peer_errors(f"recv from rank {src}"):
+            return [dist.irecv(_bytes(f), group=self.group, tag=tag, group_src=src) for f in flats if f.numel()]
 
     # -- collectives ------------------------------------------------------------------------
     def _broadcast(self, t: torch.Tensor, src: int, peer: str) -> None:
-        self.wait_all([dist.broadcast(t, group=self.group, async_op=True, group_src=src)], f"broadcast from {peer}")
+        with peer_errors(f"broadcast from {peer}"):
+            work = dist.broadcast(t, group=self.group, async_op=True, group_src=src)
+        self.wait_all([work], f"broadcast from {peer}")
 
     def broadcast_header(self, header: Header | None, src: int, peer: str) -> Header:
         """Broadcast ``header`` from ``src`` (None on the others); return it on every rank."""
@@ -308,23 +337,26 @@ class Transport:
 
     def broadcast_all(self, flats: list[torch.Tensor], src: int, peer: str) -> None:
         """Broadcast every non-empty buffer from ``src``."""
-        works = [dist.broadcast(_bytes(f), group=self.group, async_op=True, group_src=src) for f in flats if f.numel()]
+        with peer_errors(f"broadcast from {peer}"):
+            works = [
+                dist.broadcast(_bytes(f), group=self.group, async_op=True, group_src=src) for f in flats if f.numel()
+            ]
         self.wait_all(works, f"broadcast from {peer}")
 
     def all_gather_header(self, header: Header, what: str) -> list[Header]:
         """Every rank's header, in rank order."""
         mine = header.tensor().to(self.device)
         outs = [torch.empty_like(mine) for _ in range(self.world)]
-        self.wait_all([dist.all_gather(outs, mine, group=self.group, async_op=True)], f"{what} (a rank of the group)")
+        with peer_errors(f"{what} (a rank of the group)"):
+            work = dist.all_gather(outs, mine, group=self.group, async_op=True)
+        self.wait_all([work], f"{what} (a rank of the group)")
         return [Header.from_tensor(o) for o in outs]
 
     def all_gather_object(self, obj: Any, what: str) -> list[Any]:
         """Every rank's ``obj`` (small: schemas), in rank order."""
         outs: list[Any] = [None] * self.world
-        try:
+        with peer_errors(f"{what} (a rank of the group)"):
             dist.all_gather_object(outs, obj, group=self.group)
-        except RuntimeError as exc:
-            raise PeerError(f"{what} (a rank of the group) failed: {exc}", what) from exc
         return outs
 
     def all_gather_buffers(self, flats: list[torch.Tensor], what: str) -> list[list[torch.Tensor]]:
@@ -334,7 +366,10 @@ class Transport:
         for flat in flats:
             outs = [torch.empty_like(flat) for _ in range(self.world)]
             if flat.numel():
-                works.append(dist.all_gather([_bytes(o) for o in outs], _bytes(flat), group=self.group, async_op=True))
+                with peer_errors(f"{what} (a rank of the group)"):
+                    works.append(
+                        dist.all_gather([_bytes(o) for o in outs], _bytes(flat), group=self.group, async_op=True)
+                    )
             for r, o in enumerate(outs):
                 per_rank[r].append(o)
         self.wait_all(works, f"{what} (a rank of the group)")

@@ -275,25 +275,33 @@ def _sync(rank: int, world: int, folder: str) -> dict[str, Any]:
 # -- failures ---------------------------------------------------------------------------------
 
 
-def _dead_peer(rank: int, world: int) -> str:
+def _dead_peer(rank: int, world: int, gone: Any = None) -> str:
     store = dist.distributed_c10d._get_default_store()
     if rank == 1:
         store.set("ready", "1")
         os._exit(0)  # dies without sending
     store.wait(["ready"], timedelta(seconds=20))
+    if gone is not None:  # the peer is dead before the call: gloo refuses to post the receive itself
+        assert gone.wait(30)
     with pytest.raises(tdd.PeerError, match=r"rank 1") as info:
         tdd.recv(None, 1, timeout=2)
     return str(info.value)
 
 
-def test_dead_peer_is_an_error_naming_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("when", ["during", "before"])
+def test_dead_peer_is_an_error_naming_it(tmp_path: Path, when: str) -> None:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
+    gone = ctx.Event() if when == "before" else None
     store = str(tmp_path / "store-dead")
-    procs = [ctx.Process(target=_entry, args=(r, 2, store, out, _dead_peer, ())) for r in range(2)]
+    procs = [ctx.Process(target=_entry, args=(r, 2, store, out, _dead_peer, (gone,))) for r in range(2)]
     for p in procs:
         p.start()
     try:
+        if gone is not None:
+            procs[1].join(timeout=30)
+            assert procs[1].exitcode == 0
+            gone.set()
         rank, status, value = out.get(timeout=60)
         assert (rank, status) == (0, "ok"), value
         assert "rank 1" in value
