@@ -24,7 +24,6 @@ from ._conversions import ConversionOps
 from ._dataloader import LoaderOps
 from ._errors import (
     ArgumentTypeError,
-    BatchSizeError,
     InvalidArgumentError,
     KeyTypeError,
     LockedError,
@@ -33,24 +32,23 @@ from ._errors import (
 )
 from ._format import LEVEL, TD_TYPE
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
-from ._key_ops import KeyOps
+from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
 from ._lazy_leaves import raw_items, raw_values, rebuilt
 from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
-from ._nontensor import NonTensorData, NonTensorStack, assign_elements
+from ._nontensor import NonTensorData
 from ._pad import PadOps
 from ._pointwise import PointwiseOps
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_leaf, encode_leaf
-from ._settings import list_to_stack
+from ._setters import SetOps
 from ._shape_ops import ShapeOps
 from ._updates import UpdateOps
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
 
 T = TypeVar("T", bound="TensorDictBase")
-_NO_DEFAULT = object()
 _LOCKED_MSG = (
     "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
     "method and make sure the key is present. To add or remove an entry, unlock it first "
@@ -62,6 +60,7 @@ _LOCKED_MSG = (
 class TensorDictBase(
     ShapeOps,
     KeyOps,
+    SetOps,
     UpdateOps,
     ConversionOps,
     ApplyOps,
@@ -271,13 +270,13 @@ class TensorDictBase(
             raise LockedError(f"{_LOCKED_MSG} (key {key!r})")
 
     # -- reading ------------------------------------------------------------------------------
-    def _get_leaf(self, key: tuple[str, ...], default: Any = _NO_DEFAULT) -> Any:
+    def _get_leaf(self, key: tuple[str, ...], default: Any = NO_DEFAULT) -> Any:
         node: Any = self
         for depth, part in enumerate(key):
             if depth and isinstance(node, TensorDictBase) and not is_collection(node):
                 return node._get_leaf(key[depth:], default)  # a lazy stack reads its members
             if not isinstance(node, TensorDictBase) or part not in node._tensordict:
-                if default is not _NO_DEFAULT:
+                if default is not NO_DEFAULT:
                     return default
                 where = "" if depth == 0 else f" (missing part {part!r})"
                 raise MissingKeyError(
@@ -287,7 +286,7 @@ class TensorDictBase(
             node = node._tensordict[part]
         return node
 
-    def get(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
+    def get(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
         """The entry at ``key`` as stored, or ``default`` if given and ``key`` is missing.
 
         As in the reference, a non-tensor entry comes back as its ``NonTensorData`` (or
@@ -303,9 +302,9 @@ class TensorDictBase(
         """
         return self._get_leaf(unravel_key(key), default)
 
-    def get_non_tensor(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
+    def get_non_tensor(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
         """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``)."""
-        leaf = self.get(key) if default is _NO_DEFAULT else self.get(key, default)  # subclasses have own markers
+        leaf = self.get(key) if default is NO_DEFAULT else self.get(key, default)  # subclasses have own markers
         return leaf.data if isinstance(leaf, NonTensorData) else leaf
 
     def __getitem__(self, idx: Any) -> Any:
@@ -384,183 +383,6 @@ class TensorDictBase(
         for i in range(self._batch_size[0]):
             yield self._index(i)
 
-    # -- writing ------------------------------------------------------------------------------
-    def _check_batch(self, key: str, value: Any, batch: torch.Size | None = None) -> None:
-        batch = self._batch_size if batch is None else batch
-        if isinstance(value, (TensorDictBase, NonTensorStack)):
-            shape = value.batch_size
-        elif isinstance(value, torch.Tensor) and value.is_nested:
-            # a nested tensor has no fixed shape: its first dims count where every piece agrees on them
-            shape = torch.Size(_regular_dims(value, len(batch)))
-        elif isinstance(value, torch.Tensor):
-            shape = value.shape
-        else:
-            return
-        if shape[: len(batch)] != batch:
-            raise BatchSizeError(
-                f"batch dimension mismatch for key {key!r}: the value has shape {list(shape)}, but the "
-                f"tensordict's batch size is {list(batch)}; every entry must start with the batch dimensions."
-            )
-
-    def _convert(self, key: str, value: Any) -> Any:
-        if isinstance(value, TensorDictBase):
-            pass
-        elif isinstance(value, Mapping):
-            value = type(self)(value, batch_size=self._batch_size, device=self._device)
-        elif isinstance(value, NonTensorData):
-            self._check_batch(key, value)  # a NonTensorStack holds one value per batch element
-            return value
-        elif isinstance(value, (bool, int, float, complex)) or type(value).__module__ == "numpy":
-            value = torch.as_tensor(value)
-        elif isinstance(value, (list, tuple)) and list_to_stack() and (as_tensor := _list_as_tensor(value)) is not None:
-            value = as_tensor
-        elif isinstance(value, list) and value and list_to_stack():  # as the reference: one value per element
-            stack = NonTensorStack._make(list(value), torch.Size([len(value)]))
-            self._check_batch(key, stack)
-            return stack
-        elif not isinstance(value, torch.Tensor):
-            kind = kind_of(value)
-            if kind is None or kind.unwrap is None:
-                return NonTensorData(value)
-            self._check_batch(key, kind.unwrap(value)[0])  # a registered class around a collection
-            return value
-        if self._device is not None and value.device != self._device:
-            value = value.to(self._device)
-        self._check_batch(key, value)
-        if isinstance(value, TensorDictBase) and self._names is not None:
-            value.names = self._names + value.names[self.batch_dims :]
-        return value
-
-    def _set(self, key: tuple[str, ...], value: Any, inplace: bool = False) -> None:
-        node = self
-        for depth, part in enumerate(key[:-1]):
-            child = node._tensordict.get(part)
-            if isinstance(child, TensorDictBase) and not is_collection(child):
-                child._set(key[depth + 1 :], value, inplace)  # a lazy stack writes into its members
-                return
-            if child is None:
-                node._check_unlocked(part)
-                child = type(self)._from_leaves({}, node._batch_size, node._device, node._names)
-                node._tensordict[part] = child
-            elif not isinstance(child, TensorDictBase):
-                raise MissingKeyError(f"Cannot set {key!r}: {part!r} is a leaf, not a nested tensordict.")
-            node = child
-        last = key[-1]
-        if inplace and last in node._tensordict:
-            node._set_inplace(last, value)
-            return
-        node._check_unlocked(last)
-        node._tensordict[last] = node._convert(last, value)
-
-    def set(self: T, key: NestedKey, value: Any, inplace: bool = False) -> T:
-        """Add or replace ``key``. ``inplace=True`` writes into an existing entry instead."""
-        self._set(unravel_key(key), value, inplace)
-        return self
-
-    def __setitem__(self, idx: Any, value: Any) -> None:
-        if is_key(idx):
-            self._set(unravel_key(idx), value)
-        else:
-            self._set_at(idx, value)
-
-    def set_(self: T, key: NestedKey, value: Any) -> T:
-        """Write ``value`` into the existing entry ``key`` (allowed while locked)."""
-        parts = unravel_key(key)
-        parent = self._get_leaf(parts[:-1]) if len(parts) > 1 else self
-        if parent is not self and isinstance(parent, TensorDictBase) and not is_collection(parent):
-            parent.set_(parts[-1], value)  # a lazy stack writes into its members
-            return self
-        if not isinstance(parent, TensorDictBase) or parts[-1] not in parent._tensordict:
-            raise MissingKeyError(f"key {key!r} not found: set_() writes into existing entries; use set() to add one.")
-        parent._set_inplace(parts[-1], value)
-        return self
-
-    def _set_inplace(self, key: str, value: Any) -> None:
-        leaf = self._tensordict[key]
-        if isinstance(leaf, TensorDictBase):
-            leaf.update_(value)
-        elif isinstance(leaf, NonTensorData):
-            self._write_non_tensor(key, leaf, value.data if isinstance(value, NonTensorData) else value)
-        else:
-            value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-            self._check_batch(key, value)
-            leaf.copy_(value)
-
-    def _write_non_tensor(self, key: str, leaf: NonTensorData, value: Any) -> None:
-        """Hook for subclasses that persist non-tensor writes."""
-        leaf.data = value
-
-    def _set_at(self, idx: Any, value: Any) -> None:
-        idx = normalize_index(idx, self.batch_dims)
-        if isinstance(value, (Mapping, TensorDictBase)):
-            # non-tensor entries first: the one that cannot take the value raises before any tensor is written
-            items = sorted(_items_of(value), key=lambda kv: not isinstance(self._tensordict.get(kv[0]), NonTensorData))
-            for key, sub in items:
-                if key not in self._tensordict:
-                    raise MissingKeyError(
-                        f"td[index] = value: key {key!r} of the value is not in the tensordict; add it first."
-                    )
-                self._assign_at(key, idx, sub)
-        else:  # a scalar or tensor goes into every tensor leaf; non-tensor values are left alone
-            for key, leaf in self._tensordict.items():
-                if not isinstance(leaf, NonTensorData):
-                    self._assign_at(key, idx, value)
-
-    def _assign_at(self, key: str, idx: Any, value: Any) -> None:
-        leaf = self._tensordict[key]
-        if isinstance(leaf, TensorDictBase):
-            leaf._set_at(idx, value)
-        elif isinstance(leaf, NonTensorData):
-            self._assign_non_tensor_at(key, leaf, idx, value)
-        else:
-            leaf[idx] = value
-
-    def _assign_non_tensor_at(self, key: str, leaf: NonTensorData, idx: Any, value: Any) -> None:
-        """``td[idx] = other`` for a non-tensor entry: per-element values where they differ, as the reference."""
-        changed = assign_elements(leaf, self._batch_size, idx, value)
-        if changed is None:
-            return
-        if isinstance(leaf, NonTensorStack):  # already one value per element: written (persisted, shared) whole
-            self._write_non_tensor(key, leaf, changed.tolist())
-            return
-        first = changed._values[0]
-        if all(NonTensorData(v) == first for v in changed._values):
-            self._write_non_tensor(key, leaf, first)  # the whole entry takes one value (persisted as one)
-            return
-        if self._is_memmap or self._is_shared:
-            raise MemmapError(
-                f"td[index] = value would give the non-tensor entry {key!r} one value per element, which a "
-                "memory-mapped or shared tensordict cannot change in place. Store it as a NonTensorStack "
-                "(a list of one value per element) before memory-mapping, or work on an in-memory copy."
-            )
-        self._tensordict[key] = changed
-
-    def pop(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
-        """Remove the entry ``key`` and return its value (``default`` if given and the key is missing).
-
-        Raises:
-            MissingKeyError: a missing key and no default.
-            LockedError: the tensordict is locked.
-        """
-        parts = unravel_key(key)
-        leaf = self._get_leaf(parts, default)
-        if leaf is default and default is not _NO_DEFAULT:
-            return default
-        parent = self._get_leaf(parts[:-1]) if len(parts) > 1 else self
-        if parent is not self and isinstance(parent, TensorDictBase) and not is_collection(parent):
-            return parent.pop(parts[-1], default)  # a lazy stack removes it from its members
-        parent._check_unlocked(parts[-1])
-        del parent._tensordict[parts[-1]]
-        return leaf.data if isinstance(leaf, NonTensorData) else leaf
-
-    def del_(self: T, key: NestedKey) -> T:
-        """Remove the entry ``key`` and return self (``LockedError`` on a locked tensordict)."""
-        self.pop(key)
-        return self
-
-    def __delitem__(self, key: NestedKey) -> None:
-        self.pop(key)
-
     # -- derived tensordicts ------------------------------------------------------------------
     def _index(self: T, idx: Any) -> T:
         idx = normalize_index(idx, self.batch_dims)
@@ -583,7 +405,7 @@ class TensorDictBase(
         self: T,
         fn: Callable[[torch.Tensor], Any],
         batch_size: torch.Size | None = None,
-        device: Any = _NO_DEFAULT,
+        device: Any = NO_DEFAULT,
         keep_non_tensor: bool = True,
     ) -> T:
         leaves: dict[str, Any] = {}
@@ -605,7 +427,7 @@ class TensorDictBase(
                 result = fn(leaf)
                 if result is not None:
                     leaves[key] = result
-        dev = self._device if device is _NO_DEFAULT else device
+        dev = self._device if device is NO_DEFAULT else device
         return type(self)._from_leaves(leaves, self._batch_size if batch_size is None else batch_size, dev, self._names)
 
     def to(self: T, *args: Any, **kwargs: Any) -> T:
@@ -711,12 +533,6 @@ def _preview(keys: Any, limit: int = 10) -> str:
     return f"{names[:limit]}{more}"
 
 
-def _items_of(value: Mapping[Any, Any] | TensorDictBase) -> Iterator[tuple[Any, Any]]:
-    if isinstance(value, TensorDictBase):
-        return iter(list(value._tensordict.items()))
-    return iter(list(value.items()))
-
-
 def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
     """Rebuild a pickled tensordict of class ``cls`` from the state its ``__reduce__`` made."""
     leaves, batch, device, names, locked, memmap, shared, prefix, anon_store, generation = state
@@ -729,30 +545,6 @@ def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
 
 
 TENSORDICT = register(NodeKind("TensorDict", LEVEL, "TensorDict", TensorDictBase, TD_TYPE))
-
-
-def _list_as_tensor(value: list | tuple) -> torch.Tensor | None:
-    """A list or tuple of numbers (nested) or of equal-shaped tensors as one tensor; None otherwise."""
-    if value and all(isinstance(v, torch.Tensor) for v in value):
-        try:
-            return torch.stack(list(value))
-        except RuntimeError:
-            return None
-    try:
-        return torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError):
-        return None
-
-
-def _regular_dims(nested: torch.Tensor, count: int) -> list[int]:
-    """The sizes of a nested tensor's first ``count`` dims (-1 for a dim whose pieces disagree)."""
-    dims = []
-    for d in range(min(count, nested.dim())):
-        try:
-            dims.append(nested.size(d))
-        except RuntimeError:  # ragged: the pieces differ in this dim
-            dims.append(-1)
-    return dims
 
 
 def wrapped_collection(value: Any) -> TensorDictBase | None:

@@ -63,6 +63,7 @@ LAYERS: dict[str, list[str]] = {
         "_reductions",
         "_combine",
         "_tensordict_base",
+        "_setters",
         "_nodes",
         "_future",
         "_compact_repr",

@@ -1,0 +1,257 @@
+"""Writing entries into every tensor collection: ``set``, ``set_``, ``td[key] = value``,
+``td[index] = value``, ``pop``, ``del_``, and how a value becomes a leaf (numbers and lists as
+tensors or stacks, mappings as nested tensordicts, anything else as non-tensor data).
+
+A mixin of :class:`tdshare._tensordict_base.TensorDictBase`, the only class that derives from it:
+``isinstance(x, SetOps)`` here is the check for a tensordict (this module cannot import the
+model class, which imports it).  A lazy stack writes into its members through its own ``_set``
+and ``set_``; subclasses that persist non-tensor values override ``_write_non_tensor``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
+
+import torch
+
+from ._errors import BatchSizeError, MemmapError, MissingKeyError
+from ._format import LEVEL
+from ._indexing import is_key, normalize_index
+from ._key_ops import NO_DEFAULT
+from ._keys import NestedKey, unravel_key
+from ._nodes import kind_of
+from ._nontensor import NonTensorData, NonTensorStack, assign_elements
+from ._settings import list_to_stack
+
+__all__ = ["SetOps", "is_level"]
+
+T = TypeVar("T", bound="SetOps")
+
+
+def is_level(value: Any) -> bool:
+    """Whether ``value`` is a node whose folder holds entries of its own (a collection level)."""
+    kind = kind_of(value)
+    return kind is not None and kind.layout == LEVEL
+
+
+class SetOps:
+    """Writes; the host class provides the storage (``_tensordict``, batch size, device, names)."""
+
+    _tensordict: dict[str, Any]
+    _batch_size: torch.Size
+    _device: torch.device | None
+    _names: list | None
+    _is_memmap: bool
+    _is_shared: bool
+
+    def _check_batch(self, key: str, value: Any, batch: torch.Size | None = None) -> None:
+        batch = self._batch_size if batch is None else batch
+        if isinstance(value, (SetOps, NonTensorStack)):
+            shape = value.batch_size  # type: ignore[union-attr]
+        elif isinstance(value, torch.Tensor) and value.is_nested:
+            # a nested tensor has no fixed shape: its first dims count where every piece agrees on them
+            shape = torch.Size(_regular_dims(value, len(batch)))
+        elif isinstance(value, torch.Tensor):
+            shape = value.shape
+        else:
+            return
+        if shape[: len(batch)] != batch:
+            raise BatchSizeError(
+                f"batch dimension mismatch for key {key!r}: the value has shape {list(shape)}, but the "
+                f"tensordict's batch size is {list(batch)}; every entry must start with the batch dimensions."
+            )
+
+    def _convert(self, key: str, value: Any) -> Any:
+        if isinstance(value, SetOps):
+            pass
+        elif isinstance(value, Mapping):
+            cls: Any = type(self)
+            value = cls(value, batch_size=self._batch_size, device=self._device)
+        elif isinstance(value, NonTensorData):
+            self._check_batch(key, value)  # a NonTensorStack holds one value per batch element
+            return value
+        elif isinstance(value, (bool, int, float, complex)) or type(value).__module__ == "numpy":
+            value = torch.as_tensor(value)
+        elif isinstance(value, (list, tuple)) and list_to_stack() and (as_tensor := _list_as_tensor(value)) is not None:
+            value = as_tensor
+        elif isinstance(value, list) and value and list_to_stack():  # as the reference: one value per element
+            stack = NonTensorStack._make(list(value), torch.Size([len(value)]))
+            self._check_batch(key, stack)
+            return stack
+        elif not isinstance(value, torch.Tensor):
+            kind = kind_of(value)
+            if kind is None or kind.unwrap is None:
+                return NonTensorData(value)
+            self._check_batch(key, kind.unwrap(value)[0])  # a registered class around a collection
+            return value
+        if self._device is not None and value.device != self._device:
+            value = value.to(self._device)
+        self._check_batch(key, value)
+        if isinstance(value, SetOps) and self._names is not None:
+            host: Any = self
+            value.names = self._names + value.names[host.batch_dims :]  # type: ignore[attr-defined]
+        return value
+
+    def _set(self, key: tuple[str, ...], value: Any, inplace: bool = False) -> None:
+        node: Any = self
+        for depth, part in enumerate(key[:-1]):
+            child = node._tensordict.get(part)
+            if isinstance(child, SetOps) and not is_level(child):
+                child._set(key[depth + 1 :], value, inplace)  # a lazy stack writes into its members
+                return
+            if child is None:
+                node._check_unlocked(part)
+                child = node._from_leaves({}, node._batch_size, node._device, node._names)
+                node._tensordict[part] = child
+            elif not isinstance(child, SetOps):
+                raise MissingKeyError(f"Cannot set {key!r}: {part!r} is a leaf, not a nested tensordict.")
+            node = child
+        last = key[-1]
+        if inplace and last in node._tensordict:
+            node._set_inplace(last, value)
+            return
+        node._check_unlocked(last)
+        node._tensordict[last] = node._convert(last, value)
+
+    def set(self: T, key: NestedKey, value: Any, inplace: bool = False) -> T:
+        """Add or replace ``key``. ``inplace=True`` writes into an existing entry instead."""
+        self._set(unravel_key(key), value, inplace)
+        return self
+
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        if is_key(idx):
+            self._set(unravel_key(idx), value)
+        else:
+            self._set_at(idx, value)
+
+    def set_(self: T, key: NestedKey, value: Any) -> T:
+        """Write ``value`` into the existing entry ``key`` (allowed while locked)."""
+        parts = unravel_key(key)
+        td: Any = self
+        parent = td._get_leaf(parts[:-1]) if len(parts) > 1 else self
+        if parent is not self and isinstance(parent, SetOps) and not is_level(parent):
+            parent.set_(parts[-1], value)  # a lazy stack writes into its members
+            return self
+        if not isinstance(parent, SetOps) or parts[-1] not in parent._tensordict:
+            raise MissingKeyError(f"key {key!r} not found: set_() writes into existing entries; use set() to add one.")
+        parent._set_inplace(parts[-1], value)
+        return self
+
+    def _set_inplace(self, key: str, value: Any) -> None:
+        leaf = self._tensordict[key]
+        if isinstance(leaf, SetOps):
+            leaf.update_(value)  # type: ignore[attr-defined]
+        elif isinstance(leaf, NonTensorData):
+            self._write_non_tensor(key, leaf, value.data if isinstance(value, NonTensorData) else value)
+        else:
+            value = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+            self._check_batch(key, value)
+            leaf.copy_(value)
+
+    def _write_non_tensor(self, key: str, leaf: NonTensorData, value: Any) -> None:
+        """Hook for subclasses that persist non-tensor writes."""
+        leaf.data = value
+
+    def _set_at(self, idx: Any, value: Any) -> None:
+        host: Any = self
+        idx = normalize_index(idx, host.batch_dims)
+        if isinstance(value, (Mapping, SetOps)):
+            # non-tensor entries first: the one that cannot take the value raises before any tensor is written
+            items = sorted(_items_of(value), key=lambda kv: not isinstance(self._tensordict.get(kv[0]), NonTensorData))
+            for key, sub in items:
+                if key not in self._tensordict:
+                    raise MissingKeyError(
+                        f"td[index] = value: key {key!r} of the value is not in the tensordict; add it first."
+                    )
+                self._assign_at(key, idx, sub)
+        else:  # a scalar or tensor goes into every tensor leaf; non-tensor values are left alone
+            for key, leaf in self._tensordict.items():
+                if not isinstance(leaf, NonTensorData):
+                    self._assign_at(key, idx, value)
+
+    def _assign_at(self, key: str, idx: Any, value: Any) -> None:
+        leaf = self._tensordict[key]
+        if isinstance(leaf, SetOps):
+            leaf._set_at(idx, value)
+        elif isinstance(leaf, NonTensorData):
+            self._assign_non_tensor_at(key, leaf, idx, value)
+        else:
+            leaf[idx] = value
+
+    def _assign_non_tensor_at(self, key: str, leaf: NonTensorData, idx: Any, value: Any) -> None:
+        """``td[idx] = other`` for a non-tensor entry: per-element values where they differ, as the reference."""
+        changed = assign_elements(leaf, self._batch_size, idx, value)
+        if changed is None:
+            return
+        if isinstance(leaf, NonTensorStack):  # already one value per element: written (persisted, shared) whole
+            self._write_non_tensor(key, leaf, changed.tolist())
+            return
+        first = changed._values[0]
+        if all(NonTensorData(v) == first for v in changed._values):
+            self._write_non_tensor(key, leaf, first)  # the whole entry takes one value (persisted as one)
+            return
+        if self._is_memmap or self._is_shared:
+            raise MemmapError(
+                f"td[index] = value would give the non-tensor entry {key!r} one value per element, which a "
+                "memory-mapped or shared tensordict cannot change in place. Store it as a NonTensorStack "
+                "(a list of one value per element) before memory-mapping, or work on an in-memory copy."
+            )
+        self._tensordict[key] = changed
+
+    def pop(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
+        """Remove the entry ``key`` and return its value (``default`` if given and the key is missing).
+
+        Raises:
+            MissingKeyError: a missing key and no default.
+            LockedError: the tensordict is locked.
+        """
+        parts = unravel_key(key)
+        td: Any = self
+        leaf = td._get_leaf(parts, default)
+        if leaf is default and default is not NO_DEFAULT:
+            return default
+        parent: Any = td._get_leaf(parts[:-1]) if len(parts) > 1 else self
+        if parent is not self and isinstance(parent, SetOps) and not is_level(parent):
+            return parent.pop(parts[-1], default)  # a lazy stack removes it from its members
+        parent._check_unlocked(parts[-1])
+        del parent._tensordict[parts[-1]]
+        return leaf.data if isinstance(leaf, NonTensorData) else leaf
+
+    def del_(self: T, key: NestedKey) -> T:
+        """Remove the entry ``key`` and return self (``LockedError`` on a locked tensordict)."""
+        self.pop(key)
+        return self
+
+    def __delitem__(self, key: NestedKey) -> None:
+        self.pop(key)
+
+
+def _items_of(value: Mapping[Any, Any] | SetOps) -> Iterator[tuple[Any, Any]]:
+    if isinstance(value, SetOps):
+        return iter(list(value._tensordict.items()))
+    return iter(list(value.items()))
+
+
+def _list_as_tensor(value: list | tuple) -> torch.Tensor | None:
+    """A list or tuple of numbers (nested) or of equal-shaped tensors as one tensor; None otherwise."""
+    if value and all(isinstance(v, torch.Tensor) for v in value):
+        try:
+            return torch.stack(list(value))
+        except RuntimeError:
+            return None
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _regular_dims(nested: torch.Tensor, count: int) -> list[int]:
+    """The sizes of a nested tensor's first ``count`` dims (-1 for a dim whose pieces disagree)."""
+    dims = []
+    for d in range(min(count, nested.dim())):
+        try:
+            dims.append(nested.size(d))
+        except RuntimeError:  # ragged: the pieces differ in this dim
+            dims.append(-1)
+    return dims
