@@ -6,9 +6,16 @@ non-tensor value is carried as JSON, or pickled (base64) only where the caller a
 tensor leaves are numbered depth first and grouped by dtype, in order of first appearance: a
 transfer is one flat buffer per group, each leaf a slice of its group at a fixed offset.
 
-Two hashes identify a schema: :attr:`Schema.digest` covers everything (a changed non-tensor value
-changes it) and :attr:`Schema.layout_digest` only what the buffers depend on (kinds, keys, dtypes,
-shapes), so a receiver can tell "same buffers, new values" from "different buffers".
+A consolidated tree (``td.consolidate()``: every leaf a view of one ``uint8`` storage) may be
+described with that storage (:func:`describe`'s ``storage``): its root then says the storage's
+size (``"storage"``) and each tensor node its byte offset in it (``"at"``), and a transfer is that
+one buffer, padding included.
+
+Hashes identify a schema: :attr:`Schema.digest` covers everything (a changed non-tensor value or
+byte layout changes it), :attr:`Schema.layout_digest` only what a receiving tree must match
+(kinds, keys, dtypes, shapes), :attr:`Schema.wire_digest` that plus the buffers' layout (plain or
+one storage, and the offsets) and :attr:`Schema.content_digest` the tree without the byte layout,
+so a receiver can tell "same buffers, new values" from "different buffers".
 
 >>> import torch
 >>> from tdshare import TensorDict
@@ -38,6 +45,7 @@ from ._tensordict_base import TensorDictBase
 __all__ = [
     "DIRECT_BYTES",
     "Group",
+    "storage_offsets",
     "Schema",
     "describe",
     "schema_of",
@@ -78,16 +86,25 @@ class Schema:
         slots: per tensor leaf, depth first: ``(group index, element offset, shape)``; group -1
             for a leaf of at least :data:`DIRECT_BYTES`, sent as its own message.
         direct: ``(index in slots, dtype)`` of those leaves, in order.
+        dtypes: per tensor leaf, its dtype.
+        storage: the size in bytes of the one storage of a consolidated schema (its one group,
+            ``uint8``; the slots' offsets are then byte offsets), else None.
         digest: hash of the whole schema (values included), as a non-negative 63-bit int.
-        layout_digest: hash of what the buffers depend on only.
+        layout_digest: hash of the kinds, keys, dtypes and shapes only.
+        wire_digest: hash of the layout and the buffers' byte layout.
+        content_digest: hash of the tree without the byte layout (values included).
     """
 
     tree: dict[str, Any]
     groups: list[Group] = field(default_factory=list)
     slots: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
     direct: list[tuple[int, torch.dtype]] = field(default_factory=list)
+    dtypes: list[torch.dtype] = field(default_factory=list)
+    storage: int | None = None
     digest: int = 0
     layout_digest: int = 0
+    wire_digest: int = 0
+    content_digest: int = 0
 
     def to_json(self) -> str:
         """The schema as compact JSON text (what a peer receives)."""
@@ -111,25 +128,45 @@ def _hash(obj: Any) -> int:
     return int.from_bytes(hashlib.sha256(raw).digest()[:8], "little") >> 1
 
 
-def _strip_values(node: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in node.items() if k not in ("json", "pickle")}
+_VALUES = ("json", "pickle")
+_WIRE = ("at", "storage")
+
+
+def _strip(node: dict[str, Any], drop: tuple[str, ...]) -> dict[str, Any]:
+    out = {k: v for k, v in node.items() if k not in drop}
     if "items" in out:
-        out["items"] = [[k, _strip_values(v)] for k, v in out["items"]]
+        out["items"] = [[k, _strip(v, drop)] for k, v in out["items"]]
     if "members" in out:
-        out["members"] = [_strip_values(m) for m in out["members"]]
+        out["members"] = [_strip(m, drop) for m in out["members"]]
     if "inner" in out:
-        out["inner"] = _strip_values(out["inner"])
+        out["inner"] = _strip(out["inner"], drop)
+    return out
+
+
+def _tensor_nodes(node: dict[str, Any], out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tensor nodes under ``node``, in leaf (depth first) order."""
+    if node["t"] == "tensor":
+        out.append(node)
+    for _, child in node.get("items", ()):
+        _tensor_nodes(child, out)
+    for member in node.get("members", ()):
+        _tensor_nodes(member, out)
+    if "inner" in node:
+        _tensor_nodes(node["inner"], out)
     return out
 
 
 def _finish(tree: dict[str, Any]) -> Schema:
     schema = Schema(tree)
     index: dict[str, int] = {}
+    if "storage" in tree:
+        _finish_storage(schema, int(tree["storage"]))
 
     def visit(node: dict[str, Any]) -> None:
         t = node["t"]
-        if t == "tensor":
+        if t == "tensor" and schema.storage is None:
             dtype = dtype_from_name(node["dtype"])
+            schema.dtypes.append(dtype)
             if node["dtype"] not in index:
                 index[node["dtype"]] = len(schema.groups)
                 schema.groups.append(Group(dtype, 0))
@@ -153,8 +190,55 @@ def _finish(tree: dict[str, Any]) -> Schema:
 
     visit(tree)
     schema.digest = _hash(tree)
-    schema.layout_digest = _hash(_strip_values(tree))
+    schema.layout_digest = _hash(_strip(tree, _VALUES + _WIRE))
+    schema.wire_digest = _hash(_strip(tree, _VALUES))
+    schema.content_digest = _hash(_strip(tree, _WIRE))
     return schema
+
+
+def _finish_storage(schema: Schema, nbytes: int) -> None:
+    """The slots of a consolidated schema: byte offsets into one ``uint8`` group of ``nbytes``."""
+    schema.storage = nbytes
+    schema.groups.append(Group(torch.uint8, nbytes))
+    for node in _tensor_nodes(schema.tree, []):
+        dtype = dtype_from_name(node["dtype"])
+        shape = tuple(node["shape"])
+        at = int(node["at"])
+        numel = 1
+        for n in shape:
+            numel *= n
+        if at < 0 or at % dtype.itemsize or at + numel * dtype.itemsize > nbytes:
+            raise UnsupportedFormatError(
+                f"A received schema places a {node['dtype']} leaf at byte {at} of a {nbytes}-byte storage: a corrupt "
+                "schema."
+            )
+        schema.dtypes.append(dtype)
+        schema.slots.append((0, at, shape))
+
+
+def storage_offsets(storage: torch.Tensor, leaves: list[torch.Tensor]) -> list[int] | None:
+    """Each leaf's byte offset in ``storage`` (a flat ``uint8`` tensor), or None unless every leaf
+    is a contiguous view inside it at an offset aligned to its dtype."""
+    base = storage.data_ptr()
+    end = base + storage.numel()
+    same = storage.untyped_storage().data_ptr()
+    out = []
+    for leaf in leaves:
+        at = leaf.data_ptr() - base
+        if leaf.numel() == 0:
+            out.append(0)
+            continue
+        if (
+            not leaf.is_contiguous()
+            or leaf.device != storage.device
+            or leaf.untyped_storage().data_ptr() != same
+            or at < 0
+            or at % leaf.element_size()
+            or base + at + leaf.numel() * leaf.element_size() > end
+        ):
+            return None
+        out.append(at)
+    return out
 
 
 def _value_node(kind_t: str, batch: list[int], value: Any, where: str, allow_pickle: bool) -> dict[str, Any]:
@@ -264,17 +348,34 @@ def _signature(value: Any, sig: list[Any], leaves: list[torch.Tensor]) -> bool:
     return False
 
 
-def describe(tree: Any, *, allow_pickle: bool = False) -> tuple[Schema, list[torch.Tensor]]:
+def describe(
+    tree: Any, *, allow_pickle: bool = False, storage: torch.Tensor | None = None
+) -> tuple[Schema, list[torch.Tensor]]:
     """The schema of ``tree`` and its tensor leaves (schema order) in one walk.
 
     A tree described before (the same object) whose keys, dtypes, shapes and values are unchanged
     reuses its schema: only a cheap signature is computed then.
+
+    Args:
+        tree: the tensor collection.
+        allow_pickle: as for :func:`schema_of`.
+        storage: the flat ``uint8`` storage every leaf is a view of (a consolidated tree): the
+            schema is then of that one buffer (byte offsets); ignored where a leaf lies outside it.
 
     Raises:
         as :func:`schema_of`.
     """
     if kind_of(tree) is None:
         raise ArgumentTypeError(f"Expected a tensordict, tensorclass or lazy stack, got {type(tree).__name__}.")
+    if storage is not None:
+        found: list[torch.Tensor] = []
+        node = _describe(tree, "", allow_pickle, found)
+        offsets = storage_offsets(storage, found)
+        if offsets is not None:
+            for tensor_node, at in zip(_tensor_nodes(node, []), offsets, strict=True):
+                tensor_node["at"] = at
+            node["storage"] = storage.numel()
+        return _finish(node), found
     sig: list[Any] = []
     leaves: list[torch.Tensor] = []
     key = (id(tree), allow_pickle)

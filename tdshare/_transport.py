@@ -13,7 +13,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -33,6 +33,9 @@ __all__ = [
     "peer_errors",
     "staged_views",
     "contiguous_run",
+    "data_layout",
+    "group_views",
+    "raw",
     "require_group",
 ]
 
@@ -152,48 +155,95 @@ def _own_memory(leaf: torch.Tensor, device: torch.device) -> torch.Tensor | None
     return leaf.view(-1) if leaf.is_contiguous() and leaf.device == device else None
 
 
-def staged_views(
-    schema: Schema, leaves: list[torch.Tensor], device: torch.device
-) -> tuple[list[torch.Tensor], Callable[[], None]]:
-    """The messages to receive ``leaves`` (of ``schema``'s layout) into, and a function that copies
-    staged messages into the leaves (nothing to copy where a message is the leaves' own memory).
+def data_layout(schema: Schema) -> tuple[int, list[int]]:
+    """The size in bytes of ``schema``'s data message and each dtype group's byte offset in it
+    (8-aligned, in group order); a consolidated schema's data message is its storage."""
+    if schema.storage is not None:
+        return schema.storage, [0]
+    offsets = []
+    end = 0
+    for group in schema.groups:
+        end = (end + 7) // 8 * 8
+        offsets.append(end)
+        end += group.numel * group.dtype.itemsize
+    return end, offsets
 
-    The messages are one flat buffer per dtype group, then one per direct (big) leaf."""
-    msgs: list[torch.Tensor] = []
-    copies: list[tuple[torch.Tensor, list[torch.Tensor], list[tuple[int, ...]]]] = []
-    shapes: list[list[tuple[int, ...]]] = [[] for _ in schema.groups]
-    for g, _, shape in schema.slots:
-        if g >= 0:
-            shapes[g].append(shape)
-    for gi, (group, members) in enumerate(zip(schema.groups, _grouped(schema, leaves), strict=True)):
-        flat = contiguous_run(members, group.dtype, device)
-        if flat is None:
-            flat = torch.empty(group.numel, dtype=group.dtype, device=device)
-            if group.numel:
-                copies.append((flat, members, shapes[gi]))
-        msgs.append(flat)
+
+def group_views(schema: Schema, data: torch.Tensor) -> list[torch.Tensor]:
+    """Each dtype group of ``schema`` as a typed flat view of the data message ``data`` (bytes);
+    a consolidated schema: the storage itself."""
+    if schema.storage is not None:
+        return [data]
+    _, offsets = data_layout(schema)
+    return [
+        data[at : at + g.numel * g.dtype.itemsize].view(g.dtype) for g, at in zip(schema.groups, offsets, strict=True)
+    ]
+
+
+def staged_views(
+    schema: Schema, leaves: list[torch.Tensor], device: torch.device, storage: torch.Tensor | None = None
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The messages to receive ``leaves`` (of ``schema``'s layout) into, and the tensors that need
+    a copy after receipt with the message views to copy from (``torch._foreach_copy_(dst, src)``).
+
+    The messages are the data message (bytes: every dtype group, see :func:`data_layout`), then
+    one per direct (big) leaf.  The data message is the leaves' own memory where one group's
+    leaves are one run of memory (an anonymous memory-mapped tree), or ``storage`` for a
+    consolidated schema (pass the target's own storage only when its byte layout is the
+    schema's); else a staging buffer, copied from per group where a group's leaves are one run,
+    else per leaf.  A big leaf is received into its own memory where it is contiguous.
+
+    Returns:
+        ``(messages, dst, src)``.
+    """
+    size, _ = data_layout(schema)
+    runs: list[torch.Tensor | None]
+    if schema.storage is not None:
+        runs = [None]
+        if storage is not None and storage.numel() == size and storage.device == device:
+            data = storage
+        else:
+            data = torch.empty(size, dtype=torch.uint8, device=device)
+        groups = [data]
+    else:
+        runs = [
+            contiguous_run(members, group.dtype, device)
+            for group, members in zip(schema.groups, _grouped(schema, leaves), strict=True)
+        ]
+        only = runs[0] if len(runs) == 1 else None
+        data = _bytes(only) if only is not None else torch.empty(size, dtype=torch.uint8, device=device)
+        groups = group_views(schema, data)
+    msgs = [data]
     for i, _ in schema.direct:
         leaf = leaves[i]
         own = _own_memory(leaf, device)
-        if own is None:
-            own = torch.empty(leaf.numel(), dtype=leaf.dtype, device=device)
-            copies.append((own, [leaf], [tuple(leaf.shape)]))
-        msgs.append(own)
-
-    def finish() -> None:
-        for flat, members, member_shapes in copies:
-            if len(members) == 1:
-                members[0].copy_(flat.view(member_shapes[0]))
-                continue
-            parts = torch.split(flat, [m.numel() for m in members])
-            # one fused copy (torch has no public name for it)
-            torch._foreach_copy_(members, [p.view(sh) for p, sh in zip(parts, member_shapes, strict=True)])
-
-    return msgs, finish
+        msgs.append(own if own is not None else torch.empty(leaf.numel(), dtype=leaf.dtype, device=device))
+    dst: list[torch.Tensor] = []
+    src: list[torch.Tensor] = []
+    for run, view in zip(runs, groups, strict=True):
+        if run is not None and run.data_ptr() != view.data_ptr() and run.numel():
+            dst.append(raw(run))
+            src.append(raw(view))
+    for (g, _, _), leaf, view in zip(schema.slots, leaves, Transport.unpack(schema, msgs), strict=True):
+        if g >= 0 and runs[g] is not None:
+            continue  # copied with its group
+        in_place = leaf.numel() == 0 or (
+            view.data_ptr() == leaf.data_ptr() and view.device == leaf.device and leaf.is_contiguous()
+        )
+        if not in_place:
+            dst.append(raw(leaf))
+            src.append(raw(view))
+    return msgs, dst, src
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype is not torch.uint8 else t
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """``t`` to copy bit for bit: a bool tensor as its bytes (``copy_`` turns any non-zero byte
+    of a bool into 1), any other as is."""
+    return t.view(torch.uint8) if t.dtype is torch.bool else t
 
 
 class Transport:
@@ -227,44 +277,39 @@ class Transport:
 
     # -- buffers ----------------------------------------------------------------------------
     def pack(self, schema: Schema, leaves: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The messages of ``leaves``: one flat buffer per dtype group (a view of the leaves where
-        they are one run, else one packed copy), then each direct (big) leaf, from its own memory."""
-        out = []
-        for group, members in zip(schema.groups, _grouped(schema, leaves), strict=True):
-            flat = contiguous_run(members, group.dtype, self.device)
-            if flat is None:
-                flat = self._packed(members, group.dtype)
-            out.append(flat)
+        """The messages of ``leaves`` (new buffers): the data message (every dtype group at its
+        offset, see :func:`data_layout`; a consolidated schema's storage), then each direct (big)
+        leaf, from its own memory where it is contiguous on this transport's device."""
+        size, _ = data_layout(schema)
+        msgs = [torch.zeros(size, dtype=torch.uint8, device=self.device)]
         for i, _ in schema.direct:
             leaf = leaves[i].detach()
             own = _own_memory(leaf, self.device)
-            out.append(own if own is not None else leaf.contiguous().to(self.device).view(-1))
-        return out
-
-    def _packed(self, members: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        """``members`` flattened into one new buffer on this transport's device."""
-        if not members:
-            return torch.empty(0, dtype=dtype, device=self.device)
-        with torch.no_grad():
-            try:
-                flat = torch.cat([t.reshape(-1) for t in members])
-            except RuntimeError:  # leaves on several devices
-                flat = torch.cat([t.reshape(-1).to(self.device) for t in members])
-            return flat.to(self.device)
+            msgs.append(own if own is not None else leaf.contiguous().to(self.device).view(-1))
+        packed = [
+            (raw(view), raw(leaf.detach()))
+            for (g, _, _), view, leaf in zip(schema.slots, self.unpack(schema, msgs), leaves, strict=True)
+            if g >= 0 and leaf.numel()
+        ]
+        if packed:
+            with torch.no_grad():
+                torch._foreach_copy_([v for v, _ in packed], [t for _, t in packed])
+        return msgs
 
     def allocate(self, schema: Schema) -> list[torch.Tensor]:
-        """Empty messages for ``schema``: its groups' buffers, then its direct leaves."""
-        msgs = [torch.empty(g.numel, dtype=g.dtype, device=self.device) for g in schema.groups]
+        """Empty messages for ``schema``: its data message, then its direct leaves."""
+        msgs = [torch.empty(data_layout(schema)[0], dtype=torch.uint8, device=self.device)]
         for i, dtype in schema.direct:
             msgs.append(torch.empty(schema.slots[i][2], dtype=dtype, device=self.device).view(-1))
         return msgs
 
     @staticmethod
     def unpack(schema: Schema, msgs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The leaves of ``schema`` as views of its messages."""
+        """The leaves of ``schema`` as views of its messages (the data message, then the direct leaves)."""
+        groups = group_views(schema, _bytes(msgs[0]))
         out = []
-        direct = len(schema.groups)
-        for g, offset, shape in schema.slots:
+        direct = 1
+        for (g, offset, shape), dtype in zip(schema.slots, schema.dtypes, strict=True):
             if g < 0:
                 out.append(msgs[direct].view(shape))
                 direct += 1
@@ -272,18 +317,34 @@ class Transport:
             n = 1
             for d in shape:
                 n *= d
-            out.append(msgs[g][offset : offset + n].view(shape))
+            if schema.storage is not None:  # a byte offset into the one storage
+                out.append(groups[0][offset : offset + n * dtype.itemsize].view(dtype).view(shape))
+            else:
+                out.append(groups[g][offset : offset + n].view(shape))
         return out
 
     # -- point to point ---------------------------------------------------------------------
     def post_send(self, header: Header, text: bytes, buffers: list[torch.Tensor], dst: int, tag: int) -> list[Any]:
-        """Post the header, the schema text (if any) and the buffers to ``dst``; return the works."""
+        """Post the header, then (with a schema text) an empty notice and the text, then the
+        non-empty buffers to ``dst``; return the works.
+
+        The notice lands in the data buffer a receiver may have posted with the header, for the
+        schema it knew (an empty message writes nothing), so that its next receipt is the text.
+        """
         msgs = [header.tensor().to(self.device)]
         if text:
+            msgs.append(torch.empty(0, dtype=torch.uint8, device=self.device))
             msgs.append(torch.frombuffer(bytearray(text), dtype=torch.uint8).to(self.device))
         msgs.extend(_bytes(b) for b in buffers if b.numel())
         with peer_errors(f"send to rank {dst}"):
             return [dist.isend(m, group=self.group, tag=tag, group_dst=dst) for m in msgs]
+
+    def recv_notice(self, src: int, tag: int, peer: str) -> None:
+        """Receive the empty notice that precedes a schema text (see :meth:`post_send`)."""
+        buf = torch.empty(1, dtype=torch.uint8, device=self.device)
+        with peer_errors(f"recv from {peer}"):
+            work = dist.irecv(buf, group=self.group, tag=tag, group_src=src)
+        self.wait_all([work], f"recv from {peer}")
 
     def post_header_recv(self, src: int, tag: int) -> tuple[torch.Tensor, Any]:
         """Post the receipt of a header from ``src``."""

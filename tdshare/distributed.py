@@ -29,7 +29,8 @@ from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._nodes import kind_of
 from ._schema import Schema, build_tree, describe, leaves_of, schema_of, value_of
 from ._sync import sync_tree
-from ._transport import DistributedError, Header, PeerError, Transport, require_group, staged_views
+from ._transport import DistributedError, Header, PeerError, Transport, raw, require_group
+from ._wire_plan import Plan, plan_for
 
 __all__ = [
     "DistributedError",
@@ -92,14 +93,17 @@ def _check_rank(rank: Any, what: str, group: Any) -> None:
 
 
 class _Outgoing:
-    """A tree packed for sending: its schema, header and one flat buffer per dtype group."""
+    """A tree packed for sending: its schema, header and one flat buffer per dtype group (a
+    consolidated tree: its one storage).  ``reuse``: pack into the tree's kept buffers (the
+    caller waits for the send to complete before it returns)."""
 
-    def __init__(self, td: Any, transport: Transport, allow_pickle: bool, known: int | None) -> None:
+    def __init__(self, td: Any, transport: Transport, allow_pickle: bool, known: int | None, reuse: bool) -> None:
         self.td = td
-        self.schema, leaves = describe(td, allow_pickle=allow_pickle)
+        plan = plan_for(td, allow_pickle)
+        self.schema = plan.schema
         self.text = b"" if known == self.schema.digest else self.schema.to_json().encode()
         self.header = Header(self.schema.digest, self.schema.layout_digest, len(self.text))
-        self.buffers = transport.pack(self.schema, leaves)
+        self.buffers = plan.buffers(transport, reuse)
 
 
 class Transfer:
@@ -134,13 +138,13 @@ class Transfer:
 
 
 def _post_send(
-    td: Any, dst: int, group: Any, tag: int, allow_pickle: bool, timeout: float | None
+    td: Any, dst: int, group: Any, tag: int, allow_pickle: bool, timeout: float | None, reuse: bool
 ) -> tuple[_Outgoing, Transport, list[Any]]:
     _check_collection(td, "send")
     _check_rank(dst, "send", group)
     transport = Transport(group, timeout)
     key = (_group_key(group), dst, tag)
-    out = _Outgoing(td, transport, allow_pickle, _SENT.get(key))
+    out = _Outgoing(td, transport, allow_pickle, _SENT.get(key), reuse)
     works = transport.post_send(out.header, out.text, out.buffers, dst, tag)
     _SENT[key] = out.schema.digest
     return out, transport, works
@@ -165,7 +169,7 @@ def send(
 
     >>> # rank 0: send(td, dst=1); rank 1: recv(td_like, src=0)
     """
-    _, transport, works = _post_send(td, dst, group, tag, allow_pickle, timeout)
+    _, transport, works = _post_send(td, dst, group, tag, allow_pickle, timeout, True)
     transport.wait_all(works, f"send to rank {dst}")
 
 
@@ -178,7 +182,7 @@ def isend(
 
     >>> # handle = isend(td, dst=1); handle.wait()
     """
-    out, transport, works = _post_send(td, dst, group, tag, allow_pickle, timeout)
+    out, transport, works = _post_send(td, dst, group, tag, allow_pickle, timeout, False)
 
     def finish(t: float | None) -> Any:
         transport.wait_all(works, f"send to rank {dst}", t)
@@ -204,36 +208,39 @@ def _resolve_schema(header: Header, text: bytes | None, cache_key: tuple[int, in
     return cached
 
 
-def _layout_matches(target: Any, schema: Schema) -> tuple[Schema | None, list[torch.Tensor]]:
-    """The target's own schema (when its layout is ``schema``'s, else None) and its leaves."""
-    if target is None:
-        return None, []
-    mine, leaves = (target, []) if isinstance(target, Schema) else describe(target, allow_pickle=True)
-    return (mine if mine.layout_digest == schema.layout_digest else None), leaves
+def _target_plan(target: Any) -> Plan | None:
+    """The plan of a receiving tree (None for no tree or a bare :class:`Schema`)."""
+    return None if target is None or isinstance(target, Schema) else plan_for(target, True)
 
 
-def _receive_into(
-    target: Any, schema: Schema, transport: Transport, receive: Any, allow_pickle: bool, peer: str
-) -> Any:
-    """Receive the buffers of ``schema`` (``receive(flat_tensors)``) into ``target`` or a new tree."""
-    mine, leaves = _layout_matches(target, schema)
-    if mine is not None and not isinstance(target, Schema):
-        flats, finish = staged_views(schema, leaves, transport.device)
-        receive(flats)
-        finish()
-        if mine.digest != schema.digest:
-            _assign_values(target, schema.tree, allow_pickle)
-        return target
-    flats = transport.allocate(schema)
-    receive(flats)
-    tree = build_tree(schema, transport.unpack(schema, flats), allow_pickle=allow_pickle)
-    if target is not None and mine is None:
-        raise SchemaMismatchError(
-            f"The tree from {peer} has another layout (keys, dtypes or shapes) than the target: the target is "
-            "untouched; the tree that arrived is this error's .received (receive with None to take any tree).",
-            tree,
-        )
-    return tree
+class _Landing:
+    """Where the buffers of ``schema`` go on this rank: ``target``'s memory (through its plan)
+    when its layout is the schema's, else new buffers that become a new tree."""
+
+    def __init__(self, target: Any, plan: Plan | None, schema: Schema, transport: Transport) -> None:
+        self.target, self.plan, self.schema, self.transport = target, plan, schema, transport
+        self.fits = plan is not None and plan.schema.layout_digest == schema.layout_digest
+        if plan is not None and self.fits:
+            self.msgs, self._copy = plan.receiver(schema, transport.device)
+        else:
+            self.msgs = transport.allocate(schema)
+
+    def complete(self, allow_pickle: bool, peer: str) -> Any:
+        """The received tree, once every message has arrived (the target, filled; or a new tree)."""
+        schema, target = self.schema, self.target
+        if self.fits and self.plan is not None:
+            self._copy()
+            if self.plan.schema.content_digest != schema.content_digest:
+                _assign_values(target, schema.tree, allow_pickle)
+            return target
+        tree = build_tree(schema, self.transport.unpack(schema, self.msgs), allow_pickle=allow_pickle)
+        if self.plan is not None or (isinstance(target, Schema) and target.layout_digest != schema.layout_digest):
+            raise SchemaMismatchError(
+                f"The tree from {peer} has another layout (keys, dtypes or shapes) than the target: the target is "
+                "untouched; the tree that arrived is this error's .received (receive with None to take any tree).",
+                tree,
+            )
+        return tree
 
 
 def _assign_values(target: Any, node: dict[str, Any], allow_pickle: bool) -> None:
@@ -256,24 +263,39 @@ def _assign_values(target: Any, node: dict[str, Any], allow_pickle: bool) -> Non
         _assign_values(kind.unwrap(target)[0], node["inner"], allow_pickle)
 
 
-def _recv(
-    target: Any,
-    src: int,
-    group: Any,
-    tag: int,
-    allow_pickle: bool,
-    timeout: float | None,
-    transport: Transport,
-    header: Header,
-) -> Any:
+def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, timeout: float | None) -> tuple[Any, Any]:
+    """Post the receipt of a transfer from ``src``: the header and, when this rank knows the
+    sender's last schema, that schema's data message at once (into the target where it fits),
+    so an unchanged tree costs no round trip.  Returns the header's work and ``finish(timeout)``."""
+    transport = Transport(group, timeout)
+    key = (_group_key(group), src, tag)
     peer = f"rank {src}"
-    text = transport.recv_bytes(header.schema_len, src, tag, peer) if header.schema_len else None
-    schema = _resolve_schema(header, text, (_group_key(group), src, tag), peer)
+    raw, header_work = transport.post_header_recv(src, tag)
+    plan = _target_plan(td)  # checked while the header travels
+    known = _SEEN.get(key)
+    early = _Landing(td, plan, known, transport) if known is not None else None
+    early_works = transport.post_recv(early.msgs[:1], src, tag) if early is not None else []
 
-    def receive(flats: list[torch.Tensor]) -> None:
-        transport.wait_all(transport.post_recv(flats, src, tag), f"recv from {peer}")
+    def finish(t: float | None) -> Any:
+        what = f"recv from {peer}"
+        transport.wait_all([header_work], what, t)
+        header = Header.from_tensor(raw)
+        if not header.schema_len:  # the schema this rank has: its data message is posted already
+            transport.wait_all(early_works, what, t)
+            schema = _resolve_schema(header, None, key, peer)
+            assert early is not None
+            transport.wait_all(transport.post_recv(early.msgs[1:], src, tag), what, t)
+            return early.complete(allow_pickle, peer)
+        if early_works:
+            transport.wait_all(early_works, what, t)  # the empty notice: nothing was written
+        else:
+            transport.recv_notice(src, tag, peer)
+        schema = _resolve_schema(header, transport.recv_bytes(header.schema_len, src, tag, peer), key, peer)
+        landing = _Landing(td, plan, schema, transport)
+        transport.wait_all(transport.post_recv(landing.msgs, src, tag), what, t)
+        return landing.complete(allow_pickle, peer)
 
-    return _receive_into(target, schema, transport, receive, allow_pickle, peer)
+    return header_work, finish
 
 
 def _check_target(target: Any, what: str) -> None:
@@ -306,9 +328,7 @@ def recv(
     """
     _check_target(td, "recv")
     _check_rank(src, "recv", group)
-    transport = Transport(group, timeout)
-    header = transport.recv_header(src, tag, f"rank {src}")
-    return _recv(td, src, group, tag, allow_pickle, timeout, transport, header)
+    return _start_recv(td, src, group, tag, allow_pickle, timeout)[1](None)
 
 
 def irecv(
@@ -316,20 +336,15 @@ def irecv(
 ) -> Transfer:
     """Start receiving from ``src`` (as :func:`recv`); the returned :class:`Transfer`'s ``wait()`` gives the tree.
 
-    The header is posted at once; the buffers are posted when it has arrived (inside ``wait``),
-    since their sizes come with it.
+    The header is posted at once, with the data message of the schema last received from ``src``
+    (into ``td`` where it fits: do not use ``td`` until ``wait()`` returns); the rest (a new
+    schema, big leaves) is received inside ``wait``.
 
     >>> # handle = irecv(td, src=0); ...; td = handle.wait()
     """
     _check_target(td, "irecv")
     _check_rank(src, "irecv", group)
-    transport = Transport(group, timeout)
-    raw, work = transport.post_header_recv(src, tag)
-
-    def finish(t: float | None) -> Any:
-        transport.wait_all([work], f"recv from rank {src}", t)
-        return _recv(td, src, group, tag, allow_pickle, timeout, transport, Header.from_tensor(raw))
-
+    work, finish = _start_recv(td, src, group, tag, allow_pickle, timeout)
     return Transfer(finish, [work])
 
 
@@ -354,7 +369,7 @@ def broadcast(td: Any, src: int, *, group: Any = None, allow_pickle: bool = Fals
     peer = f"rank {src} (broadcast)"
     if transport.rank == src:
         _check_collection(td, "broadcast")
-        out = _Outgoing(td, transport, allow_pickle, _SENT.get(key))
+        out = _Outgoing(td, transport, allow_pickle, _SENT.get(key), True)
         transport.broadcast_header(out.header, src, peer)
         if out.text:
             transport.broadcast_bytes(out.text, src, peer)
@@ -362,12 +377,12 @@ def broadcast(td: Any, src: int, *, group: Any = None, allow_pickle: bool = Fals
         _SENT[key] = out.schema.digest
         return td
     _check_target(td, "broadcast")
+    plan = _target_plan(td)
     header = transport.broadcast_header(None, src, peer)
     text = transport.broadcast_bytes(header.schema_len, src, peer) if header.schema_len else None
-    schema = _resolve_schema(header, text, key, peer)
-    return _receive_into(
-        td, schema, transport, lambda flats: transport.broadcast_all(flats, src, peer), allow_pickle, peer
-    )
+    landing = _Landing(td, plan, _resolve_schema(header, text, key, peer), transport)
+    transport.broadcast_all(landing.msgs, src, peer)
+    return landing.complete(allow_pickle, peer)
 
 
 def all_gather(td: Any, *, group: Any = None, allow_pickle: bool = False, timeout: float | None = None) -> Any:
@@ -452,7 +467,7 @@ def scatter(
     if out is None:
         return mine
     for dst_leaf, src_leaf in zip(leaves_of(out), leaves_of(mine), strict=True):
-        dst_leaf.copy_(src_leaf)
+        raw(dst_leaf).copy_(raw(src_leaf))  # bit for bit (bools too)
     return out
 
 

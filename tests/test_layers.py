@@ -101,6 +101,7 @@ LAYERS: dict[str, list[str]] = {
         "_functional",
         "_schema",
         "_transport",
+        "_wire_plan",
         "_sync",
         "distributed",
         "__init__",

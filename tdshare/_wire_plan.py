@@ -1,0 +1,275 @@
+"""Per-tree transfer plans: the schema, leaves and buffers of a tree, kept while the tree is unchanged.
+
+Describing a 1,000-leaf tree, packing its leaves and laying out the receiving buffers costs far
+more Python than the transfer itself, so :func:`plan_for` keeps, per tree object (weakly), a
+:class:`Plan`: the schema (consolidated trees: of their one storage), the leaves in schema order,
+the sender's packed buffers and the flat views packed from, and the receiver's messages and copy
+lists per sender layout.  Each call checks the plan is still the tree's at C speed: every level's
+entry dict by identity (keys, values, batch size), every non-tensor value by its JSON text, and
+every leaf's shape, strides, dtype and address; any difference builds a new plan.
+
+>>> import torch
+>>> from tdshare import TensorDict
+>>> td = TensorDict(a=torch.zeros(3), b=torch.ones(2, dtype=torch.int64), batch_size=[])
+>>> plan_for(td, False) is plan_for(td, False)
+True
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Callable
+from operator import attrgetter, is_
+from typing import Any
+
+import torch
+
+from ._consolidate import ConsolidateOps, consolidated_parts
+from ._format import LEVEL, STACK, VALUE, VALUE_STACK, WRAPPED
+from ._nodes import kind_of
+from ._schema import Schema, describe
+from ._transport import Transport, contiguous_run, data_layout, group_views, raw, staged_views
+
+__all__ = ["Plan", "plan_for"]
+
+_shape = attrgetter("shape")
+_dtype = attrgetter("dtype")
+_ptr = torch.Tensor.data_ptr
+_stride = torch.Tensor.stride
+
+Check = tuple[Callable[..., bool], tuple[Any, ...]]
+
+
+def _same_level(node: Any, entries: dict[str, Any], keys: list[str], values: list[Any], batch: Any) -> bool:
+    return (
+        node._tensordict is entries
+        and len(entries) == len(values)
+        and all(map(is_, entries.values(), values))
+        and list(entries) == keys
+        and node.batch_size == batch
+    )
+
+
+def _same_stack(node: Any, members: list[Any], dim: int) -> bool:
+    now = node.tensordicts
+    return len(now) == len(members) and all(map(is_, now, members)) and node.stack_dim == dim
+
+
+def _same_wrapped(node: Any, unwrap: Any, inner: Any, fields: str) -> bool:
+    now, now_fields = unwrap(node)
+    return now is inner and repr(now_fields) == fields
+
+
+def _same_value(node: Any, stack: bool, text: str) -> bool:
+    try:
+        return json.dumps(node.tolist() if stack else node.data) == text
+    except (TypeError, ValueError):
+        return False
+
+
+def _watch(node: Any, checks: list[Check]) -> bool:
+    """Append the checks that ``node`` (not the root: see :class:`Plan`) is unchanged; False where
+    only a full description can tell (a value JSON cannot hold, an unknown kind)."""
+    kind = kind_of(node)
+    if kind is None:
+        return True  # a tensor: checked with the leaves
+    if kind.layout == LEVEL:
+        entries = node._tensordict
+        checks.append((_same_level, (node, entries, list(entries), list(entries.values()), node.batch_size)))
+        return all(_watch(v, checks) for v in entries.values())
+    if kind.layout == STACK:
+        members = list(node.tensordicts)
+        checks.append((_same_stack, (node, members, node.stack_dim)))
+        return all(_watch(m, checks) for m in members)
+    if kind.layout == WRAPPED and kind.unwrap is not None:
+        inner, fields = kind.unwrap(node)
+        checks.append((_same_wrapped, (node, kind.unwrap, inner, repr(fields))))
+        return _watch(inner, checks)
+    if kind.layout in (VALUE, VALUE_STACK):
+        stack = kind.layout == VALUE_STACK
+        try:
+            text = json.dumps(node.tolist() if stack else node.data)
+        except (TypeError, ValueError):
+            return False
+        checks.append((_same_value, (node, stack, text)))
+        return True
+    return False
+
+
+def _storage_of(tree: Any) -> torch.Tensor | None:
+    """The one ``uint8`` storage of a consolidated tree (a tensorclass: of its tensordict), or None."""
+    kind = kind_of(tree)
+    inner = kind.unwrap(tree)[0] if kind is not None and kind.layout == WRAPPED and kind.unwrap is not None else tree
+    if not isinstance(inner, ConsolidateOps) or not inner.is_consolidated():
+        return None
+    return consolidated_parts(inner)[0]
+
+
+class Plan:
+    """The schema, leaves and buffers of one tree (see the module docstring).
+
+    Args:
+        tree: the tensor collection.
+        allow_pickle: as for ``describe``.
+    """
+
+    def __init__(self, tree: Any, allow_pickle: bool) -> None:
+        self.allow_pickle = allow_pickle
+        self.storage = _storage_of(tree)
+        self.schema: Schema
+        self.schema, self.leaves = describe(tree, allow_pickle=allow_pickle, storage=self.storage)
+        if self.schema.storage is None:
+            self.storage = None  # a leaf outside the storage: sent as a plain tree
+        self.shapes = list(map(_shape, self.leaves))
+        self.strides = list(map(_stride, self.leaves))
+        self.dtypes = list(map(_dtype, self.leaves))
+        self.ptrs = list(map(_ptr, self.leaves))
+        # the root is checked through the tree handed to valid(), never kept alive by the plan
+        checks: list[Check] = []
+        self.reusable = _watch(tree, checks)
+        self.root: Check | None = None
+        if checks:  # the root's check without the root itself
+            fn, args = checks.pop(0)
+            self.root = (fn, args[1:])
+        self.checks = checks
+        self._send: tuple[list[Any] | None, torch.Tensor, list[torch.Tensor], list[torch.Tensor]] | None = None
+        self._send_device: torch.device | None = None
+        self._recv: tuple[int, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    def valid(self, tree: Any) -> bool:
+        """Whether ``tree`` is still what this plan was made of (nothing added, replaced, reshaped,
+        re-typed or moved; non-tensor values unchanged)."""
+        if not self.reusable:
+            return False
+        if self.root is not None:
+            fn, args = self.root
+            if not fn(tree, *args):
+                return False
+        for fn, args in self.checks:
+            if not fn(*args):
+                return False
+        leaves = self.leaves
+        return (
+            list(map(_ptr, leaves)) == self.ptrs
+            and list(map(_shape, leaves)) == self.shapes
+            and list(map(_stride, leaves)) == self.strides
+            and all(map(is_, map(_dtype, leaves), self.dtypes))
+        )
+
+    # -- sending ------------------------------------------------------------------------------
+    def buffers(self, transport: Transport, reuse: bool) -> list[torch.Tensor]:
+        """The messages to send: the data message (the consolidated storage itself; a group's
+        leaves where they are its one run; else every group packed with one ``torch.cat`` each),
+        then each big leaf's own memory.  ``reuse``: pack into the plan's buffer (the caller
+        waits for the send before the next one), else into a new one."""
+        if self.storage is not None and self.storage.device == transport.device:
+            return [self.storage]
+        if self._send is None or self._send_device != transport.device:
+            self._send = self._send_layout(transport)
+            self._send_device = transport.device
+        if self._send is None:
+            return transport.pack(self.schema, self.leaves)
+        ops, data, views, direct = self._send
+        if ops is None:
+            return [data, *direct]  # the leaves' own memory
+        if not reuse:
+            data = torch.empty_like(data)
+            views = group_views(self.schema, data)
+        with torch.no_grad():
+            for op, view in zip(ops, views, strict=True):
+                if isinstance(op, torch.Tensor):
+                    raw(view).copy_(raw(op))  # a group's run, bit for bit
+                elif op:
+                    torch.cat(op, out=view)
+        return [data, *direct]
+
+    def _send_layout(
+        self, transport: Transport
+    ) -> tuple[list[Any] | None, torch.Tensor, list[torch.Tensor], list[torch.Tensor]] | None:
+        """``(ops, data, group views, direct leaves)``: per group its run or the flat leaf views
+        to concatenate (ops None: the data message is the one group's run); None where a leaf is
+        not a contiguous tensor on the transport's device."""
+        device = transport.device
+        schema = self.schema
+        if schema.storage is not None or any(t.device != device or not t.is_contiguous() for t in self.leaves):
+            return None
+        members: list[list[torch.Tensor]] = [[] for _ in schema.groups]
+        for (g, _, _), leaf in zip(schema.slots, self.leaves, strict=True):
+            if g >= 0:
+                members[g].append(leaf.detach())
+        direct = [self.leaves[i].detach().view(-1) for i, _ in schema.direct]
+        runs = [contiguous_run(m, g.dtype, device) for g, m in zip(schema.groups, members, strict=True)]
+        if len(runs) == 1 and runs[0] is not None:
+            data = runs[0].view(torch.uint8)
+            return None, data, group_views(schema, data), direct
+        data = torch.empty(data_layout(schema)[0], dtype=torch.uint8, device=device)
+        ops: list[Any] = [
+            run if run is not None else [t.view(-1) for t in m if t.numel()]
+            for run, m in zip(runs, members, strict=True)
+        ]
+        return ops, data, group_views(schema, data), direct
+
+    # -- receiving ----------------------------------------------------------------------------
+    def receiver(self, sent: Schema, device: torch.device) -> tuple[list[torch.Tensor], Callable[[], None]]:
+        """The messages to receive ``sent``'s buffers into (this tree's memory where it can be:
+        see ``staged_views``) and the function that copies what was staged into the leaves,
+        kept for the sender's layout."""
+        if self._recv is None or self._recv[0] != sent.wire_digest:
+            own = self.storage if self.schema.wire_digest == sent.wire_digest else None
+            msgs, dst, src = staged_views(sent, self.leaves, device, own)
+            self._recv = (sent.wire_digest, msgs, dst, src)
+        _, msgs, dst, src = self._recv
+
+        def finish() -> None:
+            if dst:
+                with torch.no_grad():
+                    torch._foreach_copy_(dst, src)  # one fused copy (torch has no public name for it)
+
+        return msgs, finish
+
+
+_PLANS: dict[tuple[int, bool], Plan] = {}
+_PLANS_SIZE = 64
+
+
+_REFS: dict[tuple[int, bool], weakref.ref[Any]] = {}
+
+
+def _forget(key: tuple[int, bool], plan: Plan) -> Callable[[Any], None]:
+    """A weakref callback dropping ``plan`` when its tree dies (unless a newer plan took the key)."""
+
+    def drop(_: Any) -> None:
+        if _PLANS.get(key) is plan:
+            del _PLANS[key]
+            _REFS.pop(key, None)
+
+    return drop
+
+
+def plan_for(tree: Any, allow_pickle: bool) -> Plan:
+    """The plan of ``tree``: the kept one while :meth:`Plan.valid`, else a new one (kept while the
+    tree lives, for the 64 most recent trees).
+
+    Raises:
+        as ``describe``.
+    """
+    key = (id(tree), allow_pickle)
+    plan = _PLANS.get(key)
+    ref = _REFS.get(key)
+    if plan is not None and ref is not None and ref() is tree and plan.valid(tree):
+        return plan
+    plan = Plan(tree, allow_pickle)
+    if not plan.reusable:
+        return plan
+    try:
+        ref = weakref.ref(tree, _forget(key, plan))
+    except TypeError:  # no weak references to this kind: not kept
+        return plan
+    if key not in _PLANS and len(_PLANS) >= _PLANS_SIZE:
+        old = next(iter(_PLANS))
+        del _PLANS[old]
+        _REFS.pop(old, None)
+    _PLANS[key] = plan
+    _REFS[key] = ref
+    return plan
