@@ -5,8 +5,10 @@ more Python than the transfer itself, so :func:`plan_for` keeps, per tree object
 :class:`Plan`: the schema (consolidated trees: of their one storage), the leaves in schema order,
 the sender's packed buffers and the flat views packed from, and the receiver's messages and copy
 lists per sender layout.  Each call checks the plan is still the tree's at C speed: every level's
-entry dict by identity (keys, values, batch size), every non-tensor value by its JSON text, and
-every leaf's shape, strides, dtype and address; any difference builds a new plan.
+entry dict by identity (keys, values, batch size), every non-tensor value by its JSON text, every
+leaf's address and version counter, and, where that counter moved (an in-place operation, which
+an in-place shape or stride change is too), its shape, strides and dtype; any difference builds a
+new plan.
 
 >>> import torch
 >>> from tdshare import TensorDict
@@ -37,6 +39,7 @@ _shape = attrgetter("shape")
 _dtype = attrgetter("dtype")
 _ptr = torch.Tensor.data_ptr
 _stride = torch.Tensor.stride
+_version = attrgetter("_version")
 
 Check = tuple[Callable[..., bool], tuple[Any, ...]]
 
@@ -125,6 +128,7 @@ class Plan:
         self.strides = list(map(_stride, self.leaves))
         self.dtypes = list(map(_dtype, self.leaves))
         self.ptrs = list(map(_ptr, self.leaves))
+        self.versions = list(map(_version, self.leaves))
         # the root is checked through the tree handed to valid(), never kept alive by the plan
         checks: list[Check] = []
         self.reusable = _watch(tree, checks)
@@ -150,12 +154,19 @@ class Plan:
             if not fn(*args):
                 return False
         leaves = self.leaves
-        return (
-            list(map(_ptr, leaves)) == self.ptrs
-            and list(map(_shape, leaves)) == self.shapes
+        if list(map(_ptr, leaves)) != self.ptrs:
+            return False
+        versions = list(map(_version, leaves))
+        if versions == self.versions:
+            return True  # no in-place operation since: the metadata cannot have changed
+        if (
+            list(map(_shape, leaves)) == self.shapes
             and list(map(_stride, leaves)) == self.strides
             and all(map(is_, map(_dtype, leaves), self.dtypes))
-        )
+        ):
+            self.versions = versions
+            return True
+        return False
 
     # -- sending ------------------------------------------------------------------------------
     def buffers(self, transport: Transport, reuse: bool) -> list[torch.Tensor]:

@@ -270,10 +270,10 @@ def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, tim
     transport = Transport(group, timeout)
     key = (_group_key(group), src, tag)
     peer = f"rank {src}"
-    raw, header_work = transport.post_header_recv(src, tag)
-    plan = _target_plan(td)  # checked while the header travels
+    plan = _target_plan(td)
     known = _SEEN.get(key)
     early = _Landing(td, plan, known, transport) if known is not None else None
+    raw, header_work = transport.post_header_recv(src, tag)
     early_works = transport.post_recv(early.msgs[:1], src, tag) if early is not None else []
 
     def finish(t: float | None) -> Any:

@@ -188,6 +188,137 @@ def test_send_recv_every_kind_dtype_and_schema_change(tmp_path: Path) -> None:
     assert res["big_inplace"] == {k: _bits(v) for k, v in _big_and_strided(2).items()}
 
 
+# -- kept plans: a changed tree is never sent or received through a stale layout --------------
+
+
+def _tree(offset: float) -> TensorDict:
+    return TensorDict(
+        a=torch.arange(6.0) + offset,
+        m=(torch.arange(9.0) + offset).view(3, 3),
+        n={"i": torch.arange(4) + int(offset), "flag": torch.tensor([True, False])},
+        note="x",
+        batch_size=[],
+    )
+
+
+def test_plan_is_kept_while_the_tree_is_unchanged_and_rebuilt_on_any_change() -> None:
+    from tdshare._wire_plan import _PLANS, plan_for
+
+    td = _tree(0.0)
+    first = plan_for(td, False)
+    assert plan_for(td, False) is first
+    td["a"].add_(1)  # a data write: the same layout
+    assert plan_for(td, False) is first
+    changes: list[Callable[[TensorDict], Any]] = [
+        lambda t: t.set("a", torch.zeros(6)),  # a replaced leaf (same shape)
+        lambda t: t["m"].transpose_(0, 1),  # strides only (a square leaf)
+        lambda t: t["a"].unsqueeze_(0),  # shape only, in place
+        lambda t: t.set(("n", "new"), torch.zeros(1)),  # a new key in a nested level
+        lambda t: t.set_("note", "y"),  # a non-tensor value
+        lambda t: t["n"]["i"].share_memory_(),  # the memory moved under the same tensor
+    ]
+    for change in changes:
+        before = plan_for(td, False)
+        change(td)
+        after = plan_for(td, False)
+        assert after is not before
+        assert [_bits(t) for t in after.leaves] == [_bits(t) for t in tdd.leaves_of(td)]
+        assert after.schema.digest == tdd.schema_of(td).digest
+    key = (id(td), False)
+    assert key in _PLANS
+    del td, before, after, first
+    assert key not in _PLANS  # dropped with its tree
+
+
+def test_consolidated_schema_is_one_storage_and_matches_the_plain_layout() -> None:
+    from tdshare._wire_plan import plan_for
+
+    td = _tree(1.0)
+    c = td.consolidate()
+    plain, whole = plan_for(td, False), plan_for(c, False)
+    assert whole.storage is not None and whole.schema.storage == whole.storage.numel()
+    assert [(g.dtype, g.numel) for g in whole.schema.groups] == [(torch.uint8, whole.storage.numel())]
+    assert whole.schema.layout_digest == plain.schema.layout_digest  # one may be received into the other
+    assert whole.schema.wire_digest != plain.schema.wire_digest and whole.schema.digest != plain.schema.digest
+    assert whole.schema.content_digest == plain.schema.content_digest  # same values: nothing to assign
+    again = tdd.Schema.from_json(whole.schema.to_json())
+    assert again.digest == whole.schema.digest and again.slots == whole.schema.slots
+    msgs = whole.buffers(_CpuTransport(), True)
+    assert len(msgs) == 1 and msgs[0].data_ptr() == whole.storage.data_ptr()  # the storage itself, no copy
+
+
+class _CpuTransport:
+    device = torch.device("cpu")
+
+
+def _plans(rank: int, world: int) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    if rank == 0:
+        td = _tree(1.0)
+        tdd.send(td, 1)  # the schema, then the data
+        tdd.send(td, 1)  # unchanged: header and data message posted together
+        td["a"].mul_(10)
+        tdd.send(td, 1)  # new values, same plan
+        td["a"] = torch.full((6,), 7.0)  # a replaced leaf
+        tdd.send(td, 1)
+        td["m"].transpose_(0, 1)  # new strides: packed from the transposed view
+        tdd.send(td, 1)
+        td["a"].unsqueeze_(0)  # a new shape, in place: a new schema
+        tdd.send(td, 1)
+        c = _tree(3.0).consolidate()
+        for _ in range(4):  # into a consolidated tree, a plain one, a new one, and an irecv
+            tdd.send(c, 1, tag=1)
+        tdd.send(_tree(4.0), 1, tag=1)  # plain into a consolidated tree
+        return report
+    target = _tree(0.0)
+    ptrs = [t.data_ptr() for t in tdd.leaves_of(target)]
+    for name in ("first", "again", "scaled"):
+        tdd.recv(target, 0)
+        assert [t.data_ptr() for t in tdd.leaves_of(target)] == ptrs
+        report[name] = [_bits(t) for t in tdd.leaves_of(target)]
+    target["a"] = torch.zeros(6)  # a replaced target leaf gets the data, not the old one
+    new_a = target["a"].data_ptr()
+    tdd.recv(target, 0)
+    assert target["a"].data_ptr() == new_a
+    report["replaced"] = target["a"].tolist()
+    tdd.recv(target, 0)
+    report["transposed"] = target["m"].tolist()
+    with pytest.raises(tdd.SchemaMismatchError, match=r"another layout") as info:
+        tdd.recv(target, 0)
+    report["reshaped"] = list(info.value.received["a"].shape)
+    whole = _tree(0.0).consolidate()
+    storage = tdshare.consolidated_parts(whole)[0]
+    leaf_ptrs = [t.data_ptr() for t in tdd.leaves_of(whole)]
+    tdd.recv(whole, 0, tag=1)
+    assert tdshare.consolidated_parts(whole)[0].data_ptr() == storage.data_ptr()
+    assert [t.data_ptr() for t in tdd.leaves_of(whole)] == leaf_ptrs
+    report["consolidated_inplace"] = [_bits(t) for t in tdd.leaves_of(whole)]
+    plain = _tree(0.0)
+    tdd.recv(plain, 0, tag=1)
+    report["consolidated_to_plain"] = [_bits(t) for t in tdd.leaves_of(plain)]
+    report["consolidated_new"] = [_bits(t) for t in tdd.leaves_of(tdd.recv(None, 0, tag=1))]
+    report["consolidated_irecv"] = [_bits(t) for t in tdd.leaves_of(tdd.irecv(None, 0, tag=1).wait(timeout=20))]
+    tdd.recv(whole, 0, tag=1)
+    assert [t.data_ptr() for t in tdd.leaves_of(whole)] == leaf_ptrs
+    report["plain_to_consolidated"] = [_bits(t) for t in tdd.leaves_of(whole)]
+    return report
+
+
+def test_changed_trees_and_consolidated_trees_arrive_bitwise(tmp_path: Path) -> None:
+    res = _run(2, _plans, tmp_path)[1]
+    one = _tree(1.0)
+    assert res["first"] == res["again"] == [_bits(t) for t in tdd.leaves_of(one)]
+    one["a"].mul_(10)
+    assert res["scaled"] == [_bits(t) for t in tdd.leaves_of(one)]
+    assert res["replaced"] == [7.0] * 6
+    assert res["transposed"] == (torch.arange(9.0) + 1).view(3, 3).t().tolist()
+    assert res["reshaped"] == [1, 6]
+    three = [_bits(t) for t in tdd.leaves_of(_tree(3.0))]
+    for name in ("consolidated_inplace", "consolidated_to_plain", "consolidated_new", "consolidated_irecv"):
+        assert res[name] == three, name
+    assert res["plain_to_consolidated"] == [_bits(t) for t in tdd.leaves_of(_tree(4.0))]
+
+
 # -- collectives ------------------------------------------------------------------------------
 
 
@@ -346,7 +477,7 @@ def _nccl(rank: int, world: int) -> dict[str, Any]:
     return {"a": got["a"].cpu().tolist(), "gathered": stacked["i"].cpu().tolist()}
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 1, reason="NCCL needs CUDA devices; this machine has none")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a CUDA device per rank (2); this has fewer")
 def test_nccl_send_recv_broadcast_all_gather(tmp_path: Path) -> None:
     if not dist.is_nccl_available():
         pytest.skip("this torch build has no NCCL")
