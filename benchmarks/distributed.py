@@ -7,8 +7,10 @@ of 64 elements, 200 int64 leaves of 16) and for ``big_leaves`` float32 leaves of
 ``big_leaf_bytes``:
 
 - tdshare ``send``/``recv`` into a preallocated tree, and ``broadcast``;
-- tdshare with both trees ``memmap_()``-ed into anonymous memory (each dtype's leaves one run: no
-  packing, no staging);
+- tdshare with both trees ``memmap_()``-ed into anonymous memory (each dtype's leaves one run: one
+  copy per dtype on each side);
+- tdshare with both trees ``consolidate()``-d (1,000 leaves only: one message of the storage,
+  received into the receiver's own storage), against tensordict's ``send(consolidated=True)``;
 - tensordict's own ``td.send`` / ``td.recv`` (one message per leaf);
 - a per-leaf loop of plain ``torch.distributed.send`` / ``recv`` (in the row's note);
 - the raw limit: one ``send`` of one flat buffer of the same bytes.
@@ -77,11 +79,19 @@ def _cases(rank: int, workload: str, cfg: dict[str, Any], libs: list[str]) -> di
         ),
         "limit": timed(lambda: dist.send(flat, 1) if rank == 0 else dist.recv(flat, 0)),
     }
+    if workload == "many":  # a second copy of 4 x 256 MiB per rank would crowd the machine
+        whole = src.consolidate()
+        cases["tdshare consolidated"] = timed(lambda: tdd.send(whole, 1) if rank == 0 else tdd.recv(whole, 0))
     if "tensordict" in libs:
         import tensordict
 
         ref_src = ref_dst = make(tensordict) if rank == 0 else make(tensordict).zero_()
         cases["tensordict"] = timed(lambda: ref_src.send(1) if rank == 0 else ref_dst.recv(0))
+        if workload == "many":
+            ref_whole = ref_src.consolidate()
+            cases["tensordict consolidated"] = timed(
+                lambda: ref_whole.send(1, consolidated=True) if rank == 0 else ref_whole.recv(0, consolidated=True)
+            )
     return cases
 
 
@@ -92,7 +102,8 @@ def _rank(rank: int, store: str, cfg: dict[str, Any], libs: list[str], out: Any)
         )
         results = {}
         for workload in ("many", "big"):
-            cells = run_interleaved(_cases(rank, workload, cfg, libs), cfg["reps"], cfg["warmup"])[""]
+            reps = cfg["reps_many"] if workload == "many" else cfg["reps"]
+            cells = run_interleaved(_cases(rank, workload, cfg, libs), reps, cfg["warmup"])[""]
             results[workload] = {name: (c.values, c.error) for name, c in cells.items()}
         out.put((rank, results))
     except BaseException:
@@ -106,7 +117,14 @@ def distributed(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[
     """send/recv and broadcast of a 1,000-leaf tree and of a few big leaves between two gloo ranks."""
     group = "torch.distributed (2 local gloo ranks)"
     libs = [b.name for b in backends]
-    params = {"n": cfg.big_leaves, "nbytes": cfg.big_leaf_bytes, "reps": cfg.reps, "warmup": cfg.warmup}
+    # the 1,000-leaf cases take milliseconds, and a loaded machine spreads them most: more rounds
+    params = {
+        "n": cfg.big_leaves,
+        "nbytes": cfg.big_leaf_bytes,
+        "reps": cfg.reps,
+        "reps_many": 3 * cfg.small_reps,
+        "warmup": cfg.warmup,
+    }
     log(f"  {group}: spawning 2 ranks")
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -140,14 +158,17 @@ def distributed(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[
                 f"{labels[workload]}: a per-leaf torch.distributed send/recv loop takes "
                 f"{per_leaf.value * 1e3:.2f} ms, {per_leaf.value / mine.value:.1f}x tdshare's send/recv"
             )
-        for case, what in (
-            ("tdshare", "send -> recv into a preallocated td"),
-            ("tdshare broadcast", "broadcast into a preallocated td"),
-            ("tdshare memmap_", "send -> recv, both tds memmap_()-ed (anonymous)"),
+        for case, what, ref in (
+            ("tdshare", "send -> recv into a preallocated td", "tensordict"),
+            ("tdshare broadcast", "broadcast into a preallocated td", None),
+            ("tdshare memmap_", "send -> recv, both tds memmap_()-ed (anonymous)", None),
+            ("tdshare consolidated", "send -> recv, both tds consolidate()-d", "tensordict consolidated"),
         ):
+            if case not in cells:
+                continue
             cells_row = {"tdshare": cell(case), "limit": cell("limit")}
-            if case == "tdshare" and "tensordict" in libs:
-                cells_row["tensordict"] = cell("tensordict")
+            if ref is not None and "tensordict" in libs:
+                cells_row["tensordict"] = cell(ref)
             rows.append(
                 Row(
                     group,

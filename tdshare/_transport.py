@@ -324,16 +324,20 @@ class Transport:
         return out
 
     # -- point to point ---------------------------------------------------------------------
-    def post_send(self, header: Header, text: bytes, buffers: list[torch.Tensor], dst: int, tag: int) -> list[Any]:
-        """Post the header, then (with a schema text) an empty notice and the text, then the
-        non-empty buffers to ``dst``; return the works.
+    def post_send(
+        self, header: Header, text: bytes, buffers: list[torch.Tensor], dst: int, tag: int, notice: bool
+    ) -> list[Any]:
+        """Post the header, then an empty notice (``notice``: another schema than the stream's
+        last one), then the schema text if any, then the non-empty buffers to ``dst``; return
+        the works.
 
-        The notice lands in the data buffer a receiver may have posted with the header, for the
-        schema it knew (an empty message writes nothing), so that its next receipt is the text.
+        The notice lands in the data buffer a receiver posts with the header for the last schema
+        (an empty message writes nothing), so that its next receipt is the text or the data.
         """
         msgs = [header.tensor().to(self.device)]
-        if text:
+        if notice:
             msgs.append(torch.empty(0, dtype=torch.uint8, device=self.device))
+        if text:
             msgs.append(torch.frombuffer(bytearray(text), dtype=torch.uint8).to(self.device))
         msgs.extend(_bytes(b) for b in buffers if b.numel())
         with peer_errors(f"send to rank {dst}"):

@@ -20,6 +20,8 @@ Works with gloo (CPU tensors) and NCCL (CUDA tensors: the buffers live on the cu
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -70,8 +72,28 @@ class SchemaMismatchError(DistributedError):
 _SCATTER_TAG = 0x7D5C  # scatter's own tag, away from the small tags users pick
 
 # what each side last sent / received, per (process group, peer, tag): the schema is resent on change
-_SENT: dict[tuple[int, int, Any], int] = {}
-_SEEN: dict[tuple[int, int, Any], Schema] = {}
+# what each side of a stream (process group, peer, tag) knows: the schemas last sent / received,
+# most recent last; the text is sent only for a schema the peer lacks, and both sides evict alike
+_Stream = tuple[int, int, Any]
+_SENT: dict[_Stream, OrderedDict[int, None]] = {}
+_SEEN: dict[_Stream, OrderedDict[int, Schema]] = {}
+_KNOWN = 8
+
+
+def _remember(
+    book: dict[tuple[int, int, Any], OrderedDict[int, Any]], key: tuple[int, int, Any], digest: int, value: Any
+) -> None:
+    known = book.setdefault(key, OrderedDict())
+    known[digest] = value
+    known.move_to_end(digest)
+    while len(known) > _KNOWN:
+        known.popitem(last=False)
+
+
+def _last(book: dict[_Stream, OrderedDict[int, Any]], key: _Stream) -> Any:
+    """The digest (sender) or schema (receiver) of the stream's last transfer, or None."""
+    known = book.get(key)
+    return known[next(reversed(known))] if known else None
 
 
 def _group_key(group: Any) -> int:
@@ -97,11 +119,11 @@ class _Outgoing:
     consolidated tree: its one storage).  ``reuse``: pack into the tree's kept buffers (the
     caller waits for the send to complete before it returns)."""
 
-    def __init__(self, td: Any, transport: Transport, allow_pickle: bool, known: int | None, reuse: bool) -> None:
+    def __init__(self, td: Any, transport: Transport, allow_pickle: bool, known: Collection[int], reuse: bool) -> None:
         self.td = td
         plan = plan_for(td, allow_pickle)
         self.schema = plan.schema
-        self.text = b"" if known == self.schema.digest else self.schema.to_json().encode()
+        self.text = b"" if self.schema.digest in known else self.schema.to_json().encode()
         self.header = Header(self.schema.digest, self.schema.layout_digest, len(self.text))
         self.buffers = plan.buffers(transport, reuse)
 
@@ -144,9 +166,11 @@ def _post_send(
     _check_rank(dst, "send", group)
     transport = Transport(group, timeout)
     key = (_group_key(group), dst, tag)
-    out = _Outgoing(td, transport, allow_pickle, _SENT.get(key), reuse)
-    works = transport.post_send(out.header, out.text, out.buffers, dst, tag)
-    _SENT[key] = out.schema.digest
+    known = _SENT.get(key, OrderedDict())
+    last = next(reversed(known)) if known else None
+    out = _Outgoing(td, transport, allow_pickle, known, reuse)
+    works = transport.post_send(out.header, out.text, out.buffers, dst, tag, notice=out.schema.digest != last)
+    _remember(_SENT, key, out.schema.digest, None)
     return out, transport, works
 
 
@@ -192,20 +216,23 @@ def isend(
 
 
 def _resolve_schema(header: Header, text: bytes | None, cache_key: tuple[int, int, Any], peer: str) -> Schema:
+    """The schema of ``header``: from its ``text``, else one this rank received before on the stream."""
     if text is not None:
         schema = Schema.from_json(text)
         if schema.digest != header.digest:
             raise SchemaMismatchError(f"The schema from {peer} does not match its own hash: a corrupt transfer.")
-        _SEEN[cache_key] = schema
-        return schema
-    cached = _SEEN.get(cache_key)
-    if cached is None or cached.digest != header.digest:
-        raise SchemaMismatchError(
-            f"{peer} sent a tree without its schema, believing this rank has it, but this rank last received "
-            f"{'nothing' if cached is None else 'another schema'} from it: the two sides' transfers are out of step "
-            "(every send needs its recv, in order, with the same tag)."
-        )
-    return cached
+    else:
+        known = _SEEN.get(cache_key)
+        cached = known.get(header.digest) if known else None
+        if cached is None:
+            raise SchemaMismatchError(
+                f"{peer} sent a tree without its schema, believing this rank has it, but this rank "
+                f"{'received nothing' if not known else 'does not know that schema'} from it: the two sides' "
+                "transfers are out of step (every send needs its recv, in order, with the same tag)."
+            )
+        schema = cached
+    _remember(_SEEN, cache_key, header.digest, schema)
+    return schema
 
 
 def _target_plan(target: Any) -> Plan | None:
@@ -271,8 +298,8 @@ def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, tim
     key = (_group_key(group), src, tag)
     peer = f"rank {src}"
     plan = _target_plan(td)
-    known = _SEEN.get(key)
-    early = _Landing(td, plan, known, transport) if known is not None else None
+    last: Schema | None = _last(_SEEN, key)
+    early = _Landing(td, plan, last, transport) if last is not None else None
     raw, header_work = transport.post_header_recv(src, tag)
     early_works = transport.post_recv(early.msgs[:1], src, tag) if early is not None else []
 
@@ -280,17 +307,18 @@ def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, tim
         what = f"recv from {peer}"
         transport.wait_all([header_work], what, t)
         header = Header.from_tensor(raw)
-        if not header.schema_len:  # the schema this rank has: its data message is posted already
-            transport.wait_all(early_works, what, t)
-            schema = _resolve_schema(header, None, key, peer)
-            assert early is not None
+        if early is not None and last is not None and header.digest == last.digest and not header.schema_len:
+            transport.wait_all(early_works, what, t)  # the last schema again: its data is here already
+            _resolve_schema(header, None, key, peer)
             transport.wait_all(transport.post_recv(early.msgs[1:], src, tag), what, t)
             return early.complete(allow_pickle, peer)
+        # another schema than the last one: the sender's empty notice comes first
         if early_works:
-            transport.wait_all(early_works, what, t)  # the empty notice: nothing was written
+            transport.wait_all(early_works, what, t)  # it landed in the data buffer: nothing was written
         else:
             transport.recv_notice(src, tag, peer)
-        schema = _resolve_schema(header, transport.recv_bytes(header.schema_len, src, tag, peer), key, peer)
+        text = transport.recv_bytes(header.schema_len, src, tag, peer) if header.schema_len else None
+        schema = _resolve_schema(header, text, key, peer)
         landing = _Landing(td, plan, schema, transport)
         transport.wait_all(transport.post_recv(landing.msgs, src, tag), what, t)
         return landing.complete(allow_pickle, peer)
@@ -369,12 +397,12 @@ def broadcast(td: Any, src: int, *, group: Any = None, allow_pickle: bool = Fals
     peer = f"rank {src} (broadcast)"
     if transport.rank == src:
         _check_collection(td, "broadcast")
-        out = _Outgoing(td, transport, allow_pickle, _SENT.get(key), True)
+        out = _Outgoing(td, transport, allow_pickle, _SENT.get(key, OrderedDict()), True)
         transport.broadcast_header(out.header, src, peer)
         if out.text:
             transport.broadcast_bytes(out.text, src, peer)
         transport.broadcast_all(out.buffers, src, peer)
-        _SENT[key] = out.schema.digest
+        _remember(_SENT, key, out.schema.digest, None)
         return td
     _check_target(td, "broadcast")
     plan = _target_plan(td)

@@ -269,6 +269,8 @@ def _plans(rank: int, world: int) -> dict[str, Any]:
         for _ in range(4):  # into a consolidated tree, a plain one, a new one, and an irecv
             tdd.send(c, 1, tag=1)
         tdd.send(_tree(4.0), 1, tag=1)  # plain into a consolidated tree
+        for i in range(5):  # two schemas in turn on one stream: each schema's text is sent once
+            tdd.send(_tree(float(i)) if i % 2 else TensorDict(b=torch.full((2,), i), batch_size=[2]), 1, tag=2)
         return report
     target = _tree(0.0)
     ptrs = [t.data_ptr() for t in tdd.leaves_of(target)]
@@ -301,6 +303,11 @@ def _plans(rank: int, world: int) -> dict[str, Any]:
     tdd.recv(whole, 0, tag=1)
     assert [t.data_ptr() for t in tdd.leaves_of(whole)] == leaf_ptrs
     report["plain_to_consolidated"] = [_bits(t) for t in tdd.leaves_of(whole)]
+    parsed: list[int] = []
+    parse = tdd.Schema.from_json
+    tdd.Schema.from_json = lambda text: (parsed.append(1), parse(text))[1]  # type: ignore[method-assign,assignment]
+    report["alternating"] = [[_bits(t) for t in tdd.leaves_of(tdd.recv(None, 0, tag=2))] for _ in range(5)]
+    report["parsed"] = len(parsed)
     return report
 
 
@@ -317,6 +324,9 @@ def test_changed_trees_and_consolidated_trees_arrive_bitwise(tmp_path: Path) -> 
     for name in ("consolidated_inplace", "consolidated_to_plain", "consolidated_new", "consolidated_irecv"):
         assert res[name] == three, name
     assert res["plain_to_consolidated"] == [_bits(t) for t in tdd.leaves_of(_tree(4.0))]
+    sent = [_tree(float(i)) if i % 2 else TensorDict(b=torch.full((2,), i), batch_size=[2]) for i in range(5)]
+    assert res["alternating"] == [[_bits(t) for t in tdd.leaves_of(td)] for td in sent]
+    assert res["parsed"] == 2
 
 
 # -- collectives ------------------------------------------------------------------------------
