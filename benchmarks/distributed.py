@@ -71,9 +71,10 @@ def _cases(rank: int, workload: str, cfg: dict[str, Any], libs: list[str]) -> di
         return case
 
     cases: dict[str, Any] = {
-        "tdshare": timed(lambda: tdd.send(src, 1) if rank == 0 else tdd.recv(dst, 0)),
+        # one tag per tree, as a stream of one kind of tree would have (the header then goes with the data)
+        "tdshare": timed(lambda: tdd.send(src, 1, tag=1) if rank == 0 else tdd.recv(dst, 0, tag=1)),
         "tdshare broadcast": timed(lambda: tdd.broadcast(src if rank == 0 else dst, 0)),
-        "tdshare memmap_": timed(lambda: tdd.send(mm_src, 1) if rank == 0 else tdd.recv(mm_dst, 0)),
+        "tdshare memmap_": timed(lambda: tdd.send(mm_src, 1, tag=2) if rank == 0 else tdd.recv(mm_dst, 0, tag=2)),
         "per-leaf loop": timed(
             lambda: [dist.send(t, 1) for t in leaves] if rank == 0 else [dist.recv(t, 0) for t in leaves]
         ),
@@ -81,7 +82,9 @@ def _cases(rank: int, workload: str, cfg: dict[str, Any], libs: list[str]) -> di
     }
     if workload == "many":  # a second copy of 4 x 256 MiB per rank would crowd the machine
         whole = src.consolidate()
-        cases["tdshare consolidated"] = timed(lambda: tdd.send(whole, 1) if rank == 0 else tdd.recv(whole, 0))
+        cases["tdshare consolidated"] = timed(
+            lambda: tdd.send(whole, 1, tag=3) if rank == 0 else tdd.recv(whole, 0, tag=3)
+        )
     if "tensordict" in libs:
         import tensordict
 

@@ -8,7 +8,8 @@ lists per sender layout.  Each call checks the plan is still the tree's at C spe
 entry dict by identity (keys, values, batch size), every non-tensor value by its JSON text, every
 leaf's address and version counter, and, where that counter moved (an in-place operation, which
 an in-place shape or stride change is too), its shape, strides and dtype; any difference builds a
-new plan.
+new plan.  The leaves of a consolidated tree are views of its storage and share its version
+counter: while the storage's address and counter are unchanged, nothing else is read.
 
 >>> import torch
 >>> from tdshare import TensorDict
@@ -124,11 +125,18 @@ class Plan:
         self.schema, self.leaves = describe(tree, allow_pickle=allow_pickle, storage=self.storage)
         if self.schema.storage is None:
             self.storage = None  # a leaf outside the storage: sent as a plain tree
-        self.shapes = list(map(_shape, self.leaves))
-        self.strides = list(map(_stride, self.leaves))
-        self.dtypes = list(map(_dtype, self.leaves))
-        self.ptrs = list(map(_ptr, self.leaves))
-        self.versions = list(map(_version, self.leaves))
+        with torch._C.DisableTorchFunctionSubclass():
+            self.shapes = list(map(_shape, self.leaves))
+            self.strides = list(map(_stride, self.leaves))
+            self.dtypes = list(map(_dtype, self.leaves))
+            self.ptrs = list(map(_ptr, self.leaves))
+            self.versions = list(map(_version, self.leaves))
+        # a consolidated tree (is_consolidated(): its leaves are the views consolidate made of its
+        # storage, so they share the storage's version counter): one counter and address for all
+        self.storage_ptr = 0
+        self.storage_version: int | None = None
+        if self.storage is not None and all(v == self.storage._version for v in self.versions):
+            self.storage_ptr, self.storage_version = self.storage.data_ptr(), self.storage._version
         # the root is checked through the tree handed to valid(), never kept alive by the plan
         checks: list[Check] = []
         self.reusable = _watch(tree, checks)
@@ -153,20 +161,29 @@ class Plan:
         for fn, args in self.checks:
             if not fn(*args):
                 return False
+        with torch._C.DisableTorchFunctionSubclass():  # a tensor subclass's methods at C speed too
+            return self._leaves_unchanged()
+
+    def _leaves_unchanged(self) -> bool:
+        storage = self.storage
+        if self.storage_version is not None and storage is not None:
+            if storage.data_ptr() == self.storage_ptr and storage._version == self.storage_version:
+                return True  # the leaves are views sharing the storage's version counter: nothing in place
         leaves = self.leaves
         if list(map(_ptr, leaves)) != self.ptrs:
             return False
         versions = list(map(_version, leaves))
-        if versions == self.versions:
-            return True  # no in-place operation since: the metadata cannot have changed
-        if (
-            list(map(_shape, leaves)) == self.shapes
-            and list(map(_stride, leaves)) == self.strides
-            and all(map(is_, map(_dtype, leaves), self.dtypes))
-        ):
+        if versions != self.versions:  # an in-place operation since (an in-place reshape is one too)
+            if (
+                list(map(_shape, leaves)) != self.shapes
+                or list(map(_stride, leaves)) != self.strides
+                or not all(map(is_, map(_dtype, leaves), self.dtypes))
+            ):
+                return False
             self.versions = versions
-            return True
-        return False
+        if self.storage_version is not None and storage is not None:
+            self.storage_ptr, self.storage_version = storage.data_ptr(), storage._version
+        return True
 
     # -- sending ------------------------------------------------------------------------------
     def buffers(self, transport: Transport, reuse: bool) -> list[torch.Tensor]:

@@ -245,6 +245,13 @@ def test_consolidated_schema_is_one_storage_and_matches_the_plain_layout() -> No
     assert again.digest == whole.schema.digest and again.slots == whole.schema.slots
     msgs = whole.buffers(_CpuTransport(), True)
     assert len(msgs) == 1 and msgs[0].data_ptr() == whole.storage.data_ptr()  # the storage itself, no copy
+    assert whole.storage_version is not None  # one version counter for every leaf
+    c["a"].add_(1)  # a data write: the same plan
+    assert plan_for(c, False) is whole
+    c["m"].transpose_(0, 1)  # an in-place stride change on one view: seen through the shared counter
+    moved = plan_for(c, False)
+    assert moved is not whole and moved.storage is None  # no longer the storage's own layout
+    assert [_bits(t) for t in moved.leaves] == [_bits(t) for t in tdd.leaves_of(c)]
 
 
 class _CpuTransport:
