@@ -124,12 +124,19 @@ class PlannedLevel:
     def walk(self) -> list[PlannedLevel]:
         """Every level, children before their parent."""
         out: list[PlannedLevel] = []
-        for _, child in self.children:
-            out.extend(child.walk())
-        for w in self.wrapped:
-            out.extend(w.inner.walk())
-        out.append(self)
+        self._walk_into(out)
         return out
+
+    def _walk_into(self, out: list[PlannedLevel]) -> None:
+        add = out.append
+        for _, child in self.children:
+            if child.children or child.wrapped:
+                child._walk_into(out)
+            else:  # a level without sub-levels (a lazy stack's thousand members): no call
+                add(child)
+        for w in self.wrapped:
+            w.inner._walk_into(out)
+        add(self)
 
 
 def _same_file(t: MemoryMappedTensor, path: str) -> bool:
@@ -353,7 +360,6 @@ def _plan_leaf(
             f"The file {file!r} already exists and existsok=False{own}. Pass existsok=True to overwrite it."
         )
     return leaf
-
 
 
 class TreeWriter(ABC):

@@ -113,6 +113,9 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
     no saved tensordict, so no file is compared with what was there before it is replaced.
     """
     changed = kept = False
+    # levels of only leaves with equal entries, batch size and names (a lazy stack's members, usually)
+    # share one encoding: the metadata bytes and the dict every such level remembers as seen
+    same: dict[tuple, tuple[dict, bytes]] = {}
     for level in root.walk():  # children first: a level's meta.json only names complete children
         assert level.path is not None
         for nt in level.nontensors:
@@ -130,11 +133,25 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
                 changed = replace_if_changed(target, level.stack_meta) or changed
             continue
         src = level.src
-        meta = level_meta(level.entries, src.batch_size, level.names)
+        texts = level.texts
+        key = None
+        if len(texts) == len(level.entries):  # every entry a leaf whose JSON text is known
+            names = level.names
+            key = (tuple(texts.items()), tuple(src.batch_size), None if names is None else tuple(names))
+        hit = same.get(key) if key is not None else None
+        if hit is None:
+            meta = level_meta(level.entries, src.batch_size, level.names)
+        else:
+            meta = hit[0]
         if src._meta_seen is not None and meta == src._meta_seen and src._memmap_prefix == level.path:
             kept = True
             continue
-        data = dumps_level(level.entries, level.texts, src.batch_size, level.names)
+        if hit is None:
+            data = dumps_level(level.entries, texts, src.batch_size, level.names)
+            if key is not None:
+                same[key] = (meta, data)
+        else:
+            data = hit[1]
         if fresh:
             replace_file(level.path + os.sep + META_FILE, data)
             changed = True
@@ -289,8 +306,9 @@ def _install_stack(level: PlannedLevel, dest: TensorDictBase, final_path: str | 
     """Install a lazy stack's members into ``dest``'s members (its own, for ``memmap_``)."""
     assert level.stack is not None and level.stack.unwrap is not None
     members, _ = level.stack.unwrap(dest)
+    head = None if final_path is None else os.path.join(final_path, "")
     for (key, child), member in zip(level.children, members, strict=True):
-        _install(child, member, None if final_path is None else os.path.join(final_path, key), share)
+        _install(child, member, None if head is None else head + key, share)
     dest._is_memmap = True
     dest._is_shared = False
     dest._memmap_prefix = final_path

@@ -215,3 +215,44 @@ def test_the_loaded_stack_memmaps_again_in_place(tmp_path: Path) -> None:
     assert back.tensordicts[4]["x"].filename == str(tmp_path / "s" / "4" / "x.memmap")
     back.memmap_refresh_()
     assert torch.equal(back["y"], torch.stack([m["y"] for m in _members()]))
+
+
+def _write_members() -> list[tuple[dict[str, torch.Tensor], list[str | None] | None]]:
+    """Members that agree on some of: keys, shapes, dtypes, dim names (one encoding may be shared
+    by the equal ones only)."""
+    base = {"x": torch.zeros(2, 3), "y": torch.ones(2)}
+    return [
+        (base, None),
+        (base, None),
+        ({"x": torch.zeros(2, 4), "y": torch.ones(2)}, None),
+        ({"x": torch.zeros(2, 3), "y": torch.ones(2, dtype=torch.float64)}, None),
+        (base, ["row"]),
+        ({"y": torch.ones(2), "x": torch.zeros(2, 3)}, None),
+        ({"x": torch.zeros(2, 3), "y": torch.ones(2), "n": {"b": torch.zeros(2)}}, None),
+        (base, None),
+    ]
+
+
+@pytest.mark.parametrize("twice", [False, True])
+def test_member_metadata_is_what_the_reference_writes(tmp_path: Path, twice: bool) -> None:
+    """Equal members share one encoding of their meta.json; every member's file is still its own."""
+    ours = []
+    ref = []
+    for values, names in _write_members():
+        ours.append(TensorDict(dict(values), batch_size=[2], names=names))
+        ref.append(tensordict.TensorDict(dict(values), batch_size=[2], names=names))
+    stack = LazyStackedTensorDict(*ours)
+    stack.memmap_(tmp_path / "ours")
+    if twice:  # over a saved tree: levels unchanged since they were written are kept
+        stack.memmap_(tmp_path / "ours")
+    tensordict.LazyStackedTensorDict(*ref).memmap_(tmp_path / "ref")
+    for i in range(len(ours)):
+        got = json.loads((tmp_path / "ours" / str(i) / "meta.json").read_text())
+        want = json.loads((tmp_path / "ref" / str(i) / "meta.json").read_text())
+        assert got == want, i
+        assert list(got) == list(want)
+        assert stack.tensordicts[i]._meta_seen == got
+    back = LazyStackedTensorDict.load_memmap(tmp_path / "ours")
+    assert [m.names for m in back.tensordicts][4] == ["row"]
+    assert back.tensordicts[3]["y"].dtype == torch.float64
+    assert back.tensordicts[2]["x"].shape == (2, 4)
