@@ -45,7 +45,7 @@ from ._format import (
 )
 from ._keys import encode_key, unravel_key
 from ._lazy_leaves import is_pending, raw_get, raw_items, rebuilt, resolved, track, track_below
-from ._nodes import kind_for_tag
+from ._nodes import kind_for_tag, kind_of
 from ._nontensor import NonTensorData, NonTensorStack, nested_shape
 from ._stack_load import MemberTemplate, member_template
 from ._store import Deferred, DirectoryStore, Store, check_load_args, member_without_meta, read_meta, user_stacklevel
@@ -346,6 +346,10 @@ def load_tree(
         result = load_level(cls, store, level, store.read_meta(level), out, None, device)
         if is_collection(result):
             result._generation = state
+        else:  # a class around a collection (a tensorclass): on its collection
+            kind = kind_of(result)
+            if kind is not None and kind.layout == WRAPPED and kind.unwrap is not None:
+                kind.unwrap(result)[0]._generation = state
     if out is None:
         return result
     if not is_collection(result):

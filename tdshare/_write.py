@@ -33,7 +33,7 @@ from ._coordination import SharedRegistry, unchanged_since
 from ._debris import sweep_staging, sweep_tree
 from ._errors import InvalidArgumentError, MemmapError, NotAFolderError
 from ._files import check_not_symlink, jagged_from_buffer, nested_from_buffer, replace_file, tmp_name
-from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR, dumps_level, level_meta
+from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR
 from ._future import TensorDictFuture
 from ._journal import drop_journal
 from ._keys import encode_key
@@ -43,7 +43,7 @@ from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
 from ._nontensor_files import replace_if_changed, write_nontensor
 from ._options import SaveOptions
-from ._plan import PlannedLeaf, PlannedLevel, TreeWriter, encode_value, plan_tree
+from ._plan import LevelEncodings, PlannedLeaf, PlannedLevel, TreeWriter, encode_value, plan_tree
 from ._progress import ProgressCallback
 from ._runtime import ensure_store, new_store_path
 from ._segments import Segment, align
@@ -113,9 +113,7 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
     no saved tensordict, so no file is compared with what was there before it is replaced.
     """
     changed = kept = False
-    # levels of only leaves with equal entries, batch size and names (a lazy stack's members, usually)
-    # share one encoding: the metadata bytes and the dict every such level remembers as seen
-    same: dict[tuple, tuple[dict, bytes]] = {}
+    encodings = LevelEncodings()  # equal levels (a lazy stack's members, usually) encoded once
     for level in root.walk():  # children first: a level's meta.json only names complete children
         assert level.path is not None
         for nt in level.nontensors:
@@ -133,25 +131,11 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
                 changed = replace_if_changed(target, level.stack_meta) or changed
             continue
         src = level.src
-        texts = level.texts
-        key = None
-        if len(texts) == len(level.entries):  # every entry a leaf whose JSON text is known
-            names = level.names
-            key = (tuple(texts.items()), tuple(src.batch_size), None if names is None else tuple(names))
-        hit = same.get(key) if key is not None else None
-        if hit is None:
-            meta = level_meta(level.entries, src.batch_size, level.names)
-        else:
-            meta = hit[0]
+        meta = encodings.meta(level)
         if src._meta_seen is not None and meta == src._meta_seen and src._memmap_prefix == level.path:
             kept = True
             continue
-        if hit is None:
-            data = dumps_level(level.entries, texts, src.batch_size, level.names)
-            if key is not None:
-                same[key] = (meta, data)
-        else:
-            data = hit[1]
+        data = encodings.data(level)
         if fresh:
             replace_file(level.path + os.sep + META_FILE, data)
             changed = True

@@ -15,8 +15,10 @@ import pytest
 import tensordict
 import torch
 
+import tdshare
 import tdshare._read
 from tdshare import CorruptDataError, LazyStackedTensorDict, TensorDict
+from tdshare._coordination import SharedRegistry
 from tdshare._lazy_leaves import PendingLeaf
 
 
@@ -256,3 +258,30 @@ def test_member_metadata_is_what_the_reference_writes(tmp_path: Path, twice: boo
     assert [m.names for m in back.tensordicts][4] == ["row"]
     assert back.tensordicts[3]["y"].dtype == torch.float64
     assert back.tensordicts[2]["x"].shape == (2, 4)
+
+
+@tdshare.tensorclass
+class _Pair:
+    a: torch.Tensor
+    fields: TensorDict
+
+
+def test_a_loaded_tensorclass_records_the_folder_state_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fields of a loaded tensorclass hold the registry state read before its metadata (one read)."""
+    obj = _Pair(a=torch.zeros(3), fields=TensorDict(b=torch.ones(3), batch_size=[3]), batch_size=[3])
+    obj.memmap_(tmp_path / "tc")
+    obj.memmap_(tmp_path / "tc")  # over a saved tree: its counter file exists now
+    want = SharedRegistry.for_directory(str(tmp_path / "tc")).state()
+    assert want is not None
+    reads = []
+    real = SharedRegistry.state
+
+    def counted(self: SharedRegistry, create: bool = False) -> Any:
+        reads.append(self.root)
+        return real(self, create)
+
+    monkeypatch.setattr(SharedRegistry, "state", counted)
+    back = _Pair.load_memmap(tmp_path / "tc")
+    assert type(back) is _Pair and back._tensordict._generation == want
+    assert reads == [str(tmp_path / "tc")]
+    assert back.fields["b"].tolist() == [1.0, 1.0, 1.0]
