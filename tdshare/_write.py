@@ -292,7 +292,15 @@ def _install_stack(level: PlannedLevel, dest: TensorDictBase, final_path: str | 
     members, _ = level.stack.unwrap(dest)
     head = None if final_path is None else os.path.join(final_path, "")
     for (key, child), member in zip(level.children, members, strict=True):
-        _install(child, member, None if head is None else head + key, share)
+        path = None if head is None else head + key
+        src = child.src
+        if child.stack is None and len(child.plain_out) == len(src._tensordict) and not child.leaves:
+            # a member of written plain leaves only (the usual one): what _install would do, in short
+            member._tensordict = dict(zip(child.plain_keys, child.plain_out, strict=True))
+            member._device, member._names, member._memmap_prefix = _CPU, src._names, path
+            member._is_memmap, member._is_shared, member._is_locked = True, False, True
+            continue
+        _install(child, member, path, share)
     dest._is_memmap = True
     dest._is_shared = False
     dest._memmap_prefix = final_path

@@ -285,3 +285,29 @@ def test_a_loaded_tensorclass_records_the_folder_state_once(tmp_path: Path, monk
     assert type(back) is _Pair and back._tensordict._generation == want
     assert reads == [str(tmp_path / "tc")]
     assert back.fields["b"].tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_written_members_are_installed_memory_mapped(tmp_path: Path, inplace: bool) -> None:
+    """Members of plain leaves (the short install) end as the general install leaves the others."""
+    members = _members()
+    members.append(TensorDict({"x": torch.ones(2, 3), "n": {"b": torch.zeros(2)}}, batch_size=[2], names=["row"]))
+    members.append(TensorDict({}, batch_size=[2]))
+    src = LazyStackedTensorDict(*members)
+    out = src.memmap_(tmp_path / "s") if inplace else src.memmap(tmp_path / "s")
+    assert (out is src) == inplace
+    for i, (member, before) in enumerate(zip(out.tensordicts, _members() + members[5:], strict=True)):
+        assert member.is_memmap() and member.is_locked and not member.is_shared()
+        assert member._memmap_prefix == str(tmp_path / "s" / str(i))
+        assert member.device == torch.device("cpu")
+        assert list(member.keys()) == list(before.keys())
+        assert member.names == before.names
+        for key, value in member.items(True, True):
+            assert isinstance(value, tdshare.MemoryMappedTensor)
+            parts = key if isinstance(key, tuple) else (key,)
+            assert value.filename == str(tmp_path / "s" / str(i) / Path(*parts)) + ".memmap"
+            assert torch.equal(value, before[key])
+    assert out.is_memmap() and out.is_locked
+    if not inplace:
+        assert not any(m.is_memmap() for m in src.tensordicts)
+        assert type(src.tensordicts[0]["x"]) is torch.Tensor
