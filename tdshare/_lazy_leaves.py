@@ -40,6 +40,7 @@ __all__ = [
     "resolve_under",
     "resolved",
     "track",
+    "track_below",
     "with_pending",
 ]
 
@@ -221,16 +222,37 @@ class LazyLeaves(dict):
 _LIVE: dict[str, weakref.WeakValueDictionary[int, LazyLeaves]] = {}  # (a dict is unhashable: by id)
 
 
+def _live_in(folder: str) -> weakref.WeakValueDictionary[int, LazyLeaves]:
+    live = _LIVE.get(folder)
+    if live is None:
+        if len(_LIVE) >= 1024:  # forget the folders whose dicts are all gone
+            for gone in [w for w, v in _LIVE.items() if not len(v)]:
+                del _LIVE[gone]
+        live = _LIVE[folder] = weakref.WeakValueDictionary()
+    return live
+
+
 def track(d: dict, folder: str) -> None:
     """Remember that ``d`` may hold pending leaves of files in ``folder``."""
     if type(d) is LazyLeaves:
-        live = _LIVE.get(folder)
-        if live is None:
-            if len(_LIVE) >= 1024:  # forget the folders whose dicts are all gone
-                for gone in [w for w, v in _LIVE.items() if not len(v)]:
-                    del _LIVE[gone]
-            live = _LIVE[folder] = weakref.WeakValueDictionary()
-        live[id(d)] = d
+        _live_in(folder)[id(d)] = d
+
+
+def track_below(dicts: Iterable[dict], folder: str) -> None:
+    """Remember that the ``dicts`` may hold pending leaves of files in ``folder`` or below (the
+    members of a lazy stack saved in ``folder``: one record for all of them, not one per member
+    folder; a re-save of one member's folder maps the pending leaves of the dicts whose files
+    are there).
+
+    >>> d = LazyLeaves()
+    >>> track_below([d, {}], "/nowhere")
+    """
+    live = None
+    for d in dicts:
+        if type(d) is LazyLeaves:
+            if live is None:
+                live = _live_in(folder)
+            live[id(d)] = d
 
 
 def resolve_under(folder: str) -> None:
@@ -245,6 +267,11 @@ def resolve_under(folder: str) -> None:
         live = _LIVE.pop(where, None)
         for d in list(live.values()) if live is not None else []:
             d.resolve_all()
+    for where in [w for w in _LIVE if head.startswith(w.rstrip(os.sep) + os.sep)]:  # tracked above (track_below)
+        live = _LIVE.get(where)
+        for d in list(live.values()) if live is not None else []:
+            if any(type(v) is PendingLeaf and v.path is not None and v.path.startswith(head) for v in dict.values(d)):
+                d.resolve_all()
 
 
 def raw_items(d: dict, keep: Callable[[Any], bool] | None = None) -> Iterable[tuple[Any, Any]]:

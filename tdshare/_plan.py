@@ -37,9 +37,11 @@ from ._format import (
     WRAPPED,
     WRAPPED_DIR,
     dumps_json,
+    dumps_level,
     entry_file_name,
     lazy_stack_meta,
     leaf_entry,
+    level_meta,
     shared_leaf_entry,
 )
 from ._leaf_files import LeafPlan, plain_leaf
@@ -50,7 +52,16 @@ from ._nontensor_files import encode_nontensor, encode_nontensor_stack
 from ._options import SaveOptions
 from ._tensordict_base import TensorDictBase
 
-__all__ = ["PlannedLeaf", "PlannedValue", "PlannedWrapper", "PlannedLevel", "plan_tree", "encode_value", "TreeWriter"]
+__all__ = [
+    "PlannedLeaf",
+    "PlannedValue",
+    "PlannedWrapper",
+    "PlannedLevel",
+    "plan_tree",
+    "encode_value",
+    "TreeWriter",
+    "LevelEncodings",
+]
 
 _STRIDED = torch.strided
 _Tensor = torch.Tensor
@@ -124,12 +135,58 @@ class PlannedLevel:
     def walk(self) -> list[PlannedLevel]:
         """Every level, children before their parent."""
         out: list[PlannedLevel] = []
-        for _, child in self.children:
-            out.extend(child.walk())
-        for w in self.wrapped:
-            out.extend(w.inner.walk())
-        out.append(self)
+        self._walk_into(out)
         return out
+
+    def _walk_into(self, out: list[PlannedLevel]) -> None:
+        add = out.append
+        for _, child in self.children:
+            if child.children or child.wrapped:
+                child._walk_into(out)
+            else:  # a level without sub-levels (a lazy stack's thousand members): no call
+                add(child)
+        for w in self.wrapped:
+            w.inner._walk_into(out)
+        add(self)
+
+
+class LevelEncodings:
+    """The ``meta.json`` of the levels of one write, made once per distinct level.
+
+    Levels of leaves only whose entries, batch size and dim names are equal (a lazy stack's
+    members, usually) share one metadata dict (what each remembers as seen: it is never changed)
+    and one encoding of it.
+
+    >>> enc = LevelEncodings()
+    >>> import tdshare
+    >>> a, b = (plan_tree(tdshare.TensorDict(x=torch.ones(2)), f"/x/{i}", True, False, True) for i in "ab")
+    >>> enc.meta(a) is enc.meta(b), enc.data(a) is enc.data(b)
+    (True, True)
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple, list[Any]] = {}  # key -> [metadata dict, its bytes or None]
+
+    def _entry(self, level: PlannedLevel) -> list[Any]:
+        key: tuple = (id(level),)  # a level with other entries: its own (it lives as long as the write)
+        if len(level.texts) == len(level.entries):  # every entry a leaf whose JSON text is known
+            names = level.names
+            key = (tuple(level.texts.items()), tuple(level.src.batch_size), None if names is None else tuple(names))
+        hit = self._seen.get(key)
+        if hit is None:
+            hit = self._seen[key] = [level_meta(level.entries, level.src.batch_size, level.names), None]
+        return hit
+
+    def meta(self, level: PlannedLevel) -> dict:
+        """The metadata of ``level`` (a collection level), as its ``meta.json`` holds it."""
+        return self._entry(level)[0]
+
+    def data(self, level: PlannedLevel) -> bytes:
+        """The bytes of ``level``'s ``meta.json``."""
+        entry = self._entry(level)
+        if entry[1] is None:
+            entry[1] = dumps_level(level.entries, level.texts, level.src.batch_size, level.names)
+        return entry[1]
 
 
 def _same_file(t: MemoryMappedTensor, path: str) -> bool:
@@ -353,7 +410,6 @@ def _plan_leaf(
             f"The file {file!r} already exists and existsok=False{own}. Pass existsok=True to overwrite it."
         )
     return leaf
-
 
 
 class TreeWriter(ABC):

@@ -44,9 +44,10 @@ from ._format import (
     layout_of,
 )
 from ._keys import encode_key, unravel_key
-from ._lazy_leaves import is_pending, raw_get, raw_items, rebuilt, resolved, track
-from ._nodes import kind_for_tag
+from ._lazy_leaves import is_pending, raw_get, raw_items, rebuilt, resolved, track, track_below
+from ._nodes import kind_for_tag, kind_of
 from ._nontensor import NonTensorData, NonTensorStack, nested_shape
+from ._stack_load import MemberTemplate, member_template
 from ._store import Deferred, DirectoryStore, Store, check_load_args, member_without_meta, read_meta, user_stacklevel
 from ._tdz import Archive
 from ._tensordict_base import TensorDictBase, is_collection
@@ -243,13 +244,25 @@ def _load_nontensor_members(cls: type[T], store: Store, level: str, meta: dict, 
 def _load_members(cls: type[T], store: Store, level: str, device: Any) -> list:
     """The members ``0/``, ``1/``... of a stack level (a gap in the numbering raises)."""
     members = []
+    templates: dict[int, MemberTemplate | None] = {}  # id(parsed meta) -> its template (members share it)
+    built: list[dict] = []  # the entries of the members the templates built
     for index, sub in enumerate(store.members(level)):
         with store.enter(sub):
             try:
                 meta = store.read_meta(sub)
             except MissingMetadataError:
                 raise member_without_meta(store, level, index) from None
-            members.append(load_level(cls, store, sub, meta, None, None, device))
+            key = id(meta)
+            if key not in templates:
+                templates[key] = member_template(store, meta, store.where(sub, META_FILE), device)
+            template = templates[key]
+            member = template.build(cls, sub) if template is not None else None
+            if member is None:
+                member = load_level(cls, store, sub, meta, None, None, device)
+            else:
+                built.append(member._tensordict)
+            members.append(member)
+    track_below(built, level)  # a re-save here or in a member's folder maps their pending leaves first
     if not members:
         raise CorruptDataError(f"{store.where(level)!r}: a stacked tensordict with no members.")
     return members
@@ -333,6 +346,10 @@ def load_tree(
         result = load_level(cls, store, level, store.read_meta(level), out, None, device)
         if is_collection(result):
             result._generation = state
+        else:  # a class around a collection (a tensorclass): on its collection
+            kind = kind_of(result)
+            if kind is not None and kind.layout == WRAPPED and kind.unwrap is not None:
+                kind.unwrap(result)[0]._generation = state
     if out is None:
         return result
     if not is_collection(result):

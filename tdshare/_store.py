@@ -90,7 +90,7 @@ def read_meta(
     over it, read first so that a compaction in between loses nothing (False: the caller reads it).
     """
     path = os.path.join(directory, META_FILE)
-    record = read_journal(directory) if journal else None
+    record = read_journal(directory) if journal and _may_exist(directory + _SEP + JOURNAL_FILE) else None
     try:
         raw = _read_file(path, _NOFOLLOW) if nofollow else _read_file(path)
     except FileNotFoundError:
@@ -120,6 +120,18 @@ def read_meta(
 
 
 _CACHED_META_BYTES = 1 << 16
+
+if os.access in os.supports_follow_symlinks:
+
+    def _may_exist(path: str) -> bool:
+        """Whether ``path`` may exist (a symbolic link counts): most levels have no record, and one
+        ``access`` costs less than a failed ``open`` and its exception."""
+        return os.access(path, os.F_OK, follow_symlinks=False)
+
+else:  # pragma: no cover - platforms without faccessat: let the open decide
+
+    def _may_exist(path: str) -> bool:
+        return True
 
 
 def user_stacklevel() -> int:

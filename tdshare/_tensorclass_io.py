@@ -284,12 +284,7 @@ class TensorClassIO:
         meta = _root_meta(path, mode)
         tag = meta.get("_type")
         if layout_of(meta) != WRAPPED or kind_for_tag(tag) is not None:
-            state = _state_before(path, mode)
-            result = load_tree(TensorDict, path, device, **kwargs)
-            inner = getattr(result, "_tensordict", None)
-            if not is_collection(result) and os.path.isdir(path) and is_collection(inner):
-                inner._generation = state  # the folder's state before its metadata was read
-            return result
+            return load_tree(TensorDict, path, device, **kwargs)  # it records the folder's state on the fields
         if tag != class_tag(cls) and not str(tag).endswith(f".{cls.__qualname__}'>"):
             raise UnsupportedFormatError(
                 f"Could not find the tensorclass {tag} saved in {path!r}: no tensorclass of that name is defined in "

@@ -33,7 +33,7 @@ from ._coordination import SharedRegistry, unchanged_since
 from ._debris import sweep_staging, sweep_tree
 from ._errors import InvalidArgumentError, MemmapError, NotAFolderError
 from ._files import check_not_symlink, jagged_from_buffer, nested_from_buffer, replace_file, tmp_name
-from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR, dumps_level, level_meta
+from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR
 from ._future import TensorDictFuture
 from ._journal import drop_journal
 from ._keys import encode_key
@@ -43,7 +43,7 @@ from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
 from ._nontensor_files import replace_if_changed, write_nontensor
 from ._options import SaveOptions
-from ._plan import PlannedLeaf, PlannedLevel, TreeWriter, encode_value, plan_tree
+from ._plan import LevelEncodings, PlannedLeaf, PlannedLevel, TreeWriter, encode_value, plan_tree
 from ._progress import ProgressCallback
 from ._runtime import ensure_store, new_store_path
 from ._segments import Segment, align
@@ -113,6 +113,7 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
     no saved tensordict, so no file is compared with what was there before it is replaced.
     """
     changed = kept = False
+    encodings = LevelEncodings()  # equal levels (a lazy stack's members, usually) encoded once
     for level in root.walk():  # children first: a level's meta.json only names complete children
         assert level.path is not None
         for nt in level.nontensors:
@@ -130,11 +131,11 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
                 changed = replace_if_changed(target, level.stack_meta) or changed
             continue
         src = level.src
-        meta = level_meta(level.entries, src.batch_size, level.names)
+        meta = encodings.meta(level)
         if src._meta_seen is not None and meta == src._meta_seen and src._memmap_prefix == level.path:
             kept = True
             continue
-        data = dumps_level(level.entries, level.texts, src.batch_size, level.names)
+        data = encodings.data(level)
         if fresh:
             replace_file(level.path + os.sep + META_FILE, data)
             changed = True
@@ -289,8 +290,17 @@ def _install_stack(level: PlannedLevel, dest: TensorDictBase, final_path: str | 
     """Install a lazy stack's members into ``dest``'s members (its own, for ``memmap_``)."""
     assert level.stack is not None and level.stack.unwrap is not None
     members, _ = level.stack.unwrap(dest)
+    head = None if final_path is None else os.path.join(final_path, "")
     for (key, child), member in zip(level.children, members, strict=True):
-        _install(child, member, None if final_path is None else os.path.join(final_path, key), share)
+        path = None if head is None else head + key
+        src = child.src
+        if child.stack is None and len(child.plain_out) == len(src._tensordict) and not child.leaves:
+            # a member of written plain leaves only (the usual one): what _install would do, in short
+            member._tensordict = dict(zip(child.plain_keys, child.plain_out, strict=True))
+            member._device, member._names, member._memmap_prefix = _CPU, src._names, path
+            member._is_memmap, member._is_shared, member._is_locked = True, False, True
+            continue
+        _install(child, member, path, share)
     dest._is_memmap = True
     dest._is_shared = False
     dest._memmap_prefix = final_path
