@@ -53,6 +53,8 @@ def _psutil() -> Any:
     import psutil
 
     return psutil
+
+
 _MANIFEST = "manifest.json"
 
 
