@@ -42,6 +42,7 @@ import hashlib
 import mmap
 import os
 import stat
+import struct
 import tempfile
 import threading
 import time
@@ -68,6 +69,10 @@ _TREES = ".trees"  # a dot name: the reaper of anonymous stores passes it over
 _SLOT = 256  # one ring slot: the generation (8 bytes), the path's length (2), the path
 _RING_SLOTS = 64
 _RING_BYTES = _SLOT * _RING_SLOTS
+_COUNTERS = struct.Struct("<QQ")  # the counter file: the generation, the file epoch
+_GENERATION = struct.Struct("<Q")
+_SLOT_HEAD = struct.Struct("<QH")  # a ring slot's generation and path length
+_WRAP = 0xFFFFFFFFFFFFFFFF
 
 
 def runtime_root() -> str:
@@ -336,8 +341,7 @@ class SharedRegistry:
         m = self._counter(create=create)
         if m is None:
             return None
-        raw = m[:16]
-        return int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
+        return _COUNTERS.unpack_from(m)
 
     @property
     def generation(self) -> int:
@@ -456,21 +460,22 @@ class SharedRegistry:
         m = self._counter(create=True)
         if m is None:
             return None
+        gen, epoch = _COUNTERS.unpack_from(m)
+        value = (gen + 1) & _WRAP
         if level is not None:
             raw = level.encode("utf-8", "surrogateescape")
             ring = self._changes(create=True) if len(raw) <= _SLOT - 10 else None
             if ring is not None:
-                nxt = (int.from_bytes(m[:8], "little") + 1) & 0xFFFFFFFFFFFFFFFF
-                at = (nxt % _RING_SLOTS) * _SLOT
-                ring[at : at + 10 + len(raw)] = nxt.to_bytes(8, "little") + len(raw).to_bytes(2, "little") + raw
+                at = (value % _RING_SLOTS) * _SLOT
+                ring[at + 10 : at + 10 + len(raw)] = raw
+                _SLOT_HEAD.pack_into(ring, at, value, len(raw))
         if files_replaced:
-            epoch = (int.from_bytes(m[8:16], "little") + 1) & 0xFFFFFFFFFFFFFFFF
-            m[8:16] = epoch.to_bytes(8, "little")
-        value = (int.from_bytes(m[:8], "little") + 1) & 0xFFFFFFFFFFFFFFFF
-        m[:8] = value.to_bytes(8, "little")
+            epoch = (epoch + 1) & _WRAP
+            _COUNTERS.pack_into(m, 0, gen, epoch)
+        _GENERATION.pack_into(m, 0, value)
         if self._futex is not None:
             self._futex.wake()
-        return self.state()
+        return value, epoch
 
 
 def level_in_tree(root: str, level: str) -> str | None:

@@ -18,12 +18,12 @@ import torch
 from ._files import jagged_from_buffer, nested_from_buffer
 from ._format import LEAF_SUFFIX
 from ._keys import encode_key
-from ._lazy_leaves import PendingLeaf
+from ._lazy_leaves import LazyLeaves, PendingLeaf
 from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor, storage_filename
 from ._segments import Segment
 
-__all__ = ["encode_leaf", "decode_leaf"]
+__all__ = ["decode_leaf", "decode_level", "encode_leaf", "encode_level"]
 
 # Leaves of a TensorDict are tensors, tensordicts or NonTensorData, never tuples, so a plain tuple
 # (the most compact pickle) marks an encoded leaf unambiguously:
@@ -123,3 +123,82 @@ def decode_leaf(code: Any, folder: str | None, key: str) -> Any:
     if handle.numel == 0:
         return handle.map()
     return PendingLeaf.from_handle(handle)  # mapped (and its file checked) when first read
+
+
+# A leaf's code, remembered on the tensor (``__dict__``) with what it depends on: the level's folder
+# and key, the tensor's file / mode / segment / archive offset, and its version counter, which every
+# in-place operation bumps, the ones that change its shape, strides or storage (``unsqueeze_``,
+# ``t_``, ``set_``) too; a copy of the tensor is a new object, without the memo.  A second
+# pickle of an unchanged leaf then costs two attribute reads instead of a dozen tensor calls.
+_MEMO = "_tdshare_code"
+
+
+def encode_level(d: dict, folder: str | None) -> dict:
+    """The compact pickled form of a level's entries ``d`` (raw values: pending leaves stay unmapped).
+
+    The same as :func:`encode_leaf` for every entry, with each memory-mapped leaf's code remembered
+    on the leaf until the leaf changes (a hand-off of an unchanged tensordict re-checks nothing).
+    """
+    out = {}
+    for key, value in dict.items(d):
+        if type(value) is MemoryMappedTensor:
+            memo = value.__dict__.get(_MEMO)
+            state = (value._filename, value._mode, value._segment, value._offset)
+            version = value._version
+            if memo is not None and memo[0] == version and memo[1] == key and memo[2] == folder and memo[3] == state:
+                out[key] = memo[4]
+                continue
+            code = encode_leaf(value, folder, key)
+            if type(code) is tuple:
+                value.__dict__[_MEMO] = (version, key, folder, state, code)
+            out[key] = code
+        else:
+            out[key] = encode_leaf(value, folder, key)
+    return out
+
+
+# This process's last decoded levels by folder: (codes, entries).  Handing the same tensordict to a
+# worker again (a DataLoader's batches, an actor's updates) sends equal codes, and the entries are
+# then a copy of the ones made before (pending leaves are never changed, so copies share them).
+_LEVELS: dict[str, tuple[dict, LazyLeaves]] = {}
+_LEVELS_MAX = 4096
+
+
+def decode_level(codes: dict, folder: str | None) -> dict:
+    """The entries that :func:`encode_level` encoded: a :class:`LazyLeaves` when a leaf is pending.
+
+    The common codes (a whole leaf file of this level, a contiguous slice of a segment) become
+    pending leaves here directly; every other one goes through :func:`decode_leaf`.  The entries of
+    a folder's level are remembered (for the next equal codes) when they are all its leaf files.
+    """
+    if folder is not None:
+        known = _LEVELS.get(folder)
+        # (only tuples compared: a tensor or a non-tensor value could answer == with anything)
+        if known is not None and all(type(c) is tuple for c in codes.values()) and known[0] == codes:
+            return known[1].copy()
+    out: dict = {}
+    pending = files = 0
+    head = None if folder is None else folder + os.sep
+    for key, code in codes.items():
+        if type(code) is tuple:
+            n = len(code)
+            if n == 2 and head is not None and type(code[0]) is torch.dtype and all(code[1]):
+                name = key if key.isidentifier() else encode_key(key)
+                out[key] = PendingLeaf(code[0], code[1], head + name + LEAF_SUFFIX)
+                files += 1
+                continue
+            if n == 4 and type(code[0]) is Segment and all(code[3]):
+                out[key] = PendingLeaf(code[2], code[3], None, None, code[0], code[1])
+                pending += 1
+                continue
+            code = decode_leaf(code, folder, key)
+            pending += type(code) is PendingLeaf
+        out[key] = code
+    if not pending and not files:
+        return out
+    lazy = LazyLeaves(out)
+    if folder is not None and files == len(out):  # (a segment's leaves are not kept alive here)
+        if len(_LEVELS) >= _LEVELS_MAX:
+            del _LEVELS[next(iter(_LEVELS))]
+        _LEVELS[folder] = (codes, lazy.copy())
+    return lazy

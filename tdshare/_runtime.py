@@ -30,8 +30,6 @@ import shutil
 import time
 from typing import Any
 
-import psutil
-
 from ._coordination import remove_control_files, runtime_root
 from ._errors import CorruptDataError
 from ._files import replace_file
@@ -47,6 +45,16 @@ __all__ = [
 ]
 
 _USERS = "users"
+
+
+def _psutil() -> Any:
+    """psutil, imported when first needed: it costs a third of tdshare's import time (a spawned
+    worker pays it before it reads anything), and only anonymous stores use it."""
+    import psutil
+
+    return psutil
+
+
 _MANIFEST = "manifest.json"
 
 
@@ -71,7 +79,7 @@ def register_user(path: str) -> None:
     when every process that published or mapped through it has exited."""
     if (path, os.getpid()) in _registered:
         return
-    me = psutil.Process()
+    me = _psutil().Process()
     users = os.path.join(path, _USERS)
     os.makedirs(users, mode=0o700, exist_ok=True)
     with open(os.path.join(users, f"{me.pid}-{me.create_time():.3f}"), "wb"):
@@ -86,7 +94,7 @@ def _cleanup_at_exit() -> None:
     for path, pid in list(_registered):
         if pid != os.getpid():
             continue
-        me = psutil.Process()
+        me = _psutil().Process()
         try:
             os.unlink(os.path.join(path, _USERS, f"{me.pid}-{me.create_time():.3f}"))
         except OSError:
@@ -125,12 +133,13 @@ def _in_use(store: str) -> bool:
             return os.stat(store).st_mtime > time.time() - 60
         except OSError:
             return False
+    ps = _psutil()
     for name in names:
         pid, _, created = name.partition("-")
         try:
-            if abs(psutil.Process(int(pid)).create_time() - float(created)) < 1.0:
+            if abs(ps.Process(int(pid)).create_time() - float(created)) < 1.0:
                 return True
-        except (ValueError, psutil.Error):
+        except (ValueError, ps.Error):
             continue
     return False
 

@@ -34,14 +34,14 @@ from ._format import LEVEL, TD_TYPE
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
-from ._lazy_leaves import raw_items, raw_values, rebuilt
+from ._lazy_leaves import raw_values
 from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData
 from ._pad import PadOps
 from ._pointwise import PointwiseOps
 from ._reduce_ops import ReduceOps
-from ._reductions import decode_leaf, encode_leaf
+from ._reductions import decode_level, encode_level
 from ._setters import SetOps
 from ._shape_ops import ShapeOps
 from ._updates import UpdateOps
@@ -513,7 +513,7 @@ class TensorDictBase(
         # memory-mapped leaves travel as compact handles (see _reductions), never as bytes
         prefix = self._memmap_prefix
         state = (
-            {k: encode_leaf(v, prefix, k) for k, v in raw_items(self._tensordict)},  # pending leaves stay unmapped
+            encode_level(self._tensordict, prefix),  # pending leaves stay unmapped
             tuple(self._batch_size),
             self._device,
             self._names,
@@ -536,7 +536,7 @@ def _preview(keys: Any, limit: int = 10) -> str:
 def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
     """Rebuild a pickled tensordict of class ``cls`` from the state its ``__reduce__`` made."""
     leaves, batch, device, names, locked, memmap, shared, prefix, anon_store, generation = state
-    leaves = rebuilt((k, decode_leaf(v, prefix, k)) for k, v in leaves.items())  # mapped on first read
+    leaves = decode_level(leaves, prefix)  # mapped on first read
     out = cls._from_leaves(leaves, torch.Size(batch), device, names)
     out._is_memmap, out._is_shared, out._memmap_prefix = memmap, shared, prefix
     out._anon_store, out._generation = anon_store, generation

@@ -417,3 +417,108 @@ def test_the_info_command_lists_entries_not_compacted_yet(tmp_path: Path, capsys
     assert (folder / "meta.jsonl").exists()
     assert main(["info", str(folder)]) == 0
     assert f"k{MANY - 1}  float32  [3]" in capsys.readouterr().out
+
+
+# -- hand-off to a live worker: a pickle of levels' codes, remembered on both sides ----------------
+def _live_worker(inbox: Any, outbox: Any) -> None:
+    """Answer each request: ("take", td, keys) keeps td and reports those keys, ("refresh", keys)
+    refreshes the kept td first, ("read", keys) reads the kept td, ("hold", td) only keeps it;
+    None stops."""
+    held: Any = None
+    while (msg := inbox.get()) is not None:
+        if msg[0] == "hold":
+            held = msg[1]
+            outbox.put("held")
+            continue
+        try:
+            if msg[0] == "take":
+                held = msg[1]
+            elif msg[0] == "refresh":
+                held.memmap_refresh_()
+            values = {}
+            for key in msg[-1]:
+                value = held.get(key)
+                values[key] = value.tolist() if isinstance(value, torch.Tensor) else value.data
+            outbox.put(("ok", values, held.is_locked, held.is_memmap(), sorted(map(str, held.keys(True, True)))))
+        except Exception as err:  # reported to the parent, which asserts on it
+            outbox.put(("error", type(err).__name__, str(err)))
+
+
+def _view(td: Any, keys: list[Any]) -> tuple[Any, ...]:
+    """What the worker reports, computed here from the parent's td."""
+    values = {}
+    for key in keys:
+        value = td.get(key)
+        values[key] = value.tolist() if isinstance(value, torch.Tensor) else value.data
+    return ("ok", values, td.is_locked, td.is_memmap(), sorted(map(str, td.keys(True, True))))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("anonymous", [False, True], ids=["folder", "anonymous"])
+def test_a_live_worker_sees_what_the_parent_has_at_every_hand_off(method: str, anonymous: bool, tmp_path: Path) -> None:
+    ctx = _ctx(method)
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_live_worker, args=(inbox, outbox))
+    proc.start()  # before the td exists: a forked worker inherits nothing of it
+
+    def ask(*msg: Any) -> Any:
+        inbox.put(msg)
+        return outbox.get(timeout=WAIT)
+
+    try:
+        src = TensorDict(
+            {"a": torch.arange(6.0).reshape(2, 3), "n": {"c": torch.zeros(2), "e": torch.ones(4)}, "note": "hello"},
+            batch_size=[],
+        )
+        td = src.memmap_(None if anonymous else tmp_path / f"t-{uuid.uuid4().hex}")
+        keys: list[Any] = ["a", ("n", "c"), "note"]
+        for _ in range(3):  # the same td again and again: the codes remembered on both sides
+            assert ask("take", td, keys) == _view(td, keys)
+        td["a"].mul_(2)  # shared memory: the worker sees the new values through the same pages
+        assert ask("read", keys) == _view(td, keys)
+        td["a"].t_()  # in place, the geometry: the next hand-off carries the new shape
+        got = ask("take", td, keys)
+        assert got == _view(td, keys) and got[1]["a"] == [[0.0, 6.0], [2.0, 8.0], [4.0, 10.0]]
+        td["a"].t_()
+        assert ask("take", td, keys) == _view(td, keys)
+        if not anonymous:
+            td.make_memmap_from_tensor(("n", "d"), torch.full((3,), 5.0))
+            wider = [*keys, ("n", "d")]
+            loaded = TensorDict.load_memmap(td._memmap_prefix)  # a second handle on the folder, lazy
+            assert ask("take", loaded, wider) == _view(loaded, wider)
+            got = ask("take", td, wider)  # a new entry: a level's codes differ from the remembered ones
+            assert got == _view(td, wider) and got[1][("n", "d")] == [5.0] * 3
+            td.make_memmap_from_tensor("k", torch.full((2,), 7.0))
+            got = ask("refresh", [*wider, "k"])  # the kept td follows additions made here
+            assert got[0] == "ok" and got[1]["k"] == [7.0, 7.0] and got[1][("n", "d")] == [5.0] * 3
+            td.make_memmap_from_tensor(("n", "f"), torch.zeros(2))
+            assert ask("hold", td) == "held"  # the worker reads nothing of it
+            os.remove(Path(td._memmap_prefix) / "n" / "f.memmap")
+            status, name, message = ask("read", [("n", "f")])
+            assert (status, name) == ("error", "CorruptDataError") and "f.memmap" in message
+        td.unlock_()
+        if not anonymous:
+            del td["n", "f"]
+        td["note"] = "bye"  # in-memory state: a non-tensor value and the lock
+        got = ask("take", td, keys)
+        assert got == _view(td, keys) and got[1]["note"] == "bye" and got[2] is False
+        td.lock_()
+        assert ask("take", td, keys)[2] is True
+    finally:
+        inbox.put(None)
+        proc.join(timeout=WAIT)
+    assert proc.exitcode == 0
+
+
+def test_a_pickle_follows_in_place_changes_of_a_leaf(tmp_path: Path) -> None:
+    td = TensorDict({"a": torch.arange(12.0).reshape(3, 4), "b": torch.zeros(5)}, batch_size=[]).memmap_(tmp_path / "t")
+    first = pickle.dumps(td)
+    assert pickle.dumps(td) == first  # unchanged: the same bytes (the remembered codes)
+    for change in (lambda t: t.unsqueeze_(0), lambda t: t.squeeze_(0), lambda t: t.t_(), lambda t: t.t_()):
+        change(td["a"])
+        again = pickle.loads(pickle.dumps(td))
+        assert again["a"].shape == td["a"].shape and torch.equal(again["a"], td["a"])
+    renamed = td.unlock_().rename_key_("a", "z")  # the same tensor under another key: not a.memmap's code
+    again = pickle.loads(pickle.dumps(renamed))
+    assert again["z"].tolist() == td["z"].tolist() and "a" not in again.keys()
