@@ -44,6 +44,7 @@ from ._future import TensorDictFuture
 from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData, NonTensorStack
+from ._open_memmap import open_memmap
 from ._progress import TerminalProgress
 from ._settings import capture_non_tensor_stack, list_to_stack, set_capture_non_tensor_stack, set_list_to_stack
 from ._tensorclass import TensorClass, is_tensorclass, tensorclass
@@ -102,6 +103,7 @@ __all__ = [
     "maybe_dense_stack",
     "memmap",
     "merge_tensordicts",
+    "open_memmap",
     "pack_memmap",
     "pad",
     "pad_sequence",

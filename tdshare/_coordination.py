@@ -49,10 +49,11 @@ import weakref
 from typing import Any, ClassVar
 
 from ._errors import MemmapError, MissingMetadataError, NotMemmapError, NotSupportedError
-from ._flock import InterProcessLock
+from ._flock import InterProcessLock, lock_for
 from ._futex import Futex
 
 __all__ = [
+    "EpochGuard",
     "SharedRegistry",
     "control_paths",
     "reap_trees",
@@ -396,7 +397,7 @@ class SharedRegistry:
         """
         if self._lock is None or self._lock_pid != os.getpid():  # a forked child never reuses the parent's
             os.makedirs(os.path.dirname(self.lock_path), mode=0o700, exist_ok=True)
-            self._lock = InterProcessLock(self.lock_path)
+            self._lock = lock_for(self.lock_path)  # shared with any other registry object of this tree
             self._lock_pid = os.getpid()
         return self._lock
 
@@ -443,6 +444,17 @@ class SharedRegistry:
         if state is None or state[0] - seen > _RING_SLOTS // 2:  # slots may have been reused while read
             return None
         return paths
+
+    def mark_replacing(self) -> None:
+        """Advance the file epoch alone, just before files are swapped in (with the lock held).
+
+        A leaf loaded before and mapped after the swap then sees a changed epoch (its
+        :class:`EpochGuard` is stale), even where the swap is not finished by its next look;
+        the :meth:`bump` after the swap advances the epoch again with the generation.
+        """
+        m = self._counter(create=True)
+        if m is not None:
+            m[8:16] = ((int.from_bytes(m[8:16], "little") + 1) & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
 
     def bump(self, files_replaced: bool = False, level: str | None = None) -> tuple[int, int] | None:
         """Advance the generation after a commit (writers call it with the lock held).
@@ -499,3 +511,33 @@ def _reset_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class EpochGuard:
+    """Whether a tree's files were replaced since a load: its file epoch then and now.
+
+    ``state`` is the registry state read before the load's metadata.  None: the tree had no
+    counter yet, so every epoch step the counter shows now came after the load (a counter starts
+    at epoch 0, and only replacing files advances it).
+
+    >>> import tempfile, torch
+    >>> from tdshare import TensorDict
+    >>> folder = tempfile.mkdtemp()
+    >>> reg = SharedRegistry.for_directory(TensorDict(a=torch.ones(1)).memmap_(folder).saved_path)
+    >>> guard = EpochGuard(reg, reg.state(create=True))
+    >>> guard.stale(), (reg.mark_replacing(), guard.stale())[1]
+    (False, True)
+    """
+
+    __slots__ = ("epoch", "registry")
+
+    def __init__(self, registry: SharedRegistry, state: tuple[int, int] | None) -> None:
+        self.registry = registry
+        self.epoch = None if state is None else state[1]
+
+    def stale(self) -> bool:
+        """True if files of the tree may have been replaced since the load."""
+        now = self.registry.state()
+        if now is None:
+            return False
+        return now[1] != (0 if self.epoch is None else self.epoch)
