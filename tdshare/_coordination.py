@@ -38,6 +38,7 @@ trees that no longer exist and that no live process maps.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 import os
@@ -105,6 +106,19 @@ def _trees_dir() -> str:
         os.makedirs(path, mode=0o700, exist_ok=True)
         _TREES_DIR[os.getpid()] = path
     return path
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Make the file at ``fd`` at least ``size`` bytes with its blocks allocated (zero-extended, so
+    two processes may race to create it).  A mapping of a sparse file on a full file system dies
+    with SIGBUS at its first write; ``posix_fallocate`` raises ``OSError(ENOSPC)`` instead."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", -1)):
+            raise
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)  # a file system without fallocate: best effort
 
 
 def _identity(root: str) -> str:
@@ -315,8 +329,9 @@ class SharedRegistry:
             except OSError:
                 return None  # not created yet
             try:
-                if os.fstat(fd).st_size < 16:
-                    os.ftruncate(fd, 16)  # zero-extends: safe if two processes race to create it
+                small = os.fstat(fd).st_size < 16
+                _reserve(fd, 16)  # blocks allocated: a full file system refuses here, never with SIGBUS later
+                if small:
                     with open(gen_path[: -len(".gen")] + ".path", "w", encoding="utf-8", errors="surrogateescape") as f:
                         f.write(os.path.realpath(self.root))
                 self._map = mmap.mmap(fd, 16)
@@ -414,7 +429,7 @@ class SharedRegistry:
                 if os.fstat(fd).st_size < _RING_BYTES:
                     if not create:
                         return None
-                    os.ftruncate(fd, _RING_BYTES)
+                    _reserve(fd, _RING_BYTES)
                 self._ring = mmap.mmap(fd, _RING_BYTES)
                 self._ring_pid = os.getpid()
             except OSError:

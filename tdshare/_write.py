@@ -196,6 +196,13 @@ def _discard(staged: Staged) -> None:
             pass
 
 
+def _renamed(err: OSError, staging: str, path: str) -> OSError:
+    """``err`` (its errno, so its subclass too) with the staging folder's name replaced by ``path``."""
+    text = (err.strerror or str(err)).replace(staging, path)
+    filename = err.filename.replace(staging, path) if isinstance(err.filename, str) else err.filename
+    return OSError(err.errno, text, filename) if filename is not None else OSError(err.errno, text)
+
+
 def _check_space(root: PlannedLevel, path: str) -> None:
     """Raise ``OSError(ENOSPC)`` naming ``path`` and the sizes when its file system has too little
     free space for every leaf file of the write (one ``statvfs``: cheap, and only a first check)."""
@@ -527,10 +534,13 @@ class FolderWriter(TreeWriter):
                 except MemmapError as err:  # name the target, not the staging folder
                     raise type(err)(str(err).replace(staging, path)) from None
                 root.share = opts.share_non_tensor
-                _check_space(root, staging)
-                _make_dirs(root)
-                _run_writes(root, opts.num_threads, existsok=True, progress=opts.progress)
-                _write_metadata(root, fresh=True)
+                try:
+                    _check_space(root, staging)
+                    _make_dirs(root)
+                    _run_writes(root, opts.num_threads, existsok=True, progress=opts.progress)
+                    _write_metadata(root, fresh=True)
+                except OSError as err:  # name the target, not the staging folder
+                    raise _renamed(err, staging, path) from err
                 if registry is not None:
                     registry.mark_replacing()  # before the swap: see EpochGuard
             gen = registry.bump(files_replaced=True) if registry is not None else None

@@ -8,10 +8,16 @@ racers, cycles) go to ``COUNTS``, printed at the end of the module (``-s`` shows
 
 from __future__ import annotations
 
+import errno
 import multiprocessing as mp
 import os
+import pickle
+import shutil
+import subprocess
+import sys
 import threading
 import uuid
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -429,3 +435,424 @@ def test_open_memmap_waits_on_the_lock_and_times_out(tmp_path: Path) -> None:
         finally:
             release.set()
     assert open_memmap(path, build("tensordict"), timeout=WAIT)["a"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+# -- resource limits: 10,000 leaves under ulimit -n 1024 ---------------------------------------------
+LEAVES = 10_000
+
+
+def _wide() -> TensorDict:
+    """10,000 leaves: 100 levels of 100, leaf (i, j) holding two copies of i * 100 + j."""
+    groups = {f"g{i}": {f"k{j}": torch.full((2,), float(i * 100 + j)) for j in range(100)} for i in range(100)}
+    return TensorDict(groups, batch_size=[])
+
+
+def _total(td: Any) -> float:
+    return sum(float(v.sum()) for v in td.values(include_nested=True, leaves_only=True))
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _maps() -> int:
+    with open("/proc/self/maps", "rb") as f:
+        return sum(1 for _ in f)
+
+
+def _limited(folder: str, archive: str, received: dict[str, Any]) -> dict[str, Any]:
+    """In a spawned child under RLIMIT_NOFILE 1024: memmap, load and read 10,000-leaf trees, and
+    read the trees the parent sent."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    want = 2.0 * sum(range(LEAVES))
+    out: dict[str, Any] = {"limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
+    td = _wide()
+    out["folder"] = _total(td.memmap(folder)) == want and _total(TensorDict.load_memmap(folder)) == want
+    anon = td.memmap()
+    out["anonymous"] = _total(anon) == want and _total(pickle.loads(pickle.dumps(anon))) == want
+    td.save(archive)
+    out["archive"] = _total(TensorDict.load_memmap(archive)) == want
+    for name, got in received.items():
+        out[f"received {name}"] = _total(got) == want
+    received["anonymous"]["g0", "k0"][0] = -1.0  # shared memory: the parent sees it
+    out["fds"] = _fds()
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_ten_thousand_leaves_under_ulimit_1024(tmp_path: Path) -> None:
+    ctx = _ctx("spawn")
+    td = _wide()
+    sent = {
+        "folder": td.memmap(tmp_path / "sent"),
+        "anonymous": td.memmap(),
+        "archive": (td.save(tmp_path / "sent.tdz"), TensorDict.load_memmap(tmp_path / "sent.tdz"))[1],
+    }
+    queue = ctx.Queue()
+    child = ctx.Process(target=_guard, args=(_limited, queue, str(tmp_path / "f"), str(tmp_path / "a.tdz"), sent))
+    with _reaped([child]):
+        (result,) = _results(queue, 1)
+    assert result.pop("limit") == 1024 and result.pop("fds") < 1024
+    assert result == dict.fromkeys(
+        ["folder", "anonymous", "archive", "received folder", "received anonymous", "received archive"], True
+    )
+    assert sent["anonymous"]["g0", "k0"].tolist() == [-1.0, 0.0]
+    COUNTS["10k-leaf trees under ulimit -n 1024"] += 6
+
+
+# -- resource limits: a full disk, a full /dev/shm -------------------------------------------------
+@contextmanager
+def _tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A small tmpfs mounted at ``where`` (root only: the test is skipped with the reason otherwise)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip(
+            "a full file system needs a small tmpfs, and mounting one needs root (the injected ENOSPC tests run)"
+        )
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=False).returncode:
+        pytest.skip("this container cannot mount a tmpfs")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _fill(folder: str) -> None:
+    with open(os.path.join(folder, "filler"), "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def _attempts(calls: list[tuple[str, Any]]) -> dict[str, str]:
+    out = {}
+    for name, call in calls:
+        try:
+            call()
+            out[name] = "no error"
+        except OSError as err:
+            out[name] = f"errno {err.errno}: {err}"
+    return out
+
+
+def _on_full_disk(mnt: str) -> dict[str, str]:
+    td = TensorDict(a=torch.zeros(4), batch_size=[]).memmap_(os.path.join(mnt, "td"))
+    big = torch.ones(200_000)  # 800,000 bytes, more than the whole file system
+    return _attempts(
+        [
+            ("make_memmap", lambda: td.make_memmap("big", [200_000])),
+            ("make_memmap_from_tensor", lambda: td.make_memmap_from_tensor("big", big)),
+            ("save", lambda: TensorDict(b=big, batch_size=[]).save(os.path.join(mnt, "new"))),
+            ("atomic", lambda: TensorDict(b=big, batch_size=[]).memmap_(os.path.join(mnt, "at"), atomic=True)),
+            ("resave", lambda: TensorDict(a=big, batch_size=[]).save(os.path.join(mnt, "td"))),
+            ("archive", lambda: TensorDict(b=big, batch_size=[]).save(os.path.join(mnt, "new.tdz"))),
+            ("file", lambda: tdshare.MemoryMappedTensor.empty(200_000, filename=os.path.join(mnt, "x.memmap"))),
+        ]
+    )
+
+
+def _on_full_runtime(runtime: str, folder: str) -> dict[str, str]:
+    os.environ["XDG_RUNTIME_DIR"] = runtime  # where anonymous trees publish, as /dev/shm/tdshare-<uid>
+    _fill(runtime)
+    anon = TensorDict(a=torch.zeros(4), batch_size=[]).memmap_()
+    out = _attempts(
+        [
+            ("anonymous make_memmap", lambda: anon.make_memmap("new", [4])),
+            ("shared non-tensor", lambda: TensorDict(s="x", batch_size=[]).memmap_(share_non_tensor=True)),
+        ]
+    )
+    td = TensorDict(a=torch.zeros(4), batch_size=[]).memmap_(folder)  # a folder tree still works
+    td.make_memmap("b", [4]).fill_(1.0)
+    td.memmap_refresh_()
+    out["folder"] = repr(TensorDict.load_memmap(folder)["b"].tolist())
+    return out
+
+
+def _in_fork(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a forked child: a SIGBUS would kill the child (exit code -7), not the test."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_guard, args=(fn, queue, *args))
+    child.start()
+    try:
+        result = queue.get(timeout=WAIT)
+    finally:
+        child.join(WAIT)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0, f"the child died with exit code {child.exitcode} (-7: SIGBUS)"
+    assert not (isinstance(result, tuple) and result[0] == "error"), result
+    return result
+
+
+def test_full_disk_raises_enospc_naming_path_and_sizes(tmp_path: Path) -> None:
+    with _tmpfs(tmp_path / "mnt", "256k") as mnt:
+        got = _in_fork(_on_full_disk, str(mnt))
+        for name, message in got.items():
+            assert message.startswith("errno 28: "), (name, message)
+            assert str(mnt) in message and ".tdtmp-" not in message, (name, message)
+            assert "800000" in message or "bytes" in message, (name, message)
+        assert TensorDict.load_memmap(mnt / "td")["a"].tolist() == [0.0] * 4  # the old tree is whole
+    COUNTS["full-disk writes refused"] += len(got)
+
+
+def test_full_runtime_folder_raises_naming_the_file(tmp_path: Path) -> None:
+    with _tmpfs(tmp_path / "rt", "64k") as runtime:
+        got = _in_fork(_on_full_runtime, str(runtime), str(tmp_path / "td"))
+    assert got.pop("folder") == repr([1.0] * 4)
+    for name, message in got.items():
+        assert message.startswith("errno 28: ") and str(runtime) in message, (name, message)
+        assert "bytes" in message, (name, message)
+    COUNTS["full-runtime writes refused"] += len(got)
+
+
+def test_injected_enospc_names_path_and_sizes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without root: the file system's refusal injected where the space is reserved."""
+
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    td = TensorDict(a=torch.zeros(4), batch_size=[]).memmap_(tmp_path / "td")
+    anon = TensorDict(a=torch.zeros(4), batch_size=[]).memmap_()
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    with pytest.raises(OSError, match=r"cannot reserve 4000 bytes for '.*big\.memmap'") as info:
+        td.make_memmap("big", [1000])
+    assert info.value.errno == errno.ENOSPC and str(tmp_path / "td") in str(info.value)
+    with pytest.raises(OSError, match=r"shared memory for a segment of \d+ bytes") as info:
+        anon.make_memmap("big", [1000])
+    assert info.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert "big" not in TensorDict.load_memmap(tmp_path / "td").keys()  # a failed call leaves no trace
+    assert "big" not in td.keys() and "big" not in anon.keys()
+
+
+# -- resource limits: 1,000 create/share/drop cycles -----------------------------------------------
+def _shm_bytes() -> int:
+    """Bytes in this user's runtime folders (/dev/shm/tdshare-<uid>, $XDG_RUNTIME_DIR/tdshare-<uid>)."""
+    total = 0
+    roots = [f"/dev/shm/tdshare-{os.getuid()}"]
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        roots.append(os.path.join(os.environ["XDG_RUNTIME_DIR"], f"tdshare-{os.getuid()}"))
+    for root in roots:
+        for dirpath, _, files in os.walk(root):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(dirpath, name)).st_size
+                except FileNotFoundError:
+                    pass
+    return total
+
+
+def _consumer(inbox: Any, outbox: Any) -> None:
+    counts = None
+    while True:
+        item = inbox.get(timeout=WAIT)
+        if item is None:
+            break
+        i, td = item
+        value = float(td["a"].sum()) + float(td["n", "b"].sum())
+        if i % 10 == 0:
+            td.make_memmap(f"x{i}", [2]).fill_(1.0)  # an entry added by the receiver, then dropped
+        del td, item
+        if i == WARMUP - 1:
+            counts = (_fds(), _maps())
+        outbox.put((i, value))
+    outbox.put((counts, (_fds(), _maps())))
+
+
+WARMUP = 20
+
+
+@pytest.mark.timeout(300)
+def test_descriptors_mappings_and_shm_return_to_baseline(tmp_path: Path) -> None:
+    import gc as collector
+
+    cycles = 1000 * SCALE
+    ctx = mp.get_context("fork")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    worker = ctx.Process(target=_consumer, args=(inbox, outbox))
+    with _reaped([worker]):
+        for i in range(cycles + WARMUP):
+            if i == WARMUP:
+                collector.collect()
+                base = (_fds(), _maps(), _shm_bytes())
+            fields = {"a": torch.full((16,), float(i)), "n": {"b": torch.ones(4)}}
+            if i % 10 == 5:  # now and then a folder-backed tree, removed once dropped
+                td = TensorDict(fields, batch_size=[]).memmap_(tmp_path / f"f{i}")
+            else:
+                td = TensorDict(fields, batch_size=[]).memmap_()
+            inbox.put((i, td))
+            assert outbox.get(timeout=WAIT) == (i, 16.0 * i + 4.0)
+            del td
+            if i % 10 == 5:
+                shutil.rmtree(tmp_path / f"f{i}")
+        inbox.put(None)
+        worker_warm, worker_end = outbox.get(timeout=WAIT)
+    collector.collect()
+    end = (_fds(), _maps(), _shm_bytes())
+    assert end[0] == base[0], f"descriptors: {base[0]} -> {end[0]}"
+    assert end[1] <= base[1] + 8, f"mappings: {base[1]} -> {end[1]}"
+    assert end[2] <= base[2], f"/dev/shm bytes: {base[2]} -> {end[2]}"
+    assert worker_end[0] <= worker_warm[0] + 2 and worker_end[1] <= worker_warm[1] + 8, (worker_warm, worker_end)
+    COUNTS["create/share/drop cycles"] += cycles
+
+
+# -- soak: a replay-buffer-like loop ---------------------------------------------------------------
+CAPACITY = 256
+
+
+def _storage() -> TensorDict:
+    return TensorDict(obs=torch.zeros(CAPACITY, 8), stamp=torch.zeros(CAPACITY, dtype=torch.int64), batch_size=[])
+
+
+def _soak_writer(path: str, rank: int, steps: int, go: Any) -> dict[str, Any]:
+    import time
+
+    buf = open_memmap(path, _storage)
+    assert go.wait(WAIT)
+    times, counts = [], []
+    rows = torch.arange(rank, CAPACITY, 2)
+    for i in range(steps):
+        t0 = time.perf_counter()
+        idx = rows[(i * 4) % len(rows) : (i * 4) % len(rows) + 4]
+        buf["obs"][idx] = float(i)  # write a batch of rows into the ring
+        buf["stamp"][idx] = i
+        buf.make_memmap_from_tensor(f"ep{rank}_{i}", torch.full((4,), float(i)))  # a new episode entry
+        times.append(time.perf_counter() - t0)
+        counts.append((_fds(), _maps() - i))  # each added entry holds its one mapping
+    return {"role": "writer", "times": times, "counts": counts}
+
+
+def _soak_sampler(path: str, steps: int, go: Any) -> dict[str, Any]:
+    import time
+
+    buf = open_memmap(path, _storage)
+    assert go.wait(WAIT)
+    gen = torch.Generator().manual_seed(0)
+    times, counts = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        buf.memmap_refresh_()
+        idx = torch.randint(0, CAPACITY, (32,), generator=gen)
+        batch = buf["obs"][idx].clone()
+        stamps = buf["stamp"][idx].clone()
+        assert (batch >= 0).all() and (stamps >= 0).all()
+        times.append(time.perf_counter() - t0)
+        counts.append((_fds(), _maps()))
+    keys = [k for k in buf.keys() if k.startswith("ep")]
+    return {"role": "sampler", "times": times, "counts": counts, "entries": len(keys)}
+
+
+def _decile_ratio(times: list[float]) -> float:
+    n = max(1, len(times) // 10)
+    first, last = sorted(times[:n]), sorted(times[-n:])
+    return last[len(last) // 2] / max(first[len(first) // 2], 1e-9)
+
+
+@pytest.mark.timeout(300)
+def test_soak_replay_buffer_stays_flat(tmp_path: Path) -> None:
+    steps = 300 * SCALE
+    ctx = _ctx("fork")
+    path = str(tmp_path / "buffer")
+    open_memmap(path, _storage)
+    queue, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_guard, args=(_soak_writer, queue, path, r, steps, go)) for r in range(2)]
+    procs.append(ctx.Process(target=_guard, args=(_soak_sampler, queue, path, steps, go)))
+    with _reaped(procs):
+        go.set()
+        results = _results(queue, 3)
+    for res in results:
+        ratio = _decile_ratio(res["times"])
+        assert ratio < 3.0, f"{res['role']}: the last decile's median step is {ratio:.2f}x the first's"
+        warm, end = res["counts"][len(res["counts"]) // 10], res["counts"][-1]
+        assert end[0] <= warm[0] + 2, f"{res['role']}: descriptors {warm[0]} -> {end[0]}"
+        assert end[1] <= warm[1] + 8, f"{res['role']}: mappings {warm[1]} -> {end[1]}"
+        COUNTS[f"soak steps ({res['role']})"] += len(res["times"])
+    sampler = next(r for r in results if r["role"] == "sampler")
+    assert sampler["entries"] > 0
+    assert len([k for k in TensorDict.load_memmap(path).keys() if k.startswith("ep")]) == 2 * steps
+
+
+# -- pickles run only when allowed -----------------------------------------------------------------
+class _Bomb:
+    """Unpickling it creates the folder ``path``: proof that the pickle's code ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (self.path,))
+
+
+def _bombed(where: str, tmp_path: Path) -> tuple[Path, Path, Any]:
+    """A saved tree whose pickled value, in place ``where``, creates a marker folder when loaded."""
+    marker = tmp_path / "marker"
+    bomb = _Bomb(str(marker))
+    if where == "top":
+        td: Any = TensorDict(a=torch.zeros(2), obj=bomb, batch_size=[2])
+    elif where == "nested":
+        td = TensorDict(a=torch.zeros(2), n={"m": {"obj": bomb}}, batch_size=[2])
+    elif where == "stack":
+        td = TensorDict(a=torch.zeros(2), batch_size=[2])
+        td["objs"] = tdshare.NonTensorStack(bomb, _Bomb(str(marker) + "-2"))
+    elif where == "lazy":
+        td = tdshare.LazyStackedTensorDict(TensorDict(obj=bomb), TensorDict(obj=_Bomb(str(marker) + "-2")))
+    elif where == "tensorclass":
+        td = Sample(a=torch.zeros(2), n=TensorDict(b=torch.zeros(2, 2), batch_size=[2]), s=bomb, batch_size=[2])
+    else:
+        raise AssertionError(where)
+    path = tmp_path / "td"
+    td.save(path)
+    assert not marker.exists()
+    return path, marker, td
+
+
+WHERE = ["top", "nested", "stack", "lazy", "tensorclass"]
+
+
+@pytest.mark.parametrize("archive", [False, True], ids=["folder", "archive"])
+@pytest.mark.parametrize("where", WHERE)
+def test_a_pickle_runs_only_when_pickles_are_allowed(tmp_path: Path, where: str, archive: bool) -> None:
+    path, marker, _ = _bombed(where, tmp_path)
+    if archive:  # packed from the folder (td.save(x.tdz) reads its own pickles back: see the README)
+        path = Path(tdshare.pack_memmap(path, tmp_path / "td.tdz"))
+    with pytest.raises(tdshare.PickleRefusedError, match=r"allow_pickle"):
+        TensorDict.load_memmap(path, allow_pickle=False)
+    assert not marker.exists()
+    if not archive:
+        with pytest.raises(tdshare.PickleRefusedError):
+            TensorDict(a=torch.zeros(2), batch_size=[2]).load_memmap_(path, allow_pickle=False)
+        assert not marker.exists()
+    for argv in (["info", str(path)], ["verify", str(path)]):  # the command line never unpickles
+        subprocess.run([sys.executable, "-m", "tdshare", *argv], capture_output=True, check=False, timeout=WAIT)
+        assert not marker.exists(), argv
+    with pytest.warns(FutureWarning, match=r"^Running the code of a pickle") as record:
+        TensorDict.load_memmap(path)  # the default, None: runs it, and says so first
+    assert marker.exists() and "allow_pickle=False" in str(record[0].message)
+    os.rmdir(marker)
+    if os.path.exists(str(marker) + "-2"):
+        os.rmdir(str(marker) + "-2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TensorDict.load_memmap(path, allow_pickle=True)
+    assert marker.exists()
+    COUNTS["pickle policy cases"] += 1
+
+
+def test_a_received_pickled_value_runs_only_when_allowed(tmp_path: Path) -> None:
+    """The transported form (a schema with the pickle inline) follows the same rule."""
+    from tdshare._schema import build_tree, leaves_of, schema_of
+
+    marker = tmp_path / "marker"
+    td = TensorDict(a=torch.zeros(2), obj=_Bomb(str(marker)), batch_size=[2])
+    schema, tensors = schema_of(td, allow_pickle=True), leaves_of(td)
+    with pytest.raises(tdshare.PickleRefusedError, match=r"allow_pickle"):
+        build_tree(schema, tensors)
+    assert not marker.exists()
+    build_tree(schema, tensors, allow_pickle=True)
+    assert marker.exists()
