@@ -14,7 +14,7 @@ folder half written).  Here:
 
 So exactly one process writes, nobody ever sees a half-made folder, and all end with the same
 contents.  :class:`OpenOps` puts the call on ``TensorDict`` and ``LazyStackedTensorDict`` as a
-classmethod; :func:`open_memmap` is the same call for any container kind (a tensorclass too).
+classmethod; ``tdshare.open_memmap`` is the same call for any container kind (a tensorclass too).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ._dataloader import is_tensor_collection
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._format import META_FILE
 
-__all__ = ["OpenOps", "open_memmap"]
+__all__ = ["OpenOps", "open_with"]
 
 T = TypeVar("T")
 PathLike = str | os.PathLike
@@ -59,13 +59,8 @@ def _check(prefix: Any, like: Any, timeout: Any) -> str:
     return path
 
 
-def _attach(path: str, allow_pickle: bool | None) -> Any:
-    from ._tensordict import TensorDict  # the same layer; imported here to avoid an import cycle
-
-    return TensorDict.load_memmap(path, allow_pickle=allow_pickle).memmap_()
-
-
-def open_memmap(
+def open_with(
+    cls: Any,
     prefix: PathLike,
     like: Any | Callable[[], Any],
     *,
@@ -81,6 +76,7 @@ def open_memmap(
     (``make_memmap*`` and ``memmap_refresh_()`` work on it).
 
     Args:
+        cls: the collection class whose ``load_memmap`` attaches (``TensorDict``: any saved kind).
         prefix: the folder of the tree (its parent folders are created if missing). An existing
             empty folder counts as missing.
         like: the content to create it with: a tensor collection, or a function of no arguments
@@ -101,24 +97,25 @@ def open_memmap(
         TimeoutError: another process held the tree's lock for longer than ``timeout``.
 
     >>> import tempfile, torch
-    >>> from tdshare import TensorDict, open_memmap
+    >>> from tdshare import TensorDict
     >>> folder = tempfile.mkdtemp() + "/buffer"
-    >>> first = open_memmap(folder, lambda: TensorDict(obs=torch.zeros(4, 2), batch_size=[4]))
-    >>> second = open_memmap(folder, lambda: TensorDict(obs=torch.ones(9), batch_size=[9]))  # attaches
+    >>> first = open_with(TensorDict, folder, lambda: TensorDict(obs=torch.zeros(4, 2), batch_size=[4]))
+    >>> second = open_with(TensorDict, folder, lambda: TensorDict(obs=torch.ones(9), batch_size=[9]))
     >>> second["obs"].shape, first.saved_path == second.saved_path
     (torch.Size([4, 2]), True)
     """
     path = _check(prefix, like, timeout)
     meta = os.path.join(path, META_FILE)
     if os.path.isfile(meta):  # created atomically: a meta.json means a whole tree
-        return _attach(path, allow_pickle)
+        return cls.load_memmap(path, allow_pickle=allow_pickle).memmap_()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    lock = SharedRegistry.for_directory(path).lock()
+    registry = SharedRegistry.for_directory(path)
+    lock = registry.lock()
     lock.acquire(timeout)
     try:
         if os.path.isfile(meta):  # another process created it while we waited
-            return _attach(path, allow_pickle)
-        source = like if is_tensor_collection(like) else like()
+            return cls.load_memmap(path, allow_pickle=allow_pickle).memmap_()
+        source: Any = like if is_tensor_collection(like) else like()
         if not is_tensor_collection(source):
             raise ArgumentTypeError(
                 f"open_memmap: like() must return a tensor collection to save at {path!r}, got {type(source).__name__}."
@@ -147,7 +144,7 @@ class OpenOps:
         timeout: float | None = None,
         allow_pickle: bool | None = None,
     ) -> Any:
-        """Open the tree saved at ``prefix``, or create it from ``like`` (see :func:`open_memmap`).
+        """Open the tree saved at ``prefix``, or create it from ``like`` (see :func:`open_with`).
 
         Args:
             prefix: the folder of the tree.
@@ -160,11 +157,11 @@ class OpenOps:
 
         Raises:
             ArgumentTypeError, InvalidArgumentError, MemmapError, TimeoutError: as
-            :func:`open_memmap`.
+            :func:`open_with`.
 
         >>> import tempfile, torch
         >>> from tdshare import TensorDict
         >>> TensorDict.open_memmap(tempfile.mkdtemp() + "/t", TensorDict(a=torch.ones(2), batch_size=[2])).batch_size
         torch.Size([2])
         """
-        return open_memmap(prefix, like, timeout=timeout, allow_pickle=allow_pickle)
+        return open_with(cls, prefix, like, timeout=timeout, allow_pickle=allow_pickle)

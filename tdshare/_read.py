@@ -332,7 +332,7 @@ def _load_folder(
             if registry is not None:
                 store.guard = EpochGuard(registry, state)  # a leaf first read after a swap raises
             result = load_level(cls, store, level, store.read_meta(level), out, None, device)
-        except TdshareError:
+        except (TdshareError, OSError):  # OSError: a level's folder vanished in the swap
             if _stamp(path) != before:
                 continue  # it failed because the folder was swapped: load the new one
             if before is None and not waited and swap_in_progress(path):
