@@ -47,7 +47,16 @@ from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
 from ._settings import capture_non_tensor_stack, list_to_stack, set_capture_non_tensor_stack, set_list_to_stack
 from ._tensorclass import TensorClass, is_tensorclass, tensorclass
-from ._tensordict import TensorDict, from_consolidated, from_consolidated_parts, load, load_memmap, memmap, save
+from ._tensordict import (
+    TensorDict,
+    from_consolidated,
+    from_consolidated_parts,
+    load,
+    load_memmap,
+    memmap,
+    open_memmap,
+    save,
+)
 from ._tensordict_base import TensorDictBase
 
 __version__ = "0.1.0"
@@ -102,6 +111,7 @@ __all__ = [
     "maybe_dense_stack",
     "memmap",
     "merge_tensordicts",
+    "open_memmap",
     "pack_memmap",
     "pad",
     "pad_sequence",

@@ -22,7 +22,14 @@ from contextlib import contextmanager
 from ._errors import AtomicTargetError, FileExistsRuntimeError, MemmapError, NotSupportedError
 from ._format import META_FILE
 
-__all__ = ["check_atomic_target", "atomic_directory", "make_staging", "STAGING_PREFIX", "TARGET_NOTE"]
+__all__ = [
+    "check_atomic_target",
+    "atomic_directory",
+    "make_staging",
+    "swap_in_progress",
+    "STAGING_PREFIX",
+    "TARGET_NOTE",
+]
 
 STAGING_PREFIX = ".tdtmp-"
 TARGET_NOTE = "target"  # the file in a staging folder naming (by basename) the path it replaces
@@ -43,6 +50,30 @@ def make_staging(parent: str, target: str | None = None) -> str:
         with open(os.path.join(work, TARGET_NOTE), "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write(os.path.basename(target))
     return work
+
+
+def swap_in_progress(target: str) -> bool:
+    """Whether a staging folder beside ``target`` has moved the old ``target`` out (its writer is
+    between its two renames, or died there).
+
+    >>> import tempfile
+    >>> swap_in_progress(tempfile.mkdtemp() + "/td")
+    False
+    """
+    parent, name = os.path.split(os.path.realpath(target))
+    try:
+        works = [n for n in os.listdir(parent) if n.startswith(STAGING_PREFIX)]
+    except OSError:
+        return False
+    for work in works:
+        try:
+            with open(os.path.join(parent, work, TARGET_NOTE), encoding="utf-8", errors="surrogateescape") as f:
+                noted = f.read()
+        except OSError:
+            continue
+        if noted == name and os.path.isdir(os.path.join(parent, work, "old")):
+            return True
+    return False
 
 
 def check_atomic_target(prefix: str, existsok: bool) -> None:

@@ -32,7 +32,10 @@ class CombineOps:
 
     @classmethod
     def _from_leaves(
-        cls: type[T], leaves: dict[str, Any], batch_size: torch.Size, device: torch.device | None,
+        cls: type[T],
+        leaves: dict[str, Any],
+        batch_size: torch.Size,
+        device: torch.device | None,
         names: list | None = None,
     ) -> T:
         raise NotImplementedError

@@ -38,6 +38,7 @@ trees that no longer exist and that no live process maps.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 import os
@@ -50,10 +51,11 @@ import weakref
 from typing import Any, ClassVar
 
 from ._errors import MemmapError, MissingMetadataError, NotMemmapError, NotSupportedError
-from ._flock import InterProcessLock
+from ._flock import InterProcessLock, lock_for
 from ._futex import Futex
 
 __all__ = [
+    "EpochGuard",
     "SharedRegistry",
     "control_paths",
     "reap_trees",
@@ -109,6 +111,19 @@ def _trees_dir() -> str:
         os.makedirs(path, mode=0o700, exist_ok=True)
         _TREES_DIR[os.getpid()] = path
     return path
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Make the file at ``fd`` at least ``size`` bytes with its blocks allocated (zero-extended, so
+    two processes may race to create it).  A mapping of a sparse file on a full file system dies
+    with SIGBUS at its first write; ``posix_fallocate`` raises ``OSError(ENOSPC)`` instead."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", -1)):
+            raise
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)  # a file system without fallocate: best effort
 
 
 def _identity(root: str) -> str:
@@ -319,8 +334,9 @@ class SharedRegistry:
             except OSError:
                 return None  # not created yet
             try:
-                if os.fstat(fd).st_size < 16:
-                    os.ftruncate(fd, 16)  # zero-extends: safe if two processes race to create it
+                small = os.fstat(fd).st_size < 16
+                _reserve(fd, 16)  # blocks allocated: a full file system refuses here, never with SIGBUS later
+                if small:
                     with open(gen_path[: -len(".gen")] + ".path", "w", encoding="utf-8", errors="surrogateescape") as f:
                         f.write(os.path.realpath(self.root))
                 self._map = mmap.mmap(fd, 16)
@@ -400,7 +416,7 @@ class SharedRegistry:
         """
         if self._lock is None or self._lock_pid != os.getpid():  # a forked child never reuses the parent's
             os.makedirs(os.path.dirname(self.lock_path), mode=0o700, exist_ok=True)
-            self._lock = InterProcessLock(self.lock_path)
+            self._lock = lock_for(self.lock_path)  # shared with any other registry object of this tree
             self._lock_pid = os.getpid()
         return self._lock
 
@@ -417,7 +433,7 @@ class SharedRegistry:
                 if os.fstat(fd).st_size < _RING_BYTES:
                     if not create:
                         return None
-                    os.ftruncate(fd, _RING_BYTES)
+                    _reserve(fd, _RING_BYTES)
                 self._ring = mmap.mmap(fd, _RING_BYTES)
                 self._ring_pid = os.getpid()
             except OSError:
@@ -447,6 +463,17 @@ class SharedRegistry:
         if state is None or state[0] - seen > _RING_SLOTS // 2:  # slots may have been reused while read
             return None
         return paths
+
+    def mark_replacing(self) -> None:
+        """Advance the file epoch alone, just before files are swapped in (with the lock held).
+
+        A leaf loaded before and mapped after the swap then sees a changed epoch (its
+        :class:`EpochGuard` is stale), even where the swap is not finished by its next look;
+        the :meth:`bump` after the swap advances the epoch again with the generation.
+        """
+        m = self._counter(create=True)
+        if m is not None:
+            m[8:16] = ((int.from_bytes(m[8:16], "little") + 1) & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
 
     def bump(self, files_replaced: bool = False, level: str | None = None) -> tuple[int, int] | None:
         """Advance the generation after a commit (writers call it with the lock held).
@@ -504,3 +531,33 @@ def _reset_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class EpochGuard:
+    """Whether a tree's files were replaced since a load: its file epoch then and now.
+
+    ``state`` is the registry state read before the load's metadata.  None: the tree had no
+    counter yet, so every epoch step the counter shows now came after the load (a counter starts
+    at epoch 0, and only replacing files advances it).
+
+    >>> import tempfile, torch
+    >>> from tdshare import TensorDict
+    >>> folder = tempfile.mkdtemp()
+    >>> reg = SharedRegistry.for_directory(TensorDict(a=torch.ones(1)).memmap_(folder).saved_path)
+    >>> guard = EpochGuard(reg, reg.state(create=True))
+    >>> guard.stale(), (reg.mark_replacing(), guard.stale())[1]
+    (False, True)
+    """
+
+    __slots__ = ("epoch", "registry")
+
+    def __init__(self, registry: SharedRegistry, state: tuple[int, int] | None) -> None:
+        self.registry = registry
+        self.epoch = None if state is None else state[1]
+
+    def stale(self) -> bool:
+        """True if files of the tree may have been replaced since the load."""
+        now = self.registry.state()
+        if now is None:
+            return False
+        return now[1] != (0 if self.epoch is None else self.epoch)

@@ -27,9 +27,33 @@ import time
 import weakref
 from types import TracebackType
 
-__all__ = ["InterProcessLock"]
+__all__ = ["InterProcessLock", "lock_for"]
 
 _LIVE: weakref.WeakSet[InterProcessLock] = weakref.WeakSet()
+# One lock object per lock file per process: a second object would open a second descriptor,
+# and its flock would wait forever on the first one's, held by this very process.
+_BY_PATH: weakref.WeakValueDictionary[str, InterProcessLock] = weakref.WeakValueDictionary()
+_BY_PATH_GUARD = threading.Lock()
+_HELD: set[InterProcessLock] = set()  # a held lock stays alive (and in _BY_PATH) until released
+
+
+def lock_for(path: str) -> InterProcessLock:
+    """The process's one :class:`InterProcessLock` on ``path`` (made on first use).
+
+    Every caller that locks the same file gets the same object, so the lock stays reentrant even
+    when the object that first asked for it (a registry) is gone while the lock is held.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.lock")
+    >>> lock_for(path) is lock_for(path)
+    True
+    """
+    with _BY_PATH_GUARD:
+        lock = _BY_PATH.get(path)
+        if lock is None:
+            lock = InterProcessLock(path)
+            _BY_PATH[path] = lock
+        return lock
 
 
 def _close(fd: int, pid: int) -> None:
@@ -75,6 +99,7 @@ class InterProcessLock:
         try:
             if self._count == 0:
                 self._lock_file(deadline, timeout)
+                _HELD.add(self)
             self._count += 1
         except BaseException:
             self._thread_lock.release()
@@ -108,8 +133,10 @@ class InterProcessLock:
         if self._count == 0:
             raise RuntimeError(f"Releasing the lock {self.path!r}, which this process does not hold.")
         self._count -= 1
-        if self._count == 0 and self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        if self._count == 0:
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            _HELD.discard(self)
         self._thread_lock.release()
 
     def __enter__(self) -> InterProcessLock:
@@ -123,6 +150,8 @@ class InterProcessLock:
 
 
 def _after_fork_in_child() -> None:
+    global _BY_PATH_GUARD
+    _BY_PATH_GUARD = threading.Lock()  # another thread may have held it at the fork
     for lock in list(_LIVE):
         if lock._fd is not None:
             if lock._finalizer is not None:
@@ -134,6 +163,7 @@ def _after_fork_in_child() -> None:
             lock._fd = None
         lock._count = 0
         lock._thread_lock = threading.RLock()
+    _HELD.clear()  # the child holds none of the parent's locks
 
 
 if hasattr(os, "register_at_fork"):

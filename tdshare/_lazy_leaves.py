@@ -50,9 +50,12 @@ class PendingLeaf(LeafHandle):
 
     Attributes:
         where: the metadata file that listed the leaf (named in errors), or None.
+        guard: for a leaf loaded from a folder, an object whose ``stale()`` says whether the
+            tree's files were replaced since the load (:class:`tdshare._coordination.EpochGuard`),
+            or None.
     """
 
-    __slots__ = ("where",)
+    __slots__ = ("guard", "where")
 
     def __init__(
         self,
@@ -64,10 +67,11 @@ class PendingLeaf(LeafHandle):
         offset: int = 0,
         ino: int | None = None,
         where: str | None = None,
+        guard: Any = None,
     ) -> None:
         # positional and the slots set here directly: thousands of these are made per load
         self.dtype, self.shape, self.path, self.mode = dtype, shape, path, mode
-        self.segment, self.offset, self.ino, self.where = segment, offset, ino, where
+        self.segment, self.offset, self.ino, self.where, self.guard = segment, offset, ino, where, guard
 
     @classmethod
     def from_handle(cls, handle: LeafHandle, where: str | None = None) -> PendingLeaf:
@@ -101,13 +105,21 @@ class PendingLeaf(LeafHandle):
                 "It was removed after the tensordict was loaded; load the folder again."
             ) from None
         if self.ino is not None and st.st_ino != self.ino:
-            raise CorruptDataError(
-                f"The file {self.path!r} was replaced (by a re-save in another process) after this tensordict was "
-                "loaded and before this leaf was first read, so its loaded content is gone: call memmap_refresh_() "
-                "or load the folder again."
-            )
+            raise self._replaced()
         self.check(st, self.where or self.path, os.path.basename(self.path))
-        return self.map(st)
+        leaf = self.map(st)
+        # After mapping: a writer marks the tree before it swaps files in, so a file mapped
+        # after a swap (even one whose inode number was reused) shows as a stale guard here.
+        if self.guard is not None and self.guard.stale():
+            raise self._replaced()
+        return leaf
+
+    def _replaced(self) -> CorruptDataError:
+        return CorruptDataError(
+            f"The file {self.path!r} was replaced (by a re-save in another process) after this tensordict was "
+            "loaded and before this leaf was first read, so its loaded content is gone: call memmap_refresh_() "
+            "or load the folder again."
+        )
 
 
 def is_pending(value: Any) -> bool:

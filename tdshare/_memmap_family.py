@@ -33,6 +33,7 @@ from ._keys import NestedKey
 from ._map import MapOps
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData
+from ._open_memmap import OpenOps
 from ._options import SaveOptions
 from ._progress import ProgressCallback
 from ._read import load_into, load_tree
@@ -48,6 +49,7 @@ PathLike = str | os.PathLike
 
 class MemmapFamily(
     MapOps,  # map, map_iter
+    OpenOps,  # open_memmap (create-or-attach)
     TensorDictBase,
 ):
     """The memory-mapping, saving and loading methods of every tensor collection class.

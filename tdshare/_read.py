@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 import torch
 
 from ._archive_store import ArchiveStore
+from ._atomic import swap_in_progress
 from ._bulk import bulk
-from ._coordination import SharedRegistry
+from ._coordination import EpochGuard, SharedRegistry
 from ._errors import (
     ArgumentTypeError,
     BatchSizeError,
@@ -27,6 +28,7 @@ from ._errors import (
     InvalidArgumentError,
     LockedError,
     MissingMetadataError,
+    TdshareError,
     UnsupportedFormatError,
 )
 from ._format import (
@@ -303,6 +305,72 @@ def _resolve_subpath(store: Store, level: str, subpath: Any) -> str:
     return level
 
 
+_SWAP_RETRIES = 20
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """The identity of the folder at ``path`` (None if missing): an atomic re-save changes it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+def _load_folder(
+    cls: type[T],
+    path: str,
+    robust: bool,
+    mode: str | None,
+    allow_pickle: bool | None,
+    subpath: Any,
+    out: Any,
+    device: Any,
+) -> tuple[str, Any]:
+    """Load the folder ``path``; again if it was swapped for another (an atomic re-save) meanwhile.
+
+    The metadata and the leaf files are found by path, so a load that overlapped a swap could
+    pair one version's ``meta.json`` with the other's leaves: the folder's identity is compared
+    before and after, and a load that saw it change (or failed while it changed) starts over.
+    """
+    waited = False
+    for _ in range(_SWAP_RETRIES):
+        before = _stamp(path)
+        store = DirectoryStore(path, robust, mode, allow_pickle)
+        try:
+            level = path if subpath is None else _resolve_subpath(store, path, subpath)
+            # the registry state *before* the metadata: a later refresh re-reads anything newer
+            registry = SharedRegistry.for_directory(level) if mode != "r" else None
+            state = registry.state() if registry is not None else None
+            if registry is not None:
+                store.guard = EpochGuard(registry, state)  # a leaf first read after a swap raises
+            result = load_level(cls, store, level, store.read_meta(level), out, None, device)
+        except (TdshareError, OSError):  # OSError: a level's folder vanished in the swap
+            if _stamp(path) != before:
+                continue  # it failed because the folder was swapped: load the new one
+            if before is None and not waited and swap_in_progress(path):
+                # between an atomic writer's two renames: it holds the tree's lock until the new
+                # tree is in place, so wait on the lock (in the kernel), then load once more
+                waited = True
+                with SharedRegistry.for_directory(path).lock():
+                    pass
+                continue
+            raise
+        if _stamp(path) != before:
+            continue
+        if is_collection(result):
+            result._generation = state
+        else:  # a class around a collection (a tensorclass): on its collection
+            kind = kind_of(result)
+            if kind is not None and kind.layout == WRAPPED and kind.unwrap is not None:
+                kind.unwrap(result)[0]._generation = state
+        return level, result
+    raise CorruptDataError(
+        f"The folder {path!r} was replaced {_SWAP_RETRIES} times while it was being loaded (atomic re-saves "
+        "by another process); load it again once the writer pauses."
+    )
+
+
 @bulk
 def load_tree(
     cls: type[T],
@@ -324,36 +392,25 @@ def load_tree(
     cls = cls._level_class()  # type: ignore[assignment]  # a lazy stack's levels are TensorDicts
     path = os.path.abspath(os.fspath(prefix))
     robust = True if robust_key is None else bool(robust_key)
-    folder = None if os.path.isfile(path) else DirectoryStore(path, robust, mode, allow_pickle)
+    folder = not os.path.isfile(path)
     level = path
-    if folder is not None and subpath is not None:
-        level = _resolve_subpath(folder, path, subpath)
     if out is not None:
         _check_out(out, device)
         if device is None:
             device = out.device
     store: Store
-    if folder is None:
+    if not folder:
         store = ArchiveStore(Archive(path, mode), robust, allow_pickle, num_threads)
         level = store.root if subpath is None else _resolve_subpath(store, store.root, subpath)
         dev = torch.device(device) if device is not None else None
         result = load_level(cls, store, level, store.read_meta(level), out, None, device)
         store.finish(None if dev is None or dev.type == "cpu" else dev)
     else:
-        store = folder
-        # the registry state *before* the metadata: a later refresh re-reads anything newer
-        state = SharedRegistry.for_directory(level).state() if mode != "r" else None
-        result = load_level(cls, store, level, store.read_meta(level), out, None, device)
-        if is_collection(result):
-            result._generation = state
-        else:  # a class around a collection (a tensorclass): on its collection
-            kind = kind_of(result)
-            if kind is not None and kind.layout == WRAPPED and kind.unwrap is not None:
-                kind.unwrap(result)[0]._generation = state
+        level, result = _load_folder(cls, path, robust, mode, allow_pickle, subpath, out, device)
     if out is None:
         return result
     if not is_collection(result):
-        shown = level if folder is not None else path
+        shown = level if folder else path
         raise InvalidArgumentError(f"{shown!r} holds a {type(result).__name__}, which cannot be loaded into out.")
     _transplant(result, out)
     return out

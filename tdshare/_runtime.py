@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import multiprocessing.util
 import os
 import secrets
 import shutil
@@ -86,6 +87,8 @@ def register_user(path: str) -> None:
         pass
     if not any(pid == os.getpid() for _, pid in _registered):
         atexit.register(_cleanup_at_exit)
+        # a multiprocessing child leaves through os._exit, skipping atexit: its finalizers run
+        multiprocessing.util.Finalize(None, _cleanup_at_exit, exitpriority=0)
     _registered.add((path, os.getpid()))
 
 

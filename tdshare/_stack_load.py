@@ -82,6 +82,7 @@ class MemberTemplate:
         where = prefix + META_FILE
         mode = store.mode
         lstat, isreg, pending = os.lstat, stat.S_ISREG, PendingLeaf
+        guard = getattr(store, "guard", None)  # a folder store's swap guard (see _read._load_folder)
         values: dict = LazyLeaves() if self.leaves else {}
         for key, name, need, dtype, shape in self.leaves:
             path = prefix + name
@@ -91,7 +92,7 @@ class MemberTemplate:
                 return None
             if st.st_size < need or not isreg(st.st_mode):
                 return None
-            dict.__setitem__(values, key, pending(dtype, shape, path, mode, None, 0, st.st_ino, where))
+            dict.__setitem__(values, key, pending(dtype, shape, path, mode, None, 0, st.st_ino, where, guard))
         out = cls._from_leaves(values, self.batch_size, self.device, None if self.names is None else list(self.names))
         store.annotate(out, level, self.meta)
         return out

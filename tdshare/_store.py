@@ -306,6 +306,7 @@ class DirectoryStore(Store):
         self._links: set[str] = set()  # sub-levels child() found to be symbolic links
         self._plain: set[str] = set()  # and those it found to be real entries
         self.lazy = True  # leaves are checked at load and mapped on first read (:mod:`tdshare._lazy_leaves`)
+        self.guard: Any = None  # given to the pending leaves: were the files replaced since the load?
 
     def where(self, level: str, name: str = "") -> str:
         return level + _SEP + name if name else level  # levels are absolute and normalized: a plain join
@@ -437,7 +438,7 @@ class DirectoryStore(Store):
         from_file, adopt, isreg, lstat = torch.from_file, MemoryMappedTensor._adopt, stat.S_ISREG, os.lstat
         euid = os.geteuid()
         shared = mode is None
-        lazy, pending = self.lazy, PendingLeaf
+        lazy, pending, guard = self.lazy, PendingLeaf, self.guard
         out: dict[str, Any] = {}
         for info in infos:
             key, shape, dtype, nested = info
@@ -456,7 +457,7 @@ class DirectoryStore(Store):
                 out[key] = self.open_leaf(level, info, meta_where)
                 continue
             if lazy:  # checked now, mapped when first read (the checks run again then)
-                out[key] = pending(dtype, shape, path, mode, None, 0, st.st_ino, meta_where)
+                out[key] = pending(dtype, shape, path, mode, None, 0, st.st_ino, meta_where, guard)
                 continue
             if shared and (euid == 0 or (st.st_uid == euid and st.st_mode & stat.S_IWUSR)):
                 flat = from_file(path, shared=True, size=numel, dtype=dtype)

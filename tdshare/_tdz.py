@@ -290,6 +290,23 @@ def write_archive(path: str, entries: Iterable[tuple[str, Source]], method: int,
         os.close(fd)
         fd = -1
         os.replace(tmp, path)
+    except OSError as err:
+        written = os.fstat(fd).st_size if fd >= 0 else 0
+        try:
+            st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+            free = f"; the file system had {st.f_bavail * st.f_frsize} bytes free"
+        except OSError:
+            free = ""
+        if fd >= 0:
+            os.close(fd)
+        os.unlink(tmp)
+        if err.errno is None or path in str(err):
+            raise
+        raise OSError(
+            err.errno,
+            f"{os.strerror(err.errno)}: writing the archive {path!r} failed after {written} bytes{free}",
+            path,
+        ) from err
     except BaseException:
         if fd >= 0:
             os.close(fd)

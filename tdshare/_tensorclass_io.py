@@ -20,7 +20,6 @@ import shutil
 import threading
 import warnings
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any, TypeVar
 
 import torch
@@ -480,16 +479,19 @@ def _save_atomic(tc: T, folder: str, opts: SaveOptions, inplace: bool) -> T:
     """Write the wrapper into a staging folder beside ``folder`` and swap it in whole."""
     td = tc._tensordict
     cls = type(tc)
-    had_tree = os.path.isfile(os.path.join(folder, META_FILE))
-    registry = SharedRegistry.for_directory(folder) if had_tree else None
+    os.makedirs(os.path.dirname(os.path.realpath(folder)), exist_ok=True)
+    lock_owner = SharedRegistry.for_directory(folder)
     inner_opts = opts.but(atomic=False, existsok=True)
-    with registry.lock() if registry is not None else nullcontext():  # no additions while swapped out
+    with lock_owner.lock():  # a new tree too: concurrent atomic saves take turns (see _write)
+        registry = lock_owner if os.path.isfile(os.path.join(folder, META_FILE)) else None
         with atomic_directory(folder, opts.existsok) as staging:
             try:
                 result = save_tree(td, os.path.join(staging, WRAPPED_DIR), inner_opts, inplace=inplace)
             except MemmapError as err:  # name the target, not the staging folder
                 raise type(err)(str(err).replace(staging, folder)) from None
             write_nontensor(staging, _wrapper_meta(cls), None)
+            if registry is not None:
+                registry.mark_replacing()  # before the swap: see EpochGuard
         gen = registry.bump(files_replaced=True) if registry is not None else None
     _rebase(result, staging, folder)
     result._generation = gen

@@ -8,7 +8,16 @@ from typing import Any
 from ._memmap_family import MemmapFamily
 from ._tensordict_base import rebuild_tensordict
 
-__all__ = ["TensorDict", "from_consolidated", "from_consolidated_parts", "load", "load_memmap", "save", "memmap"]
+__all__ = [
+    "TensorDict",
+    "from_consolidated",
+    "from_consolidated_parts",
+    "load",
+    "load_memmap",
+    "save",
+    "memmap",
+    "open_memmap",
+]
 
 PathLike = str | os.PathLike
 
@@ -33,6 +42,35 @@ def load_memmap(prefix: PathLike, *args: Any, **kwargs: Any) -> TensorDict:
 
 
 load = load_memmap
+
+
+def open_memmap(prefix: PathLike, like: Any, *, timeout: float | None = None, allow_pickle: bool | None = None) -> Any:
+    """Open the tree saved at ``prefix``, or create it from ``like`` if there is none, race-free:
+    ``TensorDict.open_memmap(prefix, like, ...)``.
+
+    Of any number of processes calling it at once exactly one creates the tree (an atomic save,
+    calling ``like`` if it is a function); the others wait on the tree's lock and attach.
+
+    Args:
+        prefix: the folder of the tree.
+        like: a tensor collection (any kind, a tensorclass too), or a function of no arguments
+            that returns one.
+        timeout: the most seconds to wait for another process's creation (None: no limit).
+        allow_pickle: passed to ``load_memmap`` when attaching.
+
+    Returns:
+        The memory-mapped collection saved at ``prefix``, of the saved kind.
+
+    Raises:
+        ArgumentTypeError, InvalidArgumentError, MemmapError, TimeoutError: see
+        :func:`tdshare._open_memmap.open_with`.
+
+    >>> import tempfile, torch
+    >>> folder = tempfile.mkdtemp() + "/buffer"
+    >>> open_memmap(folder, lambda: TensorDict(obs=torch.zeros(4, 2), batch_size=[4]))["obs"].shape
+    torch.Size([4, 2])
+    """
+    return TensorDict.open_memmap(prefix, like, timeout=timeout, allow_pickle=allow_pickle)
 
 
 def save(td: TensorDict, prefix: PathLike | None = None, *args: Any, **kwargs: Any) -> Any:

@@ -23,7 +23,6 @@ import concurrent.futures
 import errno
 import os
 import threading
-from contextlib import nullcontext
 from typing import Any, ClassVar, TypeVar, cast
 
 import torch
@@ -198,6 +197,13 @@ def _discard(staged: Staged) -> None:
             pass
 
 
+def _renamed(err: OSError, staging: str, path: str) -> OSError:
+    """``err`` (its errno, so its subclass too) with the staging folder's name replaced by ``path``."""
+    text = (err.strerror or str(err)).replace(staging, path)
+    filename = err.filename.replace(staging, path) if isinstance(err.filename, str) else err.filename
+    return OSError(err.errno, text, filename) if filename is not None else OSError(err.errno, text)
+
+
 def _check_space(root: PlannedLevel, path: str) -> None:
     """Raise ``OSError(ENOSPC)`` naming ``path`` and the sizes when its file system has too little
     free space for every leaf file of the write (one ``statvfs``: cheap, and only a first check)."""
@@ -244,6 +250,8 @@ def _commit_metadata(
         if staged is not None:
             assert root.path is not None
             sweep_tree(root.path, orphans=True)  # under the lock: no live writer has unnamed leaf files
+            if any(os.path.lexists(final) for final in staged.values()):
+                registry.mark_replacing()  # files are about to be replaced: see EpochGuard
             _unstage(root, staged)
         changed, kept = _write_metadata(root)
         after = registry.bump(files_replaced=wrote_data) if changed or wrote_data else before
@@ -522,17 +530,29 @@ class FolderWriter(TreeWriter):
 
     def _save_atomic(self, td: T, opts: SaveOptions, inplace: bool, registry: SharedRegistry | None) -> T:
         path = self.path
-        with registry.lock() if registry is not None else nullcontext():  # no additions while swapped out
+        # Always under the tree's lock, a new tree too: concurrent atomic saves of one prefix take
+        # turns (two first saves would both rename onto the same name), and no additions land
+        # while the old tree is swapped out.
+        os.makedirs(os.path.dirname(os.path.realpath(path)), exist_ok=True)
+        lock_owner = registry if registry is not None else SharedRegistry.for_directory(path)
+        with lock_owner.lock():
+            if registry is None and os.path.isfile(os.path.join(path, META_FILE)):
+                registry = lock_owner  # another writer made the tree while we waited: its readers refresh
             with atomic_directory(path, opts.existsok) as staging:
                 try:
                     root = plan_tree(td, staging, opts.robust_key, opts.copy_existing, existsok=True)
                 except MemmapError as err:  # name the target, not the staging folder
                     raise type(err)(str(err).replace(staging, path)) from None
                 root.share = opts.share_non_tensor
-                _check_space(root, staging)
-                _make_dirs(root)
-                _run_writes(root, opts.num_threads, existsok=True, progress=opts.progress)
-                _write_metadata(root, fresh=True)
+                try:
+                    _check_space(root, staging)
+                    _make_dirs(root)
+                    _run_writes(root, opts.num_threads, existsok=True, progress=opts.progress)
+                    _write_metadata(root, fresh=True)
+                except OSError as err:  # name the target, not the staging folder
+                    raise _renamed(err, staging, path) from err
+                if registry is not None:
+                    registry.mark_replacing()  # before the swap: see EpochGuard
             gen = registry.bump(files_replaced=True) if registry is not None else None
         _rebase(root, staging, path)
         dest = td if inplace else _blank(td)

@@ -64,6 +64,7 @@ PUBLIC = [
     "maybe_dense_stack",
     "memmap",
     "merge_tensordicts",
+    "open_memmap",
     "pack_memmap",
     "pad",
     "pad_sequence",

@@ -89,6 +89,7 @@ LAYERS: dict[str, list[str]] = {
     "io": ["_plan", "_write", "_archive", "_stack_load", "_read", "_compaction", "_entries", "_refresh", "_save"],
     "api": [
         "_map",
+        "_open_memmap",
         "_memmap_family",
         "_tensordict",
         "_lazy",

@@ -953,7 +953,7 @@ def test_control_files_live_in_the_runtime_folder(tmp_path: Path) -> None:
     td.make_memmap("x", (4,))
     assert registry.state() == (gen + 1, epoch)  # a new entry replaces no file
     _base().memmap(folder, atomic=True)
-    assert registry.state() == (gen + 2, epoch + 1)  # a re-save does
+    assert registry.state() == (gen + 2, epoch + 2)  # a re-save does: marked before the swap, bumped after
     assert control_paths(str(folder)) == (lock_path, gen_path)  # the swapped folder: the same files
     assert sorted(os.listdir(tmp_path)) == ["td"]  # nothing was ever written beside the folder
 
