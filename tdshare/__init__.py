@@ -45,7 +45,14 @@ from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
-from ._settings import capture_non_tensor_stack, list_to_stack, set_capture_non_tensor_stack, set_list_to_stack
+from ._settings import (
+    capture_non_tensor_stack,
+    lazy_legacy,
+    list_to_stack,
+    set_capture_non_tensor_stack,
+    set_lazy_legacy,
+    set_list_to_stack,
+)
 from ._tensorclass import TensorClass, is_tensorclass, tensorclass
 from ._tensordict import TensorDict, from_consolidated, from_consolidated_parts, load, load_memmap, memmap, save
 from ._tensordict_base import TensorDictBase
@@ -95,6 +102,7 @@ __all__ = [
     "from_consolidated_parts",
     "is_tensor_collection",
     "is_tensorclass",
+    "lazy_legacy",
     "lazy_stack",
     "list_to_stack",
     "load",
@@ -108,6 +116,7 @@ __all__ = [
     "refresh_archive_checksums",
     "save",
     "set_capture_non_tensor_stack",
+    "set_lazy_legacy",
     "set_list_to_stack",
     "stack",
     "tensorclass",
@@ -120,3 +129,7 @@ for _name in __all__:
     if getattr(globals()[_name], "__module__", "").startswith("tdshare."):
         globals()[_name].__module__ = "tdshare"
 del _name
+
+# The reference's stacking function under its private name, for code written against
+# ``tensordict._torch_func._stack`` (it follows set_lazy_legacy like torch.stack).
+_stack = stack

@@ -35,6 +35,7 @@ from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
 from ._lazy_leaves import raw_items, raw_values, rebuilt
+from ._lock_parents import LockParentsOps, forget_lock_parents, record_lock_parents
 from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData
@@ -72,6 +73,7 @@ class TensorDictBase(
     CombineOps,
     ConsolidateOps,
     LoaderOps,
+    LockParentsOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
@@ -226,6 +228,7 @@ class TensorDictBase(
         """Refuse structural changes (add, remove, replace) from now on; in-place writes still work."""
         changed = not self._is_locked
         self._propagate(lambda td: setattr(td, "_is_locked", True))
+        record_lock_parents(self, self._propagate)
         self._last_op[:] = ["lock_" if changed else None]
         return self
 
@@ -236,6 +239,7 @@ class TensorDictBase(
             td._is_locked = False
             td._is_memmap = False
             td._is_shared = False
+            forget_lock_parents(td)
 
         changed = self._is_locked
         self._propagate(_unlock)
@@ -541,6 +545,8 @@ def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
     out._is_memmap, out._is_shared, out._memmap_prefix = memmap, shared, prefix
     out._anon_store, out._generation = anon_store, generation
     out._is_locked = locked
+    if locked:
+        record_lock_parents(out, out._propagate)
     return out
 
 

@@ -63,6 +63,7 @@ LAYERS: dict[str, list[str]] = {
         "_reductions",
         "_combine",
         "_tensordict_base",
+        "_lock_parents",
         "_setters",
         "_nodes",
         "_future",
