@@ -44,6 +44,7 @@ from ._future import TensorDictFuture
 from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData, NonTensorStack
+from ._params import TensorDictParams
 from ._progress import TerminalProgress
 from ._settings import (
     capture_non_tensor_stack,
@@ -56,6 +57,7 @@ from ._settings import (
 from ._tensorclass import TensorClass, is_tensorclass, tensorclass
 from ._tensordict import TensorDict, from_consolidated, from_consolidated_parts, load, load_memmap, memmap, save
 from ._tensordict_base import TensorDictBase
+from ._typed import TypedTensorDict
 
 __version__ = "0.1.0"
 
@@ -90,7 +92,9 @@ __all__ = [
     "TensorDict",
     "TensorDictBase",
     "TensorDictFuture",
+    "TensorDictParams",
     "TerminalProgress",
+    "TypedTensorDict",
     "UnsupportedFormatError",
     "__version__",
     "capture_non_tensor_stack",

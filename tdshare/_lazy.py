@@ -33,10 +33,10 @@ from ._errors import (
 from ._format import LAZY_STACK_TYPE, STACK
 from ._indexing import check_dim, index_dims, is_key, normalize_index
 from ._keys import NestedKey, unravel_key
-from ._lock_parents import record_lock_parents
 from ._memmap_family import MemmapFamily
 from ._nodes import NodeKind, register
 from ._nontensor import NonTensorData, NonTensorStack, stack_non_tensor
+from ._private_compat import record_lock_parents
 from ._read import load_into
 from ._tensordict import TensorDict
 from ._tensordict_base import TensorDictBase

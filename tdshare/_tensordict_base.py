@@ -35,12 +35,12 @@ from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
 from ._lazy_leaves import raw_items, raw_values, rebuilt
-from ._lock_parents import LockParentsOps, forget_lock_parents, record_lock_parents
 from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData
 from ._pad import PadOps
 from ._pointwise import PointwiseOps
+from ._private_compat import PrivateCompatOps, forget_lock_parents, record_lock_parents
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_leaf, encode_leaf
 from ._setters import SetOps
@@ -73,7 +73,7 @@ class TensorDictBase(
     CombineOps,
     ConsolidateOps,
     LoaderOps,
-    LockParentsOps,
+    PrivateCompatOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 

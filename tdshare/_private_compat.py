@@ -1,4 +1,8 @@
-"""Which locked ancestors hold a nested collection locked (the reference's ``_lock_parents_weakrefs``).
+"""Private names of the reference that code written against it reads, given tdshare's behaviour.
+
+``_has_names()``: whether any batch dimension is named.
+
+``_lock_parents_weakrefs``: which locked ancestors hold a nested collection locked.
 
 When a tensordict is locked (``lock_()``, ``memmap_()``, ``share_memory_()``, or rebuilt locked in
 another process), every collection nested in it records a weak reference to it: a nested
@@ -17,7 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["LockParentsOps", "forget_lock_parents", "record_lock_parents"]
+__all__ = ["PrivateCompatOps", "forget_lock_parents", "record_lock_parents"]
 
 _ATTR = "_lock_parent_refs"
 
@@ -53,8 +57,19 @@ def forget_lock_parents(node: Any) -> None:
     node.__dict__.pop(_ATTR, None)
 
 
-class LockParentsOps:
-    """The read side: ``_lock_parents_weakrefs`` on every collection."""
+class PrivateCompatOps:
+    """``_has_names()`` and ``_lock_parents_weakrefs`` on every collection."""
+
+    def _has_names(self) -> bool:
+        """Whether any batch dimension has a name (``td.names`` holds something else than None).
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> TensorDict(batch_size=[2])._has_names(), TensorDict(batch_size=[2], names=["t"])._has_names()
+        (False, True)
+        """
+        names: list[Any] = list(getattr(self, "names", None) or ())
+        return any(n is not None for n in names)
 
     @property
     def _lock_parents_weakrefs(self) -> list[weakref.ref]:
