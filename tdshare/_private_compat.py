@@ -18,10 +18,10 @@ with its members' references.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["PrivateCompatOps", "forget_lock_parents", "record_lock_parents"]
+__all__ = ["PrivateCompatOps", "forget_lock_parents", "note_lock_parent", "record_lock_parents"]
 
 _ATTR = "_lock_parent_refs"
 
@@ -50,6 +50,17 @@ def record_lock_parents(root: Any, propagate: Callable[[Callable[[Any], None]], 
             refs.append(weakref.ref(root))
 
     propagate(mark)
+
+
+def note_lock_parent(parent: Any, values: Iterable[Any]) -> None:
+    """Give each collection among ``values`` (the new children of a locked ``parent`` made by
+    indexing it) a weak reference to ``parent``; one level only, as each level is indexed apart."""
+    ref: weakref.ref | None = None
+    for value in values:
+        if hasattr(value, "_lazy_members"):  # a nested collection (tensors and values have no members)
+            if ref is None:
+                ref = weakref.ref(parent)
+            _refs_of(value).append(ref)
 
 
 def forget_lock_parents(node: Any) -> None:

@@ -40,7 +40,7 @@ from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData
 from ._pad import PadOps
 from ._pointwise import PointwiseOps
-from ._private_compat import PrivateCompatOps, forget_lock_parents, record_lock_parents
+from ._private_compat import PrivateCompatOps, forget_lock_parents, note_lock_parent, record_lock_parents
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_leaf, encode_leaf
 from ._setters import SetOps
@@ -228,7 +228,7 @@ class TensorDictBase(
         """Refuse structural changes (add, remove, replace) from now on; in-place writes still work."""
         changed = not self._is_locked
         self._propagate(lambda td: setattr(td, "_is_locked", True))
-        record_lock_parents(self, self._propagate)
+        self._propagate(lambda td: record_lock_parents(td, td._propagate))  # each level: all its ancestors
         self._last_op[:] = ["lock_" if changed else None]
         return self
 
@@ -403,6 +403,8 @@ class TensorDictBase(
         out._is_memmap = self._is_memmap
         out._is_shared = self._is_shared
         out._is_locked = self._is_locked
+        if out._is_locked:
+            note_lock_parent(out, leaves.values())
         return out
 
     def _map(
