@@ -43,6 +43,7 @@ from ._functional import (
 from ._future import TensorDictFuture
 from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
+from ._metadata import MetaData
 from ._nontensor import NonTensorData, NonTensorStack
 from ._params import TensorDictParams
 from ._progress import TerminalProgress
@@ -77,6 +78,7 @@ __all__ = [
     "LockedError",
     "MemmapError",
     "MemoryMappedTensor",
+    "MetaData",
     "MissingKeyError",
     "MissingMetadataError",
     "NonTensorData",

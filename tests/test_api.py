@@ -30,6 +30,7 @@ PUBLIC = [
     "LockedError",
     "MemmapError",
     "MemoryMappedTensor",
+    "MetaData",
     "MissingKeyError",
     "MissingMetadataError",
     "NonTensorData",

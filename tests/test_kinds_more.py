@@ -251,3 +251,42 @@ def test_map_over_kind_matches_apply(kind: str) -> None:
 
 def _add_one(td: Any) -> Any:
     return td.apply(lambda t: t + 1)
+
+
+# -- MetaData ---------------------------------------------------------------------------------------
+def test_metadata_matches_reference() -> None:
+    config = {"lr": 0.1}
+    ours = TensorDict(a=torch.zeros(3), batch_size=[3])
+    ours["config"] = tdshare.MetaData(config, batch_size=[3])
+    ref = tensordict.TensorDict(a=torch.zeros(3), batch_size=[3])
+    ref["config"] = tensordict.MetaData(config, batch_size=[3])
+    assert ours["config"] is config and ref["config"] is config
+    assert ours[1]["config"] is config and ref[1]["config"] is config
+    assert type(tdshare.MetaData[str]("x")) is tdshare.MetaData[str]  # one class per type, cached
+    with pytest.raises(TypeError, match=r"Expected data of type str, got int"):
+        tdshare.MetaData[str](1)
+    with pytest.raises(TypeError, match=r"Expected data of type str, got int"):
+        tensordict.MetaData[str](1)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_typed_metadata_crosses_processes(method: str) -> None:
+    td = TensorDict(a=torch.zeros(2), batch_size=[2])
+    td.set(("data", "meta"), tdshare.MetaData[str]("a metadata!"))
+    td.share_memory_()
+    ctx = mp.get_context(method)
+    results = ctx.Queue()
+    child = ctx.Process(target=_child_reports_metadata, args=(td, results))
+    child.start()
+    try:
+        assert results.get(timeout=TIMEOUT) == ("MetaData[str]", "a metadata!")
+    finally:
+        child.join(TIMEOUT)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+
+
+def _child_reports_metadata(td: Any, results: Any) -> None:
+    leaf = td.get(("data", "meta"))
+    results.put((type(leaf).__name__, leaf.data))

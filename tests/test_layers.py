@@ -60,6 +60,7 @@ LAYERS: dict[str, list[str]] = {
     "model": [
         "_nontensor",
         "_shared_nontensor",
+        "_metadata",
         "_reductions",
         "_combine",
         "_tensordict_base",
