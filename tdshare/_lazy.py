@@ -31,7 +31,7 @@ from ._errors import (
     NotSupportedError,
 )
 from ._format import LAZY_STACK_TYPE, STACK
-from ._indexing import check_dim, index_dims, is_key, normalize_index
+from ._indexing import check_dim, index_dims, is_first_class_dim, is_key, normalize_index
 from ._keys import NestedKey, unravel_key
 from ._memmap_family import MemmapFamily
 from ._nodes import NodeKind, register
@@ -308,7 +308,16 @@ class LazyStackedTensorDict(MemmapFamily):
             )
         parts += [_FULL] * (self.batch_dims - len(parts))
         d = self._stack_dim
-        dropped = sum(1 for p in parts[:d] if isinstance(p, int) or (isinstance(p, torch.Tensor) and p.dim() == 0))
+        if is_first_class_dim(parts[d]):
+            raise InvalidArgumentError(
+                f"Cannot index a LazyStackedTensorDict with a first-class dimension at its stack dimension {d}: "
+                "stack it densely first (to_tensordict()) or index the other dimensions."
+            )
+        dropped = sum(
+            1
+            for p in parts[:d]
+            if isinstance(p, int) or (isinstance(p, torch.Tensor) and p.dim() == 0) or is_first_class_dim(p)
+        )
         return parts[d], tuple(parts[:d] + parts[d + 1 :]), dropped
 
     def _index(self, idx: Any) -> Any:

@@ -290,3 +290,27 @@ def test_typed_metadata_crosses_processes(method: str) -> None:
 def _child_reports_metadata(td: Any, results: Any) -> None:
     leaf = td.get(("data", "meta"))
     results.put((type(leaf).__name__, leaf.data))
+
+
+# -- first-class dims --------------------------------------------------------------------------------
+def test_first_class_dims_on_lazy_stacks_and_memmap_match_reference() -> None:
+    ftdim = pytest.importorskip("functorch.dim")
+
+    def stacked(lib: Any) -> Any:
+        rows = [lib.TensorDict(a=torch.zeros(4, 3, 1, 5), batch_size=[4, 3, 1]) for _ in range(2)]
+        return lib.LazyStackedTensorDict(*rows, stack_dim=2)
+
+    ours, ref = stacked(tdshare), stacked(tensordict)
+    d0, d1 = ftdim.dims(2)
+    assert ours[d0].shape == ref[d0].shape == (3, 2, 1)
+    assert ours[d0, d1].shape == ref[d0, d1].shape == (2, 1)
+    d0, d1, d2 = ftdim.dims(3)
+    with pytest.raises(ValueError, match=r"Cannot index"):
+        ours[d0, d1, d2]
+    with pytest.raises(ValueError, match=r"Cannot index"):
+        ref[d0, d1, d2]
+    mapped = TensorDict(a=torch.zeros(4, 3), batch_size=[4]).memmap_()
+    with pytest.raises(ValueError, match=r"Using first class dimension indices with MemoryMappedTensor"):
+        mapped[ftdim.dims(1)]
+    with pytest.raises(ValueError, match=r"Using first class dimension indices with MemoryMappedTensor"):
+        tensordict.TensorDict(a=torch.zeros(4, 3), batch_size=[4]).memmap_()[ftdim.dims(1)]
