@@ -43,9 +43,18 @@ from ._functional import (
 from ._future import TensorDictFuture
 from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
+from ._metadata import MetaData
 from ._nontensor import NonTensorData, NonTensorStack
+from ._params import TensorDictParams
 from ._progress import TerminalProgress
-from ._settings import capture_non_tensor_stack, list_to_stack, set_capture_non_tensor_stack, set_list_to_stack
+from ._settings import (
+    capture_non_tensor_stack,
+    lazy_legacy,
+    list_to_stack,
+    set_capture_non_tensor_stack,
+    set_lazy_legacy,
+    set_list_to_stack,
+)
 from ._tensorclass import TensorClass, is_tensorclass, tensorclass
 from ._tensordict import (
     TensorDict,
@@ -58,6 +67,7 @@ from ._tensordict import (
     save,
 )
 from ._tensordict_base import TensorDictBase
+from ._typed import TypedTensorDict
 
 __version__ = "0.1.0"
 
@@ -77,6 +87,7 @@ __all__ = [
     "LockedError",
     "MemmapError",
     "MemoryMappedTensor",
+    "MetaData",
     "MissingKeyError",
     "MissingMetadataError",
     "NonTensorData",
@@ -92,7 +103,9 @@ __all__ = [
     "TensorDict",
     "TensorDictBase",
     "TensorDictFuture",
+    "TensorDictParams",
     "TerminalProgress",
+    "TypedTensorDict",
     "UnsupportedFormatError",
     "__version__",
     "capture_non_tensor_stack",
@@ -104,6 +117,7 @@ __all__ = [
     "from_consolidated_parts",
     "is_tensor_collection",
     "is_tensorclass",
+    "lazy_legacy",
     "lazy_stack",
     "list_to_stack",
     "load",
@@ -118,6 +132,7 @@ __all__ = [
     "refresh_archive_checksums",
     "save",
     "set_capture_non_tensor_stack",
+    "set_lazy_legacy",
     "set_list_to_stack",
     "stack",
     "tensorclass",
@@ -130,3 +145,7 @@ for _name in __all__:
     if getattr(globals()[_name], "__module__", "").startswith("tdshare."):
         globals()[_name].__module__ = "tdshare"
 del _name
+
+# The reference's stacking function under its private name, for code written against
+# ``tensordict._torch_func._stack`` (it follows set_lazy_legacy like torch.stack).
+_stack = stack

@@ -12,6 +12,7 @@ import torch
 from ._errors import BatchSizeError, InvalidArgumentError, MissingKeyError, NotSupportedError
 from ._indexing import check_dim
 from ._nontensor import NonTensorData, stack_non_tensor
+from ._settings import lazy_legacy
 
 __all__ = ["CombineOps"]
 
@@ -78,7 +79,8 @@ class CombineOps:
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is torch.stack:
-            return cls.stack(*args, **kwargs)
+            lazy = getattr(cls, "lazy_stack", None) if lazy_legacy() else None
+            return cls.stack(*args, **kwargs) if lazy is None else lazy(*args, **kwargs)
         if func is torch.cat:
             return cls.cat(*args, **kwargs)
         if func is torch.unbind:

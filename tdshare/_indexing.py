@@ -10,7 +10,28 @@ import torch
 
 from ._errors import InvalidArgumentError
 
-__all__ = ["is_key", "index_dims", "normalize_index", "index_names", "as_size", "check_dim", "contiguous_strides"]
+__all__ = [
+    "is_key",
+    "has_first_class_dim",
+    "is_first_class_dim",
+    "index_dims",
+    "normalize_index",
+    "index_names",
+    "as_size",
+    "check_dim",
+    "contiguous_strides",
+]
+
+
+def is_first_class_dim(part: object) -> bool:
+    """Whether ``part`` is a functorch first-class dimension (``functorch.dim.Dim``)."""
+    return type(part).__module__.startswith("functorch.dim")
+
+
+def has_first_class_dim(index: object) -> bool:
+    """Whether the index ``index`` (one part or a tuple of parts) holds a first-class dimension."""
+    parts = index if type(index) is tuple else (index,)
+    return any(is_first_class_dim(p) for p in parts)
 
 
 def is_key(idx: object) -> bool:

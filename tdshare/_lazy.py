@@ -31,11 +31,12 @@ from ._errors import (
     NotSupportedError,
 )
 from ._format import LAZY_STACK_TYPE, STACK
-from ._indexing import check_dim, index_dims, is_key, normalize_index
+from ._indexing import check_dim, index_dims, is_first_class_dim, is_key, normalize_index
 from ._keys import NestedKey, unravel_key
 from ._memmap_family import MemmapFamily
 from ._nodes import NodeKind, register
 from ._nontensor import NonTensorData, NonTensorStack, stack_non_tensor
+from ._private_compat import record_lock_parents
 from ._read import load_into
 from ._tensordict import TensorDict
 from ._tensordict_base import TensorDictBase
@@ -187,6 +188,11 @@ class LazyStackedTensorDict(MemmapFamily):
         devices = {td.device for td in self._members}
         return devices.pop() if len(devices) == 1 else None
 
+    @property
+    def is_locked(self) -> bool:
+        """Whether structural changes are refused: locked itself, or every member locked."""
+        return self._is_locked or (bool(self._members) and all(td.is_locked for td in self._members))
+
     def _propagate(self, fn: Callable[[TensorDictBase], None]) -> None:
         fn(self)
         for td in self._members:
@@ -302,7 +308,16 @@ class LazyStackedTensorDict(MemmapFamily):
             )
         parts += [_FULL] * (self.batch_dims - len(parts))
         d = self._stack_dim
-        dropped = sum(1 for p in parts[:d] if isinstance(p, int) or (isinstance(p, torch.Tensor) and p.dim() == 0))
+        if is_first_class_dim(parts[d]):
+            raise InvalidArgumentError(
+                f"Cannot index a LazyStackedTensorDict with a first-class dimension at its stack dimension {d}: "
+                "stack it densely first (to_tensordict()) or index the other dimensions."
+            )
+        dropped = sum(
+            1
+            for p in parts[:d]
+            if isinstance(p, int) or (isinstance(p, torch.Tensor) and p.dim() == 0) or is_first_class_dim(p)
+        )
         return parts[d], tuple(parts[:d] + parts[d + 1 :]), dropped
 
     def _index(self, idx: Any) -> Any:
@@ -509,6 +524,13 @@ class LazyStackedTensorDict(MemmapFamily):
             d = check_dim(dim, first.batch_dims)
             if all(td._stack_dim == d for td in tds):
                 return cls(*(m for td in tds for m in td._members), stack_dim=d)
+            s = first._stack_dim
+            if all(td._stack_dim == s and len(td._members) == len(first._members) for td in tds):
+                inner = d if d < s else d - 1  # members are joined pairwise, the stack stays lazy
+                parts: list[Any] = [
+                    torch.cat([td._members[i] for td in tds], inner) for i in range(len(first._members))
+                ]
+                return cls(*parts, stack_dim=s)
         raise NotSupportedError(
             "torch.cat of lazy stacks works along their common stack dimension only; convert them with "
             "to_tensordict() first."
@@ -607,6 +629,8 @@ def _rebuild(cls: type[LazyStackedTensorDict], state: tuple[Any, ...]) -> LazySt
     out = cls(*members, stack_dim=dim, stack_dim_name=name)
     out._is_locked, out._is_memmap, out._is_shared = locked, memmap, shared
     out._memmap_prefix, out._anon_store, out._generation = prefix, anon_store, generation
+    if locked:
+        record_lock_parents(out, out._propagate)
     return out
 
 

@@ -28,7 +28,7 @@ from ._files import (
     tensor_buffer,
     write_file,
 )
-from ._indexing import contiguous_strides
+from ._indexing import contiguous_strides, has_first_class_dim
 from ._memmap_factories import MemmapFactories
 from ._segments import Segment
 
@@ -106,6 +106,9 @@ class SharedMemoryHandle:
 def _check_cpu(device: Any) -> None:
     if device is not None and torch.device(device).type != "cpu":
         raise MemmapError(f"Only CPU tensors are supported by MemoryMappedTensor, got device {device!r}.")
+
+
+_PLAIN_INDEX = (int, slice, type(None), type(Ellipsis))
 
 
 class MemoryMappedTensor(MemmapFactories, torch.Tensor):
@@ -466,6 +469,11 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
         return out
 
     def __getitem__(self, index: Any) -> Any:
+        if type(index) not in _PLAIN_INDEX and has_first_class_dim(index):
+            raise InvalidArgumentError(
+                "Using first class dimension indices with MemoryMappedTensor isn't supported: the result would "
+                "not be a view of the mapped memory. Index a copy instead (tensor.clone()[dims])."
+            )
         return self._same_memory(torch.Tensor.__getitem__(self, index))
 
     def unbind(self, dim: int = 0) -> tuple[Any, ...]:

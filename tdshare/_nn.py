@@ -47,7 +47,7 @@ class NnOps:
 
         Args:
             module: the module.
-            as_module: not supported (tdshare has no ``TensorDictParams``).
+            as_module: not supported (wrap the result in ``tdshare.TensorDictParams``).
             lock: lock the result.
             use_state_dict: read ``module.state_dict()`` (its hooks run; values are detached).
             filter_empty: leave out submodules without parameters or buffers.
@@ -62,8 +62,9 @@ class NnOps:
         """
         if as_module:
             raise NotSupportedError(
-                "from_module(as_module=True) needs TensorDictParams, which tdshare does not have; use "
-                "as_module=False (the parameters stay nn.Parameter objects)."
+                "from_module(as_module=True) is not supported: wrap the result instead, "
+                "tdshare.TensorDictParams(TensorDict.from_module(module)), or use as_module=False (the "
+                "parameters stay nn.Parameter objects)."
             )
         level: Any = cls._level_class()  # type: ignore[attr-defined]
         if use_state_dict:
@@ -90,7 +91,7 @@ class NnOps:
 
         Args:
             *modules: modules with the same parameters and buffers.
-            as_module: not supported (tdshare has no ``TensorDictParams``).
+            as_module: not supported (wrap the result in ``tdshare.TensorDictParams``).
             lock: lock the result.
             use_state_dict: read each module's ``state_dict()``.
             lazy_stack: a lazy stack of each module's tensordict (the modules' own parameters).

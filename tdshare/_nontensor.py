@@ -48,6 +48,7 @@ class NonTensorData:
         batch_size: the batch the value stands for (the reference's argument; ``[]`` by default).
             Only stacking looks at it: ``torch.stack`` broadcasts the value over it.
         device: kept for the reference's signature; a non-tensor value lives on no device.
+        names: accepted for the reference's signature (the tensordict holding it names the dims).
 
     >>> NonTensorData("a", batch_size=[2]).tolist()
     ['a', 'a']
@@ -64,6 +65,7 @@ class NonTensorData:
         *,
         batch_size: Sequence[int] | torch.Size | int | None = None,
         device: torch.device | str | int | None = None,
+        names: Sequence[str | None] | None = None,
     ) -> None:
         if isinstance(data, NonTensorData):
             data = data.data

@@ -119,6 +119,31 @@ class SetOps:
         self._set(unravel_key(key), value, inplace)
         return self
 
+    def set_non_tensor(self: T, key: NestedKey, value: Any) -> T:
+        """Store ``value`` as a non-tensor entry ``key`` over this tensordict's batch (never a tensor).
+
+        Args:
+            key: the entry (nested keys create the levels on the way).
+            value: any value; a ``NonTensorData`` is unwrapped, a list stays one value.
+
+        Returns:
+            This tensordict.
+
+        Raises:
+            LockedError: the tensordict is locked and ``key`` is new.
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2]).set_non_tensor(("meta", "ids"), [1, 2])
+        >>> td["meta", "ids"], td[0]["meta", "ids"]
+        ([1, 2], [1, 2])
+        """
+        data = value.data if type(value) is NonTensorData else value
+        device = getattr(self, "device", None)
+        batch = getattr(self, "batch_size", torch.Size([]))
+        self._set(unravel_key(key), NonTensorData(data, batch_size=batch, device=device))
+        return self
+
     def __setitem__(self, idx: Any, value: Any) -> None:
         if is_key(idx):
             self._set(unravel_key(idx), value)

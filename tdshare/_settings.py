@@ -4,7 +4,9 @@
   a tensor (numbers) or a ``NonTensorStack`` (one value per element), as in tensordict 0.15.3's
   default, or is kept as one non-tensor value;
 - :func:`capture_non_tensor_stack` / :class:`set_capture_non_tensor_stack`: whether stacking equal
-  non-tensor values gives one ``NonTensorData`` (tdshare's default) or a ``NonTensorStack``.
+  non-tensor values gives one ``NonTensorData`` (tdshare's default) or a ``NonTensorStack``;
+- :func:`lazy_legacy` / :class:`set_lazy_legacy`: whether ``torch.stack`` of tensordicts gives a
+  lazy stack (the reference's legacy behaviour) or a dense one (the default).
 
 Each ``set_*`` works as a context manager, as a decorator, or (``.set()``) for the rest of the
 process; the state is one value per process, as in the reference.
@@ -18,10 +20,17 @@ from typing import Any, ClassVar, TypeVar
 
 from ._errors import ArgumentTypeError
 
-__all__ = ["capture_non_tensor_stack", "list_to_stack", "set_capture_non_tensor_stack", "set_list_to_stack"]
+__all__ = [
+    "capture_non_tensor_stack",
+    "lazy_legacy",
+    "list_to_stack",
+    "set_capture_non_tensor_stack",
+    "set_lazy_legacy",
+    "set_list_to_stack",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
-_STATE = {"list_to_stack": True, "capture_non_tensor_stack": True}
+_STATE = {"list_to_stack": True, "capture_non_tensor_stack": True, "lazy_legacy": False}
 
 
 class _Switch:
@@ -93,6 +102,43 @@ class set_capture_non_tensor_stack(_Switch):  # noqa: N801 -- the reference's na
     """
 
     _name = "capture_non_tensor_stack"
+
+
+class set_lazy_legacy(_Switch):  # noqa: N801 -- the reference's name
+    """Whether ``torch.stack`` of tensordicts gives a lazy stack (True) or a dense one (False, the default).
+
+    Under the legacy mode ``torch.stack([td0, td1])`` (and ``tdshare.stack``) returns a
+    :class:`tdshare.LazyStackedTensorDict` holding the tensordicts themselves, as tensordict did
+    before 0.5. Shape operations (``permute``, ``unsqueeze``, ``squeeze``...) give views of the
+    leaves in either mode: writes through them land in the original tensordict's memory.
+
+    Args:
+        mode: True: stacking is lazy; False: stacking copies into a dense tensordict.
+
+    Raises:
+        ArgumentTypeError: ``mode`` is not a bool.
+
+    >>> import torch, tdshare
+    >>> td = tdshare.TensorDict(a=torch.zeros(3), batch_size=[3])
+    >>> with tdshare.set_lazy_legacy(True):
+    ...     type(torch.stack([td, td])).__name__
+    'LazyStackedTensorDict'
+    """
+
+    _name = "lazy_legacy"
+
+
+def lazy_legacy(allow_none: bool = False) -> bool:
+    """The current :class:`set_lazy_legacy` mode.
+
+    Args:
+        allow_none: accepted for the reference's signature; the mode is always a bool here.
+
+    >>> import tdshare
+    >>> tdshare.lazy_legacy()
+    False
+    """
+    return _STATE["lazy_legacy"]
 
 
 def list_to_stack() -> bool:

@@ -461,6 +461,11 @@ class TensorClassOps(TensorClassIO):
         """Whether structural changes (setting a field) are refused."""
         return self._tensordict.is_locked
 
+    @property
+    def _lock_parents_weakrefs(self) -> list[Any]:
+        """Weak references to the locked collections this instance is nested in (its tensordict's)."""
+        return self._tensordict._lock_parents_weakrefs
+
     def lock_(self: T) -> T:
         """Refuse setting fields from now on (in-place writes still work); return ``self``."""
         self._tensordict.lock_()

@@ -40,6 +40,7 @@ from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData
 from ._pad import PadOps
 from ._pointwise import PointwiseOps
+from ._private_compat import PrivateCompatOps, forget_lock_parents, note_lock_parent, record_lock_parents
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_level, encode_level
 from ._setters import SetOps
@@ -72,6 +73,7 @@ class TensorDictBase(
     CombineOps,
     ConsolidateOps,
     LoaderOps,
+    PrivateCompatOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
@@ -226,6 +228,7 @@ class TensorDictBase(
         """Refuse structural changes (add, remove, replace) from now on; in-place writes still work."""
         changed = not self._is_locked
         self._propagate(lambda td: setattr(td, "_is_locked", True))
+        self._propagate(lambda td: record_lock_parents(td, td._propagate))  # each level: all its ancestors
         self._last_op[:] = ["lock_" if changed else None]
         return self
 
@@ -236,6 +239,7 @@ class TensorDictBase(
             td._is_locked = False
             td._is_memmap = False
             td._is_shared = False
+            forget_lock_parents(td)
 
         changed = self._is_locked
         self._propagate(_unlock)
@@ -399,6 +403,8 @@ class TensorDictBase(
         out._is_memmap = self._is_memmap
         out._is_shared = self._is_shared
         out._is_locked = self._is_locked
+        if out._is_locked:
+            note_lock_parent(out, leaves.values())
         return out
 
     def _map(
@@ -541,6 +547,8 @@ def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
     out._is_memmap, out._is_shared, out._memmap_prefix = memmap, shared, prefix
     out._anon_store, out._generation = anon_store, generation
     out._is_locked = locked
+    if locked:
+        record_lock_parents(out, out._propagate)
     return out
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tdshare import LazyStackedTensorDict, TensorDict, tensorclass
+from tdshare import LazyStackedTensorDict, TensorDict, TypedTensorDict, tensorclass
 
 KINDS = ["tensordict", "tensorclass", "lazy"]
 
@@ -23,6 +23,20 @@ class Sample:
     a: torch.Tensor
     n: TensorDict
     s: str
+
+
+class TypedSample(TypedTensorDict):
+    """A typed tensordict of two fields (tests/test_kinds_more.py; importable for spawned children)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+class TypedWithNested(TypedTensorDict):
+    """A typed tensordict with a nested tensordict field."""
+
+    a: torch.Tensor
+    n: TensorDict
 
 
 def build(kind: str, offset: float = 0.0) -> Any:
