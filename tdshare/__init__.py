@@ -26,6 +26,7 @@ from ._errors import (
     NotSupportedError,
     PickleRefusedError,
     ReservedFieldError,
+    ResourceLimitError,
     TdshareError,
     UnsupportedFormatError,
 )
@@ -42,6 +43,7 @@ from ._functional import (
 )
 from ._future import TensorDictFuture
 from ._lazy import LazyStackedTensorDict
+from ._mapping_limits import max_mapped_leaves, set_max_mapped_leaves
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
@@ -77,6 +79,7 @@ __all__ = [
     "NotSupportedError",
     "PickleRefusedError",
     "ReservedFieldError",
+    "ResourceLimitError",
     "SharedRegistry",
     "TdshareError",
     "TensorClass",
@@ -99,6 +102,7 @@ __all__ = [
     "list_to_stack",
     "load",
     "load_memmap",
+    "max_mapped_leaves",
     "maybe_dense_stack",
     "memmap",
     "merge_tensordicts",
@@ -109,6 +113,7 @@ __all__ = [
     "save",
     "set_capture_non_tensor_stack",
     "set_list_to_stack",
+    "set_max_mapped_leaves",
     "stack",
     "tensorclass",
     "unpack_memmap",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import errno
 import os
+import shutil
 import threading
 from contextlib import nullcontext
 from typing import Any, ClassVar, TypeVar, cast
@@ -37,8 +38,9 @@ from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR, dumps_level, le
 from ._future import TensorDictFuture
 from ._journal import drop_journal
 from ._keys import encode_key
-from ._lazy_leaves import resolve_under
+from ._lazy_leaves import is_pending, raw_items, rebuilt, resolve_under, track
 from ._leaf_files import Listing, write_batch, write_leaf
+from ._mapping_limits import check_descriptors, is_limit_error, limit_error, map_room, max_mapped_leaves
 from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
 from ._nontensor_files import replace_if_changed, write_nontensor
@@ -57,26 +59,45 @@ _CPU = torch.device("cpu")
 
 
 # -- phase 2: write ---------------------------------------------------------------------------
-def _write_leaf(leaf: PlannedLeaf, existsok: bool) -> None:
+def _write_leaf(leaf: PlannedLeaf, existsok: bool, lazy: bool = False) -> None:
     if leaf.reuse is not None:
         leaf.result = leaf.reuse
     elif leaf.src.numel() == 0:
         leaf.result = MemoryMappedTensor._wrap(torch.empty(leaf.src.shape, dtype=leaf.src.dtype), None, None, None)
     else:
         assert leaf.path is not None
-        leaf.result = write_leaf(leaf.src, leaf.path, existsok)
+        leaf.result = write_leaf(leaf.src, leaf.path, existsok, lazy and not leaf.part)
 
 
-def _write_level(level: PlannedLevel, existsok: bool, listing: Listing) -> None:
+def _write_level(level: PlannedLevel, existsok: bool, listing: Listing, lazy: bool = False) -> None:
     """Write a level's leaves in the calling thread; the plain ones of a folder found empty as one batch."""
     if level.plain:
         assert level.path is not None
         if level.empty:
-            level.plain_out = write_batch(level.path, level.plain, existsok, listing)
+            level.plain_out = write_batch(level.path, level.plain, existsok, listing, lazy)
         else:
-            level.plain_out = [write_leaf(src, path, existsok) for src, path, _ in level.plain]
+            level.plain_out = [write_leaf(src, path, existsok, lazy) for src, path, _ in level.plain]
     for leaf in level.leaves:
-        _write_leaf(leaf, existsok)
+        _write_leaf(leaf, existsok, lazy)
+
+
+def _file_leaves(root: PlannedLevel) -> int:
+    """How many leaf files the write makes (each one mapping when its result is mapped at once)."""
+    return sum(len(lvl.plain) + sum(1 for leaf in lvl.leaves if leaf.reuse is None) for lvl in root.walk())
+
+
+def _lazy_results(root: PlannedLevel) -> bool:
+    """Whether the written leaves come back mapped on first read: past :func:`max_mapped_leaves`
+    files, or more than the memory map has room for (small writes keep their leaves mapped)."""
+    n = _file_leaves(root)
+    return n > max_mapped_leaves() or (n > 256 and n > map_room())
+
+
+def _replaced_files(root: PlannedLevel) -> set[str]:
+    """The final paths of the leaf files the write replaces or creates."""
+    out = {path for lvl in root.walk() for _, path, _ in lvl.plain}
+    out.update(leaf.path for lvl in root.walk() for leaf in lvl.leaves if leaf.reuse is None and leaf.path)
+    return out
 
 
 def _as_records(root: PlannedLevel) -> None:
@@ -88,12 +109,15 @@ def _as_records(root: PlannedLevel) -> None:
         level.plain_keys, level.plain = [], []
 
 
-def _make_dirs(root: PlannedLevel) -> None:
+def _make_dirs(root: PlannedLevel) -> list[str]:
+    """Make every level's folder, parents first; return the folders made."""
+    made = []
     for level in reversed(root.walk()):  # parents first
         assert level.path is not None
         try:
             os.mkdir(level.path)  # the common case: a new folder in a folder just made, nothing to check
             level.empty = True
+            made.append(level.path)
         except OSError:
             os.makedirs(level.path, exist_ok=True)
             check_not_symlink(level.path)
@@ -102,6 +126,31 @@ def _make_dirs(root: PlannedLevel) -> None:
                     level.empty = next(entries, None) is None
             except OSError:  # a folder we may write but not list
                 level.empty = False
+    return made
+
+
+def _remove_written(root: PlannedLevel, made: list[str]) -> None:
+    """After a failed first write into a folder: remove the files it wrote in folders that were
+    empty and the folders it made, so that no folder is left with leaf files but no ``meta.json``."""
+    for level in root.walk():  # children first
+        if not level.empty or level.path is None:
+            continue
+        paths = [p for _, p, _ in level.plain]
+        paths += [leaf.path for leaf in level.leaves if leaf.reuse is None and leaf.path is not None]
+        paths.append(level.path + os.sep + META_FILE)
+        for p in paths:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+        for folder in [nt.path for nt in level.nontensors] + [w.path for w in level.wrapped]:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+    for folder in reversed(made):  # children first
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
 
 
 def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool]:
@@ -177,15 +226,13 @@ def _unstage(root: PlannedLevel, staged: Staged) -> None:
         for i, (src, path, info) in enumerate(level.plain):
             level.plain[i] = (src, staged.get(path, path), info)
         for out in level.plain_out:
-            name = out._filename
-            if name is not None and name in staged:
-                out._filename = staged[name]
+            set_leaf_file(out, staged.get(leaf_file(out) or ""))
         for leaf in level.leaves:
             if leaf.path is not None and leaf.path in staged:
                 leaf.path = staged[leaf.path]
             r = leaf.result
-            if r is not None and r is not leaf.reuse and r._filename in staged:
-                r._filename = staged[cast(str, r._filename)]
+            if r is not None and r is not leaf.reuse:
+                set_leaf_file(r, staged.get(leaf_file(r) or ""))
 
 
 def _discard(staged: Staged) -> None:
@@ -303,7 +350,7 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
         _install_stack(level, dest, final_path, share)
         return
     in_place = dest is level.src
-    values = dict(dest._tensordict) if in_place else {}
+    values = dict(raw_items(dest._tensordict)) if in_place else {}
     values.update(zip(level.plain_keys, level.plain_out, strict=True))
     for leaf in level.leaves:
         assert leaf.result is not None
@@ -311,7 +358,10 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
             values[leaf.key] = leaf.result
     for key, data, table, jagged in level.nested:  # a nested tensor viewing its mapped, packed elements
         assert data.result is not None and table.result is not None
-        values[key] = (jagged_from_buffer if jagged else nested_from_buffer)(data.result, table.result)
+        assert not is_pending(data.result) and not is_pending(table.result)  # never lazy (see _write_leaf)
+        values[key] = (jagged_from_buffer if jagged else nested_from_buffer)(
+            cast(MemoryMappedTensor, data.result), cast(MemoryMappedTensor, table.result)
+        )
     for nt in level.nontensors:
         folder, store = None, None
         if share and nt.store is not None and nt.path is not None:  # an anonymous tree's, in its store
@@ -335,7 +385,9 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
     for key, child in level.children:
         values[key] = _install_child(child, type(dest), in_place, final_path, child.path, share)
     # keep the source's key order
-    dest._tensordict = {k: values[k] for k in level.src._tensordict}
+    dest._tensordict = rebuilt([(k, values[k]) for k in level.src._tensordict])
+    if final_path is not None:
+        track(dest._tensordict, os.path.abspath(final_path))  # when it holds leaves not mapped yet
     dest._device = _CPU
     dest._names = level.src._names
     dest._is_memmap = True
@@ -376,13 +428,31 @@ def _assign_store(td: TensorDictBase, store: str, key: tuple[str, ...]) -> None:
 
 
 def _rebase(level: PlannedLevel, staging: str, final: str) -> None:
+    cut = len(staging)
     for lvl in level.walk():
         for out in lvl.plain_out:
-            out._filename = final + cast(str, out._filename)[len(staging) :]
+            set_leaf_file(out, final + cast(str, leaf_file(out))[cut:])
         for leaf in lvl.leaves:
             r = leaf.result
-            if r is not None and r is not leaf.reuse and r._filename is not None:
-                r._filename = final + r._filename[len(staging) :]
+            name = leaf_file(r) if r is not None and r is not leaf.reuse else None
+            if name is not None:
+                set_leaf_file(r, final + name[cut:])
+
+
+def leaf_file(out: Any) -> str | None:
+    """The file of a written leaf: a mapped tensor's ``_filename``, a pending leaf's ``path``."""
+    return out.path if is_pending(out) else out._filename
+
+
+def set_leaf_file(out: Any, name: str | None) -> None:
+    """Rename the file of a written leaf (after its staged file moved to ``name``; None: unchanged)."""
+    if name is None:
+        return
+    if is_pending(out):
+        out.path = name
+        out.where = name[: name.rfind(os.sep) + 1] + META_FILE
+    else:
+        out._filename = name
 
 
 # -- entry point ------------------------------------------------------------------------------
@@ -458,6 +528,9 @@ def _write_shared_values(level: PlannedLevel, store: str, folder: str) -> bool:
     return changed
 
 
+_FILES_PER_WRITE = 8  # a leaf file, a metadata file, the tree's lock and control files, with room
+
+
 class FolderWriter(TreeWriter):
     """The write half of a folder: one file per leaf, ``meta.json`` per level, atomic swap on request.
 
@@ -484,28 +557,38 @@ class FolderWriter(TreeWriter):
         sweep_staging(os.path.dirname(os.path.realpath(path)))  # dead atomic writers' (or their trees, put back)
         fresh = not os.path.exists(os.path.join(path, META_FILE))
         registry = None if fresh else SharedRegistry.for_directory(path)
-        if not fresh:  # this process's leaves loaded from here and not read yet keep their bytes
-            resolve_under(os.path.abspath(path))
         if opts.atomic:
+            if not fresh:  # this process's leaves loaded from here and not read yet keep their bytes
+                resolve_under(os.path.abspath(path))
             return self._save_atomic(td, opts, inplace, registry)
         seen = td._generation if td._memmap_prefix == path else None
         root = plan_tree(td, path, opts.robust_key, opts.copy_existing, opts.existsok)
         root.share = opts.share_non_tensor
+        if not fresh:  # this process's leaves loaded from the files replaced and not read yet keep their bytes
+            resolve_under(os.path.abspath(path), _replaced_files(root))
+        lazy = _lazy_results(root)
+        check_descriptors(_FILES_PER_WRITE + opts.num_threads, f"Saving to {path!r}")
         dest = td if inplace else _blank(td)
         staged = None
         if not fresh:  # never damage the saved tree: new files under new names, moved in at the commit
             _check_space(root, path)
             staged = _stage(root)
-        _make_dirs(root)
+        made = _make_dirs(root)
         if opts.return_early and opts.num_threads > 1:
-            return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen, staged)
+            return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen, staged, lazy)
         try:
-            _run_writes(root, opts.num_threads, opts.existsok, opts.progress)
-        except BaseException:
+            _run_writes(root, opts.num_threads, opts.existsok, opts.progress, lazy)
+            gen = _commit_metadata(root, registry, seen, staged) if fresh else None
+        except BaseException as err:
             if staged:
                 _discard(staged)
+            if fresh:
+                _remove_written(root, made)
+            if isinstance(err, OSError) and is_limit_error(err):
+                raise limit_error(err, path) from err
             raise
-        gen = _commit_metadata(root, registry, seen, staged)
+        if not fresh:
+            gen = _commit_metadata(root, registry, seen, staged)
         _install(root, dest, path)
         dest._generation = gen
         return dest
@@ -521,7 +604,7 @@ class FolderWriter(TreeWriter):
                 root.share = opts.share_non_tensor
                 _check_space(root, staging)
                 _make_dirs(root)
-                _run_writes(root, opts.num_threads, existsok=True, progress=opts.progress)
+                _run_writes(root, opts.num_threads, True, opts.progress, _lazy_results(root))
                 _write_metadata(root, fresh=True)
             gen = registry.bump(files_replaced=True) if registry is not None else None
         _rebase(root, staging, path)
@@ -531,15 +614,18 @@ class FolderWriter(TreeWriter):
         return dest
 
 
-def _run_writes(root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None) -> None:
+def _run_writes(
+    root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None, lazy: bool = False
+) -> None:
     """Write every leaf file of the tree; ``progress(done, total)`` after each level (each leaf
-    with threads), from the calling thread."""
+    with threads), from the calling thread.  ``lazy``: the results are pending leaves, mapped on
+    first read."""
     levels = root.walk()
     total = sum(len(lvl.leaves) + len(lvl.plain) for lvl in levels)
     if num_threads > 1 and total > 1:  # only when asked
         _as_records(root)
         leaves = [leaf for lvl in levels for leaf in lvl.leaves]
-        futures = [_executor(num_threads).submit(_write_leaf, leaf, existsok) for leaf in leaves]
+        futures = [_executor(num_threads).submit(_write_leaf, leaf, existsok, lazy) for leaf in leaves]
         done = 0
         for _ in concurrent.futures.as_completed(futures):  # every one finishes before an error is raised
             done += 1
@@ -551,7 +637,7 @@ def _run_writes(root: PlannedLevel, num_threads: int, existsok: bool, progress: 
         listing = Listing()
         done = 0
         for level in levels:
-            _write_level(level, existsok, listing)
+            _write_level(level, existsok, listing, lazy)
             if progress is not None and (level.leaves or level.plain):
                 done += len(level.leaves) + len(level.plain)
                 progress(done, total)
@@ -566,6 +652,7 @@ def _write_in_background(
     registry: SharedRegistry | None,
     seen: tuple[int, int] | None,
     staged: Staged | None = None,
+    lazy: bool = False,
 ) -> TensorDictFuture[T]:
     """Write the leaves in the pool; the last one to finish commits the metadata and installs.
 
@@ -604,7 +691,7 @@ def _write_in_background(
             commit()
 
     ex = _executor(num_threads)
-    futures.extend(ex.submit(_write_leaf, leaf, existsok) for leaf in leaves)
+    futures.extend(ex.submit(_write_leaf, leaf, existsok, lazy) for leaf in leaves)
     if not leaves:
         commit()
     for f in list(futures):

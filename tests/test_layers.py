@@ -38,6 +38,7 @@ LAYERS: dict[str, list[str]] = {
         "_shape_args",
     ],
     "storage": [
+        "_mapping_limits",
         "_files",
         "_segments",
         "_futex",
