@@ -348,7 +348,40 @@ def test_a_million_leaves(shm: Path) -> None:
     loaded.memmap_(shm / "million")
     new = loaded.make_memmap(("g5", "added"), [3])
     assert new.shape == (3,)
+    other = TensorDict.load_memmap(shm / "million").memmap_(shm / "million")
+    other.memmap_refresh_()
+    assert other["g5", "added"].tolist() == [0.0, 0.0, 0.0]
+    ctx = mp.get_context("spawn")
+    q, done = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_worker, args=(loaded, q, done))
+    p.start()
+    try:
+        worker_maps, total = q.get(timeout=600)
+    finally:
+        done.set()
+        p.join(60)
+    assert p.exitcode == 0 and worker_maps < 5000
+    assert total == sum(value(i, j) for i in range(0, G, 10) for j in range(0, L, 70))
     loaded.memmap(shm / "million.tdz", copy_existing=True)
     ar = TensorDict.load_memmap(shm / "million.tdz")
     assert float(ar["g999", "x999"][0]) == value(999, 999)
     shutil.rmtree(shm / "million")
+
+
+def test_the_benchmark_runs_tiny(shm: Path) -> None:
+    import sys
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks import million
+
+    (shm / "bench").mkdir()
+    reference = str(shm / "bench" / "reference")
+    million._source(tdshare, 200).memmap_(reference)
+    ours = million.measure("tdshare", 200, 1, str(shm / "bench"), reference)
+    limit = million.measure("limit", 200, 1, str(shm / "bench"), reference)
+    assert {"memmap_", "load", "read", "remap"} <= set(ours) and all(isinstance(ours[k], float) for k in ours)
+    assert 0 < ours["bytes_per_leaf"] <= 1024
+    table = million.rows({200: {"tdshare": ours, "limit": limit}})
+    assert table[0] == "| **200 leaves in a folder** | | | | | |" and len(table) == 7
