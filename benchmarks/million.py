@@ -11,8 +11,9 @@ measures tdshare, tensordict 0.15.3 (its error class where it fails) and the raw
 - Python memory per loaded, untouched leaf (``tracemalloc`` around ``load_memmap``).
 
 Each library runs in its own spawned process per size (so one library's mappings never count
-against another's); every time is the median of ``--reps`` repetitions after one warm-up (one
-repetition, no warm-up, at 1,000,000).  Leaves are four float32 values (16 bytes), 100 levels
+against another's); the raw limits run in tdshare's, taking turns with it round by round ("vs
+limit" is the median of the rounds' ratios).  Every time is the median of ``--reps`` repetitions
+after one warm-up (one repetition, no warm-up, at 1,000,000).  Leaves are four float32 values (16 bytes), 100 levels
 (1,000 at 1,000,000 leaves).
 
 ```bash
@@ -127,44 +128,70 @@ def _read_all(td: Any, n: int) -> float:
 
 
 def measure(name: str, n: int, reps: int, root: str, reference: str) -> dict[str, Any]:
-    """Every measurement of one library (``"limit"``: the raw limits) at ``n`` leaves, in this
-    process; ``reference``: a folder of the tree written by tdshare, which every library loads."""
+    """Every measurement of one library at ``n`` leaves, in this process; ``reference``: a folder
+    of the tree written by tdshare, which every library loads.  For tdshare the raw limits are
+    measured in the same rounds (``limit_<op>``; the two take turns going first), and
+    ``vs_limit_<op>`` is the median of the rounds' limit / tdshare ratios."""
     out: dict[str, Any] = {}
-    lib = None if name == "limit" else __import__(name)
+    lib = __import__(name)
     rounds = reps + (1 if n < 1_000_000 else 0)
+    with_limit = name == "tdshare"
 
-    def timed(op: str, fn: Any, setup: Any = None) -> None:
-        times = []
+    def once(fn: Any, setup: Any) -> float:
+        arg = setup() if setup is not None else None
+        gc.collect()
+        t0 = time.perf_counter()
+        fn(arg)
+        elapsed = time.perf_counter() - t0
+        del arg
+        return elapsed
+
+    def timed(op: str, fn: Any, setup: Any = None, limit: Any = None, limit_setup: Any = None) -> None:
+        times, limits = [], []
         for r in range(rounds):
-            arg = setup() if setup is not None else None
-            gc.collect()
-            t0 = time.perf_counter()
-            try:
-                fn(arg)
-            except Exception as e:  # the library's failure is the result
-                out[op] = describe_error(e)
-                return
-            elapsed = time.perf_counter() - t0
-            if r >= rounds - reps:
-                times.append(elapsed)
-            del arg
+            pair = [("lib", fn, setup), ("limit", limit, limit_setup)] if with_limit and limit is not None else []
+            if not pair:
+                pair = [("lib", fn, setup)]
+            for which, f, st in pair if r % 2 == 0 else pair[::-1]:
+                try:
+                    elapsed = once(f, st)
+                except Exception as e:  # the library's failure is the result
+                    if which == "lib":
+                        out[op] = describe_error(e)
+                        return
+                    raise
+                if r >= rounds - reps:
+                    (times if which == "lib" else limits).append(elapsed)
         out[op] = statistics.median(times)
+        if limits:
+            out[f"limit_{op}"] = statistics.median(limits)
+            out[f"vs_limit_{op}"] = statistics.median(b / a for a, b in zip(times, limits, strict=True))
 
     def fresh() -> str:
         return os.path.join(root, f"{name}-{uuid.uuid4().hex}")
 
-    if lib is None:
-        timed("memmap_", lambda folder: _raw_write(folder, n), fresh)
-        timed("load", lambda _: _raw_parse(reference, n))
-        timed("load_stat", lambda _: _raw_parse_stat(reference, n))
-        timed("read", lambda _: _raw_read(reference, n))
-        timed("remap", lambda _: _raw_map(reference, n))
-        return out
-    timed("memmap_", lambda a: a[0].memmap_(a[1]), lambda: (_source(lib, n), fresh()))
-    timed("load", lambda _: lib.TensorDict.load_memmap(reference))
-    timed("read", lambda _: _read_all(lib.TensorDict.load_memmap(reference), n))
-    if name == "tdshare":
-        timed("remap", lambda td: _remap(td, n), lambda: lib.TensorDict.load_memmap(reference))
+    timed(
+        "memmap_",
+        lambda a: a[0].memmap_(a[1]),
+        lambda: (_source(lib, n), fresh()),
+        lambda folder: _raw_write(folder, n),
+        fresh,
+    )
+    timed("load", lambda _: lib.TensorDict.load_memmap(reference), None, lambda _: _raw_parse(reference, n))
+    if with_limit:
+        timed(
+            "load_stat", lambda _: lib.TensorDict.load_memmap(reference), None, lambda _: _raw_parse_stat(reference, n)
+        )
+    timed(
+        "read", lambda _: _read_all(lib.TensorDict.load_memmap(reference), n), None, lambda _: _raw_read(reference, n)
+    )
+    if with_limit:
+        timed(
+            "remap",
+            lambda td: _remap(td, n),
+            lambda: lib.TensorDict.load_memmap(reference),
+            lambda _: _raw_map(reference, n),
+        )
     gc.collect()
     tracemalloc.start()
     try:
@@ -218,17 +245,12 @@ def _ratio(a: Any, b: Any) -> str:
     return ""
 
 
-_ROWS = [  # (op, label, limit op, limit label)
-    ("memmap_", "memmap_ {n:,} leaves -> fresh folder on /dev/shm", "memmap_", "create + write {n:,} files of 16 B"),
-    ("load", "load_memmap {n:,} leaves (open only)", "load", "read + parse every level's meta.json"),
-    (
-        "load",
-        "load_memmap {n:,} leaves (open only), against a checked load",
-        "load_stat",
-        "parse + lstat every leaf file",
-    ),
-    ("read", "load_memmap {n:,} leaves + read every leaf once", "read", "open + read {n:,} files"),
-    ("remap", "map + unmap every leaf of a loaded tree (the bound's re-map)", "remap", "torch.from_file {n:,} files"),
+_ROWS = [  # (op, label, limit label)
+    ("memmap_", "memmap_ {n:,} leaves -> fresh folder on /dev/shm", "create + write {n:,} files of 16 B"),
+    ("load", "load_memmap {n:,} leaves (open only)", "read + parse every level's meta.json"),
+    ("load_stat", "load_memmap {n:,} leaves (open only), against a checked load", "parse + lstat every leaf file"),
+    ("read", "load_memmap {n:,} leaves + read every leaf once", "open + read {n:,} files"),
+    ("remap", "map + unmap every leaf of a loaded tree (the bound's re-map)", "torch.from_file {n:,} files"),
 ]
 
 
@@ -236,15 +258,17 @@ def rows(results: dict[int, dict[str, dict[str, Any]]]) -> list[str]:
     """The Markdown rows: one group per size, the columns of the README's Performance table."""
     out = []
     for n, res in results.items():
-        ours, ref, limit = res.get("tdshare", {}), res.get("tensordict", {}), res.get("limit", {})
+        ours, ref = res.get("tdshare", {}), res.get("tensordict", {})
         out.append(f"| **{n:,} leaves in a folder** | | | | | |")
-        for op, label, limit_op, limit_label in _ROWS:
-            a, b, c = ours.get(op), ref.get(op), limit.get(limit_op)
-            if b is None and op == "remap":
+        for op, label, limit_label in _ROWS:
+            a, b = ours.get(op), ref.get("load" if op == "load_stat" else op)
+            if op == "remap" and b is None:
                 b = "not run"
+            limit, vs = ours.get(f"limit_{op}"), ours.get(f"vs_limit_{op}")
+            vs_text = f"{vs:.2f}" if isinstance(vs, float) else ""
             out.append(
                 f"| {label.format(n=n)} | {_cell(a, n, 'time')} | {_cell(b, n, 'time')} | {_ratio(b, a)} | "
-                f"{limit_label.format(n=n)}: {_cell(c, n, 'time')} | {_ratio(c, a)} |"
+                f"{limit_label.format(n=n)}: {_cell(limit, n, 'time')} | {vs_text} |"
             )
         a, b = ours.get("bytes_per_leaf"), ref.get("bytes_per_leaf")
         out.append(
@@ -280,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             _source(tdshare, n).memmap_(reference)
             reps = 1 if n >= 1_000_000 else args.reps
             results[n] = {}
-            for name in [b.name for b in backends] + ["limit"]:
+            for name in [b.name for b in backends]:
                 print(f"[million] {n:,} leaves: {name}", file=sys.stderr, flush=True)
                 results[n][name] = _in_child(name, n, reps, root, reference)
                 print(f"[million]   {results[n][name]}", file=sys.stderr, flush=True)

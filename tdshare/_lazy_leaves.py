@@ -234,12 +234,14 @@ class LazyLeaves(dict):
         return default
 
     def values(self) -> Any:
+        # a snapshot, not a view: it holds every tensor, so the bound unmaps none of them while
+        # the caller walks it (a view could show a leaf put back to pending meanwhile)
         self.resolve_all()
-        return dict.values(self)
+        return list(dict.values(self))
 
     def items(self) -> Any:
         self.resolve_all()
-        return dict.items(self)
+        return list(dict.items(self))
 
     def copy(self) -> LazyLeaves:
         """A shallow copy that keeps the pending leaves pending (each copy maps its own on use)."""
