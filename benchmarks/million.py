@@ -141,9 +141,15 @@ def measure(name: str, n: int, reps: int, root: str, reference: str) -> dict[str
         arg = setup() if setup is not None else None
         gc.collect()
         t0 = time.perf_counter()
-        fn(arg)
-        elapsed = time.perf_counter() - t0
-        del arg
+        try:
+            fn(arg)
+        finally:
+            elapsed = time.perf_counter() - t0
+            folder = arg[1] if isinstance(arg, tuple) else arg
+            del arg
+            gc.collect()
+            if isinstance(folder, str):  # a folder written: removed now (tmpfs has ~3M inodes)
+                shutil.rmtree(folder, ignore_errors=True)
         return elapsed
 
     def timed(op: str, fn: Any, setup: Any = None, limit: Any = None, limit_setup: Any = None) -> None:
