@@ -22,7 +22,6 @@ from __future__ import annotations
 import concurrent.futures
 import errno
 import os
-import shutil
 import threading
 from contextlib import nullcontext
 from typing import Any, ClassVar, TypeVar, cast
@@ -40,7 +39,7 @@ from ._journal import drop_journal
 from ._keys import encode_key
 from ._lazy_leaves import is_pending, raw_items, rebuilt, resolve_under, track
 from ._leaf_files import Listing, write_batch, write_leaf
-from ._mapping_limits import check_descriptors, is_limit_error, limit_error, map_room, max_mapped_leaves
+from ._mapping_limits import check_descriptors, is_limit_error, limit_error
 from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
 from ._nontensor_files import replace_if_changed, write_nontensor
@@ -51,6 +50,7 @@ from ._runtime import ensure_store, new_store_path
 from ._segments import Segment, align
 from ._shared_nontensor import SharedNonTensorData, SharedNonTensorStack
 from ._tensordict_base import TensorDictBase, is_collection
+from ._write_results import lazy_results, leaf_file, remove_written, replaced_files, set_leaf_file
 
 __all__ = ["AnonymousWriter", "FolderWriter"]
 
@@ -81,25 +81,6 @@ def _write_level(level: PlannedLevel, existsok: bool, listing: Listing, lazy: bo
         _write_leaf(leaf, existsok, lazy)
 
 
-def _file_leaves(root: PlannedLevel) -> int:
-    """How many leaf files the write makes (each one mapping when its result is mapped at once)."""
-    return sum(len(lvl.plain) + sum(1 for leaf in lvl.leaves if leaf.reuse is None) for lvl in root.walk())
-
-
-def _lazy_results(root: PlannedLevel) -> bool:
-    """Whether the written leaves come back mapped on first read: past :func:`max_mapped_leaves`
-    files, or more than the memory map has room for (small writes keep their leaves mapped)."""
-    n = _file_leaves(root)
-    return n > max_mapped_leaves() or (n > 256 and n > map_room())
-
-
-def _replaced_files(root: PlannedLevel) -> set[str]:
-    """The final paths of the leaf files the write replaces or creates."""
-    out = {path for lvl in root.walk() for _, path, _ in lvl.plain}
-    out.update(leaf.path for lvl in root.walk() for leaf in lvl.leaves if leaf.reuse is None and leaf.path)
-    return out
-
-
 def _as_records(root: PlannedLevel) -> None:
     """Turn the plain leaves into :class:`PlannedLeaf` records, which the thread pool writes."""
     for level in root.walk():
@@ -127,30 +108,6 @@ def _make_dirs(root: PlannedLevel) -> list[str]:
             except OSError:  # a folder we may write but not list
                 level.empty = False
     return made
-
-
-def _remove_written(root: PlannedLevel, made: list[str]) -> None:
-    """After a failed first write into a folder: remove the files it wrote in folders that were
-    empty and the folders it made, so that no folder is left with leaf files but no ``meta.json``."""
-    for level in root.walk():  # children first
-        if not level.empty or level.path is None:
-            continue
-        paths = [p for _, p, _ in level.plain]
-        paths += [leaf.path for leaf in level.leaves if leaf.reuse is None and leaf.path is not None]
-        paths.append(level.path + os.sep + META_FILE)
-        for p in paths:
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-        for folder in [nt.path for nt in level.nontensors] + [w.path for w in level.wrapped]:
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
-    for folder in reversed(made):  # children first
-        try:
-            os.rmdir(folder)
-        except OSError:
-            pass
 
 
 def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool]:
@@ -439,22 +396,6 @@ def _rebase(level: PlannedLevel, staging: str, final: str) -> None:
                 set_leaf_file(r, final + name[cut:])
 
 
-def leaf_file(out: Any) -> str | None:
-    """The file of a written leaf: a mapped tensor's ``_filename``, a pending leaf's ``path``."""
-    return out.path if is_pending(out) else out._filename
-
-
-def set_leaf_file(out: Any, name: str | None) -> None:
-    """Rename the file of a written leaf (after its staged file moved to ``name``; None: unchanged)."""
-    if name is None:
-        return
-    if is_pending(out):
-        out.path = name
-        out.where = name[: name.rfind(os.sep) + 1] + META_FILE
-    else:
-        out._filename = name
-
-
 # -- entry point ------------------------------------------------------------------------------
 _EXECUTORS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 _EXECUTORS_LOCK = threading.Lock()
@@ -565,8 +506,8 @@ class FolderWriter(TreeWriter):
         root = plan_tree(td, path, opts.robust_key, opts.copy_existing, opts.existsok)
         root.share = opts.share_non_tensor
         if not fresh:  # this process's leaves loaded from the files replaced and not read yet keep their bytes
-            resolve_under(os.path.abspath(path), _replaced_files(root))
-        lazy = _lazy_results(root)
+            resolve_under(os.path.abspath(path), replaced_files(root))
+        lazy = lazy_results(root)
         check_descriptors(_FILES_PER_WRITE + opts.num_threads, f"Saving to {path!r}")
         dest = td if inplace else _blank(td)
         staged = None
@@ -583,7 +524,7 @@ class FolderWriter(TreeWriter):
             if staged:
                 _discard(staged)
             if fresh:
-                _remove_written(root, made)
+                remove_written(root, made)
             if isinstance(err, OSError) and is_limit_error(err):
                 raise limit_error(err, path) from err
             raise
@@ -604,7 +545,7 @@ class FolderWriter(TreeWriter):
                 root.share = opts.share_non_tensor
                 _check_space(root, staging)
                 _make_dirs(root)
-                _run_writes(root, opts.num_threads, True, opts.progress, _lazy_results(root))
+                _run_writes(root, opts.num_threads, True, opts.progress, lazy_results(root))
                 _write_metadata(root, fresh=True)
             gen = registry.bump(files_replaced=True) if registry is not None else None
         _rebase(root, staging, path)

@@ -87,7 +87,7 @@ LAYERS: dict[str, list[str]] = {
         "_shape_torch",
         "_shape_stack",
     ],
-    "io": ["_plan", "_write", "_archive", "_read", "_compaction", "_entries", "_refresh", "_save"],
+    "io": ["_plan", "_write_results", "_write", "_archive", "_read", "_compaction", "_entries", "_refresh", "_save"],
     "api": [
         "_map",
         "_memmap_family",
