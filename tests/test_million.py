@@ -260,7 +260,7 @@ def _run_child(target: Any, *args: Any) -> Any:
     p = ctx.Process(target=target, args=(q, *args))
     p.start()
     try:
-        got = q.get(timeout=100)
+        got = q.get(timeout=280)  # a loaded machine: filling the memory map and reading take a while
     finally:
         p.join(30)
     assert p.exitcode == 0
@@ -292,6 +292,7 @@ def _low_nofile(q: Any, root: str) -> None:
         q.put(e)
 
 
+@pytest.mark.timeout(320)
 def test_a_lowered_open_files_limit(shm: Path) -> None:
     root = shm / "nofile"
     root.mkdir()
@@ -333,6 +334,7 @@ def _full_map(q: Any, root: str) -> None:
         q.put(e)
 
 
+@pytest.mark.timeout(320)
 def test_a_full_memory_map(saved: Path) -> None:
     total, err, filled = _run_child(_full_map, str(saved))
     assert filled
