@@ -26,6 +26,7 @@ from ._errors import (
     NotSupportedError,
     PickleRefusedError,
     ReservedFieldError,
+    ResourceLimitError,
     TdshareError,
     UnsupportedFormatError,
 )
@@ -42,6 +43,7 @@ from ._functional import (
 )
 from ._future import TensorDictFuture
 from ._lazy import LazyStackedTensorDict
+from ._mapping_limits import max_mapped_leaves, set_max_mapped_leaves
 from ._memmap import MemoryMappedTensor
 from ._metadata import MetaData
 from ._nontensor import NonTensorData, NonTensorStack
@@ -97,6 +99,7 @@ __all__ = [
     "NotSupportedError",
     "PickleRefusedError",
     "ReservedFieldError",
+    "ResourceLimitError",
     "SharedRegistry",
     "TdshareError",
     "TensorClass",
@@ -122,6 +125,7 @@ __all__ = [
     "list_to_stack",
     "load",
     "load_memmap",
+    "max_mapped_leaves",
     "maybe_dense_stack",
     "memmap",
     "merge_tensordicts",
@@ -134,6 +138,7 @@ __all__ = [
     "set_capture_non_tensor_stack",
     "set_lazy_legacy",
     "set_list_to_stack",
+    "set_max_mapped_leaves",
     "stack",
     "tensorclass",
     "unpack_memmap",

@@ -33,6 +33,7 @@ __all__ = [
     "ReservedFieldError",
     "FrozenFieldError",
     "DimensionError",
+    "ResourceLimitError",
 ]
 
 
@@ -125,3 +126,10 @@ class FrozenFieldError(FieldError, dataclasses.FrozenInstanceError):
 
 class DimensionError(TdshareError, IndexError):
     """A dimension outside the batch dimensions (the reference raises ``IndexError`` there)."""
+
+
+class ResourceLimitError(TdshareError, OSError):
+    """A kernel limit reached: ``vm.max_map_count`` (memory mappings) or ``RLIMIT_NOFILE`` (open files).
+
+    The message names the limit, its current value, how many were needed, and the fix.
+    """

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 import torch
 
 from ._errors import CorruptDataError, FileExistsRuntimeError, MemmapError, NotSupportedError
+from ._mapping_limits import is_limit_error, limit_error
 
 __all__ = [
     "TMP_MARK",
@@ -35,6 +36,7 @@ __all__ = [
     "replace_file",
     "reserve_file",
     "map_file",
+    "from_file",
     "nested_from_buffer",
     "jagged_from_buffer",
     "may_write",
@@ -304,17 +306,35 @@ def map_file(
     if numel == 0:
         return torch.empty(0, dtype=dtype)
     if mode == "r":
-        return torch.from_file(path, shared=False, size=numel, dtype=dtype)
+        return from_file(path, False, numel, dtype)
     if mode is None and not may_write(st):
-        return torch.from_file(path, shared=False, size=numel, dtype=dtype)
+        return from_file(path, False, numel, dtype)
     try:
-        return torch.from_file(path, shared=True, size=numel, dtype=dtype)
+        return from_file(path, True, numel, dtype)
     except RuntimeError:
         # opening for writing refused although the mode bits allow it (ACLs, a read-only mount):
         # mode None maps privately, as access() would have decided
         if mode == "r+" or os.access(path, os.W_OK):
             raise
-        return torch.from_file(path, shared=False, size=numel, dtype=dtype)
+        return from_file(path, False, numel, dtype)
+
+
+def from_file(path: str, shared: bool, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.from_file(path, shared, numel, dtype=dtype)``; the kernel refusing the mapping or
+    the descriptor (``vm.max_map_count``, ``RLIMIT_NOFILE``) raises :class:`ResourceLimitError`.
+
+    Raises:
+        ResourceLimitError: the mapping or the file's descriptor is refused by a kernel limit.
+    """
+    try:
+        return _torch_from_file(path, shared, numel, dtype=dtype)
+    except RuntimeError as err:
+        if is_limit_error(err):
+            raise limit_error(err, path) from err
+        raise
+
+
+_torch_from_file = torch.from_file
 
 
 def nested_from_buffer(buffer: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:

@@ -20,12 +20,19 @@ values with :func:`raw_items` / :func:`raw_get` and keeps pending leaves as they
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ._errors import CorruptDataError
+import torch
+
+from ._errors import CorruptDataError, ResourceLimitError
+from ._files import may_write
 from ._leaf_handle import LeafHandle
+from ._mapping_limits import check_mappings, max_mapped_leaves
 from ._memmap import MemoryMappedTensor
 from ._segments import Segment
 
@@ -33,6 +40,7 @@ __all__ = [
     "LazyLeaves",
     "PendingLeaf",
     "is_pending",
+    "mapped_leaves",
     "raw_get",
     "raw_items",
     "raw_values",
@@ -93,26 +101,68 @@ class PendingLeaf(LeafHandle):
         Raises:
             CorruptDataError: the file is now missing, not a regular file, or too short (the
                 message names the file and the metadata that listed it).
+            ResourceLimitError: the kernel refuses the mapping (``vm.max_map_count``).
         """
+        return self.resolve_shared()[0]
+
+    def resolve_shared(self) -> tuple[MemoryMappedTensor, bool]:
+        """:meth:`resolve`, and whether the result maps its file shared (then it may be unmapped
+        and mapped again without losing a write: the file holds every byte written through it)."""
         if self.segment is not None or self.path is None or self.numel == 0:
-            return self.map()
+            return self.map(), False
+        st = self._checked()
         try:
-            st = os.stat(self.path)
+            leaf = self.map(st)
+        except (CorruptDataError, RuntimeError):
+            # the folder was swapped (an atomic re-save elsewhere) between the stat and the mapping
+            if not os.path.exists(self.path) or (self.guard is not None and self.guard.stale()):
+                raise self._replaced() from None
+            raise
+        self._check_fresh()
+        mode = self.mode
+        return leaf, mode == "r+" or (mode is None and may_write(st))
+
+    def copy_out(self) -> torch.Tensor:
+        """The leaf's bytes as a new tensor, read from its file without mapping it (a large leaf,
+        over 16 MiB, or a segment slice comes mapped instead): what a save to another place writes.
+
+        Raises:
+            CorruptDataError: the file is now missing, replaced, not a regular file, or too short.
+        """
+        if self.segment is not None or self.path is None or self.numel == 0 or self.nbytes > _READ_MAX:
+            return self.resolve()
+        self._checked()
+        buf = bytearray(self.nbytes)
+        with open(self.path, "rb", buffering=0) as f:
+            got = f.readinto(buf)
+        if got != self.nbytes:
+            raise CorruptDataError(f"The file {self.path!r} holds {got} bytes but {self.nbytes} are expected.")
+        self._check_fresh()
+        flat = torch.frombuffer(buf, dtype=self.dtype)
+        return flat.view(self.shape) if len(self.shape) != 1 else flat
+
+    def _checked(self) -> os.stat_result:
+        """The file's stat, after checking it still is the leaf's file (see :meth:`resolve`)."""
+        path = self.path
+        assert path is not None
+        try:
+            st = os.stat(path)
         except FileNotFoundError:
             listed = f" (listed in {self.where})" if self.where else ""
             raise CorruptDataError(
-                f"The file {self.path!r}{listed} is missing: expected {self.nbytes} bytes of {self.dtype} data. "
+                f"The file {path!r}{listed} is missing: expected {self.nbytes} bytes of {self.dtype} data. "
                 "It was removed after the tensordict was loaded; load the folder again."
             ) from None
         if self.ino is not None and st.st_ino != self.ino:
             raise self._replaced()
-        self.check(st, self.where or self.path, os.path.basename(self.path))
-        leaf = self.map(st)
-        # After mapping: a writer marks the tree before it swaps files in, so a file mapped
-        # after a swap (even one whose inode number was reused) shows as a stale guard here.
+        self.check(st, self.where or path, os.path.basename(path))
+        return st
+
+    def _check_fresh(self) -> None:
+        # After mapping (or reading): a writer marks the tree before it swaps files in, so a file
+        # mapped after a swap (even one whose inode number was reused) shows as a stale guard here.
         if self.guard is not None and self.guard.stale():
             raise self._replaced()
-        return leaf
 
     def _replaced(self) -> CorruptDataError:
         return CorruptDataError(
@@ -120,6 +170,9 @@ class PendingLeaf(LeafHandle):
             "loaded and before this leaf was first read, so its loaded content is gone: call memmap_refresh_() "
             "or load the folder again."
         )
+
+
+_READ_MAX = 16 << 20
 
 
 def is_pending(value: Any) -> bool:
@@ -145,17 +198,35 @@ class LazyLeaves(dict):
         self._lazy = True
 
     def _resolve(self, key: Any, value: PendingLeaf) -> MemoryMappedTensor:
-        tensor = value.resolve()
+        try:
+            tensor, shared = value.resolve_shared()
+        except ResourceLimitError:  # the memory map is full: give back what the bound holds, once
+            if not _evict_all():
+                raise
+            tensor, shared = value.resolve_shared()
         dict.__setitem__(self, key, tensor)
+        if shared:
+            _remember(self, key, value, tensor)
         return tensor
 
     def resolve_all(self) -> None:
-        """Map every pending leaf (what iterating the values needs)."""
+        """Map every pending leaf (what iterating the values needs).
+
+        Raises:
+            ResourceLimitError: the level has more pending leaves than the memory map has room
+                for (checked before any is mapped).
+        """
         if not self._lazy:
             return
-        for key, value in list(dict.items(self)):
-            if type(value) is PendingLeaf:
+        pending = [(k, v) for k, v in dict.items(self) if type(v) is PendingLeaf]
+        if len(pending) > 1024:
+            check_mappings(len(pending), f"Reading all {len(pending)} leaves of one level at once")
+        _PROTECTED.add(id(self))  # none of this level's leaves is unmapped while it is mapped whole
+        try:
+            for key, value in pending:
                 self._resolve(key, value)
+        finally:
+            _PROTECTED.discard(id(self))
         self._lazy = False
 
     def __getitem__(self, key: Any) -> Any:
@@ -186,12 +257,14 @@ class LazyLeaves(dict):
         return default
 
     def values(self) -> Any:
+        # a snapshot, not a view: it holds every tensor, so the bound unmaps none of them while
+        # the caller walks it (a view could show a leaf put back to pending meanwhile)
         self.resolve_all()
-        return dict.values(self)
+        return list(dict.values(self))
 
     def items(self) -> Any:
         self.resolve_all()
-        return dict.items(self)
+        return list(dict.items(self))
 
     def copy(self) -> LazyLeaves:
         """A shallow copy that keeps the pending leaves pending (each copy maps its own on use)."""
@@ -227,6 +300,73 @@ class LazyLeaves(dict):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (dict, (dict(self.items()),))
+
+
+# -- the bound on the leaves this library keeps mapped ----------------------------------------------
+# (id(dict), key) -> (the dict, the key, the leaf's PendingLeaf, the mapped tensor), weakly, oldest
+# first.  Past max_mapped_leaves() the oldest mapped leaf that nobody else references goes back to
+# its PendingLeaf, which unmaps it; one that is referenced (the caller's) moves to the newest end.
+_Entry = tuple["weakref.ref[LazyLeaves]", Any, PendingLeaf, "weakref.ref[Any]"]
+_LRU: OrderedDict[tuple[int, Any], _Entry] = OrderedDict()
+_LRU_LOCK = threading.Lock()
+_PROTECTED: set[int] = set()  # dicts being mapped whole (resolve_all): not unmapped meanwhile
+_UNREFERENCED = 3  # the refcount of a tensor only its dict holds, seen from _evict: dict, local, argument
+
+
+def _remember(d: LazyLeaves, key: Any, pending: PendingLeaf, tensor: Any) -> None:
+    """Put a leaf just mapped at the newest end of the list; unmap the oldest past the bound."""
+    with _LRU_LOCK:
+        lru = _LRU
+        slot = (id(d), key)
+        lru.pop(slot, None)
+        lru[slot] = (weakref.ref(d), key, pending, weakref.ref(tensor))
+        over = len(lru) - max_mapped_leaves()
+        if over > 0:
+            _evict(over)
+
+
+def _evict(count: int) -> None:
+    """Unmap up to ``count`` of the oldest listed leaves (the caller holds the lock); at most
+    ``count + 8`` entries are looked at, so a list full of referenced leaves costs O(1) per call."""
+    lru, getrefcount, get, setitem = _LRU, sys.getrefcount, dict.get, dict.__setitem__
+    for _ in range(count + 8):
+        if count <= 0 or not lru:
+            return
+        slot, entry = lru.popitem(last=False)
+        d, t = entry[0](), entry[3]()
+        if d is None or t is None or get(d, entry[1]) is not t:  # gone, or replaced since
+            count -= 1
+            continue
+        if getrefcount(t) > _UNREFERENCED or id(d) in _PROTECTED:  # someone holds it: theirs, for now
+            lru[slot] = entry
+            continue
+        setitem(d, entry[1], entry[2])
+        d._lazy = True
+        del t
+        count -= 1
+
+
+def _evict_all() -> int:
+    """Unmap every listed leaf that nobody else references; return how many were unmapped."""
+    with _LRU_LOCK:
+        before = len(_LRU)
+        _evict(before)
+        return before - len(_LRU)
+
+
+def mapped_leaves() -> int:
+    """How many leaves mapped on first read are listed in the bound (at most :func:`max_mapped_leaves`
+    plus those referenced elsewhere)."""
+    return len(_LRU)
+
+
+def _after_fork_in_child() -> None:
+    global _LRU_LOCK
+    _LRU_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # This process's dicts with pending file leaves, by folder: a re-save of a folder here maps them
@@ -267,23 +407,47 @@ def track_below(dicts: Iterable[dict], folder: str) -> None:
             live[id(d)] = d
 
 
-def resolve_under(folder: str) -> None:
-    """Map every pending leaf of this process whose file is in ``folder`` or below (before its files
-    are replaced).
+def resolve_under(folder: str, files: set[str] | None = None) -> None:
+    """Map every pending leaf of this process whose file is in ``folder`` or below (``files``: only
+    those whose file is one of these), before those files are replaced; the leaves mapped so are
+    never unmapped by the bound (their bytes are no longer in any file).
 
     Raises:
+        ResourceLimitError: more such leaves than the memory map has room for (nothing mapped).
         CorruptDataError: such a leaf's file is already missing or damaged.
     """
     head = folder.rstrip(os.sep) + os.sep
-    for where in [w for w in _LIVE if w == folder or w.startswith(head)]:
-        live = _LIVE.pop(where, None)
-        for d in list(live.values()) if live is not None else []:
-            d.resolve_all()
-    for where in [w for w in _LIVE if head.startswith(w.rstrip(os.sep) + os.sep)]:  # tracked above (track_below)
-        live = _LIVE.get(where)
-        for d in list(live.values()) if live is not None else []:
-            if any(type(v) is PendingLeaf and v.path is not None and v.path.startswith(head) for v in dict.values(d)):
-                d.resolve_all()
+    wheres = [w for w in _LIVE if w == folder or w.startswith(head)]
+    above = [w for w in _LIVE if head.startswith(w.rstrip(os.sep) + os.sep)]  # tracked by track_below
+    dicts = [d for w in wheres + above for d in list(_LIVE[w].values())]
+    todo = [
+        (d, k, v)
+        for d in dicts
+        for k, v in dict.items(d)
+        if type(v) is PendingLeaf and _among(v.path, head, files)
+    ]
+    if len(todo) > 1024:
+        check_mappings(
+            len(todo),
+            f"A save to {folder!r} replaces the files of {len(todo)} leaves that tensordicts of this process "
+            "loaded from there and have not read yet (to keep their loaded bytes, each must be mapped first): it",
+            "Delete those tensordicts first (del them, or load the folder again after the save)",
+        )
+    for d, k, v in todo:
+        dict.__setitem__(d, k, v.resolve())
+    with _LRU_LOCK:  # leaves mapped before whose files are replaced: kept mapped from now on
+        for slot in [s for s, e in _LRU.items() if _among(e[2].path, head, files)]:
+            del _LRU[slot]
+    if files is None:
+        for w in wheres:
+            _LIVE.pop(w, None)
+
+
+def _among(path: str | None, head: str, files: set[str] | None) -> bool:
+    """Whether a leaf's file is one that a save under ``head`` replaces (``files``: only these)."""
+    if path is None:
+        return False
+    return path.startswith(head) if files is None else path in files
 
 
 def raw_items(d: dict, keep: Callable[[Any], bool] | None = None) -> Iterable[tuple[Any, Any]]:

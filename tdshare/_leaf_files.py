@@ -29,10 +29,10 @@ from os import scandir
 from typing import cast
 
 import torch
-from torch import from_file
 
-from ._files import shaped, tensor_buffer, write_file, write_files
-from ._format import shared_leaf_entry
+from ._files import from_file, shaped, tensor_buffer, write_file, write_files
+from ._format import META_FILE, shared_leaf_entry
+from ._lazy_leaves import PendingLeaf
 from ._memmap import MemoryMappedTensor
 
 __all__ = ["LeafPlan", "Listing", "plain_leaf", "write_batch", "write_leaf"]
@@ -73,15 +73,23 @@ def plain_leaf(shape: torch.Size, dtype: torch.dtype) -> tuple[dict, str, LeafPl
 
 
 def _map(src: torch.Tensor, path: str, ino: int) -> MemoryMappedTensor:
-    flat = from_file(path, True, src.numel(), dtype=src.dtype)
+    flat = from_file(path, True, src.numel(), src.dtype)
     return _adopt(flat if src.dim() == 1 else shaped(flat, tuple(src.shape)), path, ino)
 
 
-def write_leaf(src: torch.Tensor, path: str, existsok: bool) -> MemoryMappedTensor:
-    """Write the non-empty ``src`` as the file ``path`` (a new file, or a replacement) and map it."""
+def write_leaf(src: torch.Tensor, path: str, existsok: bool, lazy: bool = False) -> MemoryMappedTensor | PendingLeaf:
+    """Write the non-empty ``src`` as the file ``path`` (a new file, or a replacement) and map it
+    (``lazy``: return the :class:`PendingLeaf` that maps it on first read instead)."""
     ino = write_file(path, tensor_buffer(src, path), existsok=existsok)
     assert ino is not None
+    if lazy:
+        return _pending(src, path, ino)
     return _map(src, path, ino)
+
+
+def _pending(src: torch.Tensor, path: str, ino: int) -> PendingLeaf:
+    where = path[: path.rfind(os.sep) + 1] + META_FILE
+    return PendingLeaf(src.dtype, tuple(src.shape), path, None, None, 0, ino, where)
 
 
 def _leaf_bytes(files: Sequence[tuple[torch.Tensor, str, LeafPlan]]) -> list[tuple[str, memoryview | bytes]]:
@@ -130,16 +138,21 @@ class Listing:
 
 
 def write_batch(
-    folder: str, files: Sequence[tuple[torch.Tensor, str, LeafPlan]], existsok: bool, listing: Listing
-) -> list[MemoryMappedTensor]:
-    """Write the non-empty leaves ``(tensor, path, info)`` into ``folder`` (empty when the write began); map them.
+    folder: str,
+    files: Sequence[tuple[torch.Tensor, str, LeafPlan]],
+    existsok: bool,
+    listing: Listing,
+    lazy: bool = False,
+) -> list[MemoryMappedTensor] | list[PendingLeaf]:
+    """Write the non-empty leaves ``(tensor, path, info)`` into ``folder`` (empty when the write began); map them
+    (``lazy``: return :class:`PendingLeaf` handles, mapped on first read, instead).
 
     Every file is written and closed before the first is mapped; their inode numbers come from
     one listing of ``folder`` (see the module docstring).  The loops are written out: they run
     once per leaf, and a function call costs about as much as a system call here.
     """
     if not listing.trusted or len(files) < 2:
-        return [write_leaf(src, path, existsok) for src, path, _ in files]
+        return [write_leaf(src, path, existsok, lazy) for src, path, _ in files]  # type: ignore[return-value]
     data = _leaf_bytes(files)
     first = write_file(*data[0], existsok=existsok)
     write_files(data[1:], existsok=existsok)
@@ -151,11 +164,31 @@ def write_batch(
         listed = {}
     if listed.get(files[0][1][cut:]) != first:
         listing.trusted = False
+        if lazy:
+            return [_pending(src, path, os.stat(path).st_ino) for src, path, _ in files]
         return [_map(src, path, os.stat(path).st_ino) for src, path, _ in files]
+    if lazy:
+        get, where, pend = listed.get, folder + os.sep + META_FILE, PendingLeaf
+        lazy_out = []
+        for src, path, info in files:
+            ino = get(path[cut:])
+            lazy_out.append(
+                pend(
+                    info.dtype,
+                    tuple(src.shape),
+                    path,
+                    None,
+                    None,
+                    0,
+                    os.stat(path).st_ino if ino is None else ino,
+                    where,
+                )
+            )
+        return lazy_out
     get, mapped, cls = listed.get, from_file, MemoryMappedTensor
     out = []
     for _, path, info in files:
-        flat = mapped(path, True, info.numel, dtype=info.dtype)
+        flat = mapped(path, True, info.numel, info.dtype)
         if info.dims is not None:
             flat = shaped(flat, info.dims)
         flat.__class__ = cls  # what _adopt does, written out

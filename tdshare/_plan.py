@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -44,6 +45,7 @@ from ._format import (
     level_meta,
     shared_leaf_entry,
 )
+from ._lazy_leaves import PendingLeaf, raw_items
 from ._leaf_files import LeafPlan, plain_leaf
 from ._memmap import MemoryMappedTensor
 from ._nodes import NodeKind, kind_of
@@ -72,10 +74,10 @@ class PlannedLeaf:
     """A tensor leaf to write: its source, its file (None: anonymous memory), the result once written."""
 
     key: str
-    src: torch.Tensor
+    src: torch.Tensor  # a reused leaf not mapped yet has its PendingLeaf here (only ``reuse`` is read then)
     path: str | None
-    reuse: MemoryMappedTensor | None = None
-    result: MemoryMappedTensor | None = None
+    reuse: MemoryMappedTensor | PendingLeaf | None = None
+    result: MemoryMappedTensor | PendingLeaf | None = None
     part: bool = False  # one of the two files of a nested tensor (see PlannedLevel.nested), not a leaf itself
 
 
@@ -121,7 +123,7 @@ class PlannedLevel:
     # plain leaves, the common case, kept lean: dense non-empty tensors under keys that are their file names
     plain_keys: list[str] = field(default_factory=list)
     plain: list[tuple[torch.Tensor, str, LeafPlan]] = field(default_factory=list)  # (tensor, file, info)
-    plain_out: list[MemoryMappedTensor] = field(default_factory=list)  # their mapped tensors, once written
+    plain_out: Sequence[MemoryMappedTensor | PendingLeaf] = field(default_factory=list)  # their leaves, once written
     nontensors: list[PlannedValue] = field(default_factory=list)
     wrapped: list[PlannedWrapper] = field(default_factory=list)
     children: list[tuple[str, PlannedLevel]] = field(default_factory=list)
@@ -227,7 +229,11 @@ def plan_tree(
     used: dict[str, str] = {}  # file name -> key: a leaf "a" and a folder "a.memmap" would collide
     head = path + os.sep if path and robust and existsok else None
     plain_keys, plain, entries, texts = level.plain_keys, level.plain, level.entries, level.texts
-    for key, value in td._tensordict.items():
+    for key, value in raw_items(td._tensordict):  # a leaf not mapped yet stays so (see _plan_pending)
+        if type(value) is PendingLeaf:
+            value = _plan_pending(level, key, value, path, robust, copy_existing, existsok, where, used)
+            if value is None:
+                continue
         if (  # the common leaf, in few steps: a plain dense tensor under a _plain_key (written out)
             head is not None
             and type(value) is _Tensor
@@ -380,6 +386,46 @@ def _plan_nested(
     table = PlannedLeaf(key, sizes, sizes_file, part=True)
     level.leaves += [data, table]
     level.nested.append((key, data, table, jagged))
+
+
+def _plan_pending(
+    level: PlannedLevel,
+    key: str,
+    value: PendingLeaf,
+    path: str | None,
+    robust: bool,
+    copy_existing: bool,
+    existsok: bool,
+    where: str,
+    used: dict[str, str],
+) -> torch.Tensor | None:
+    """Plan a leaf not mapped yet without mapping it: kept as it is when it already is its file
+    in ``path`` (None returned: planned), else its bytes to copy (read from its file)."""
+    if path and value.path is not None and value.segment is None and value.numel:
+        name = entry_file_name(key, robust, LEAF_SUFFIX, where, directory=False) + LEAF_SUFFIX
+        file = path + os.sep + name
+        if value.path == file and value.mode != "r":
+            if name in used:
+                raise InvalidArgumentError(
+                    f"The keys {used[name]!r} and {key!r} (in {where}) would both be stored as {name!r}; rename one."
+                )
+            if not existsok:
+                raise MemmapError(
+                    f"The file {file!r} already exists and existsok=False (the leaf already maps it: existsok=True "
+                    "keeps that file and writes nothing). Pass existsok=True to overwrite it."
+                )
+            used[name] = key
+            leaf = PlannedLeaf(key, cast(torch.Tensor, value), file)
+            leaf.reuse = value
+            level.leaves.append(leaf)
+            level.entries[key], level.texts[key] = shared_leaf_entry(value.shape, value.dtype)
+            return None
+        if value.path != file and not copy_existing:
+            raise MemmapError(
+                f"The entry {_here(where, key)} is already memory-mapped to {value.path!r}; writing it to {file!r} "
+                "would duplicate the data on disk. Pass copy_existing=True to copy it."
+            )
+    return value.copy_out()
 
 
 def _plan_leaf(

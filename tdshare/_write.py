@@ -36,8 +36,9 @@ from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR
 from ._future import TensorDictFuture
 from ._journal import drop_journal
 from ._keys import encode_key
-from ._lazy_leaves import resolve_under
+from ._lazy_leaves import is_pending, raw_items, rebuilt, resolve_under, track
 from ._leaf_files import Listing, write_batch, write_leaf
+from ._mapping_limits import check_descriptors, is_limit_error, limit_error
 from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
 from ._nontensor_files import replace_if_changed, write_nontensor
@@ -48,6 +49,7 @@ from ._runtime import ensure_store, new_store_path
 from ._segments import Segment, align
 from ._shared_nontensor import SharedNonTensorData, SharedNonTensorStack
 from ._tensordict_base import TensorDictBase, is_collection
+from ._write_results import lazy_results, leaf_file, remove_written, replaced_files, set_leaf_file
 
 __all__ = ["AnonymousWriter", "FolderWriter"]
 
@@ -56,26 +58,26 @@ _CPU = torch.device("cpu")
 
 
 # -- phase 2: write ---------------------------------------------------------------------------
-def _write_leaf(leaf: PlannedLeaf, existsok: bool) -> None:
+def _write_leaf(leaf: PlannedLeaf, existsok: bool, lazy: bool = False) -> None:
     if leaf.reuse is not None:
         leaf.result = leaf.reuse
     elif leaf.src.numel() == 0:
         leaf.result = MemoryMappedTensor._wrap(torch.empty(leaf.src.shape, dtype=leaf.src.dtype), None, None, None)
     else:
         assert leaf.path is not None
-        leaf.result = write_leaf(leaf.src, leaf.path, existsok)
+        leaf.result = write_leaf(leaf.src, leaf.path, existsok, lazy and not leaf.part)
 
 
-def _write_level(level: PlannedLevel, existsok: bool, listing: Listing) -> None:
+def _write_level(level: PlannedLevel, existsok: bool, listing: Listing, lazy: bool = False) -> None:
     """Write a level's leaves in the calling thread; the plain ones of a folder found empty as one batch."""
     if level.plain:
         assert level.path is not None
         if level.empty:
-            level.plain_out = write_batch(level.path, level.plain, existsok, listing)
+            level.plain_out = write_batch(level.path, level.plain, existsok, listing, lazy)
         else:
-            level.plain_out = [write_leaf(src, path, existsok) for src, path, _ in level.plain]
+            level.plain_out = [write_leaf(src, path, existsok, lazy) for src, path, _ in level.plain]
     for leaf in level.leaves:
-        _write_leaf(leaf, existsok)
+        _write_leaf(leaf, existsok, lazy)
 
 
 def _as_records(root: PlannedLevel) -> None:
@@ -87,12 +89,15 @@ def _as_records(root: PlannedLevel) -> None:
         level.plain_keys, level.plain = [], []
 
 
-def _make_dirs(root: PlannedLevel) -> None:
+def _make_dirs(root: PlannedLevel) -> list[str]:
+    """Make every level's folder, parents first; return the folders made."""
+    made = []
     for level in reversed(root.walk()):  # parents first
         assert level.path is not None
         try:
             os.mkdir(level.path)  # the common case: a new folder in a folder just made, nothing to check
             level.empty = True
+            made.append(level.path)
         except OSError:
             os.makedirs(level.path, exist_ok=True)
             check_not_symlink(level.path)
@@ -101,6 +106,7 @@ def _make_dirs(root: PlannedLevel) -> None:
                     level.empty = next(entries, None) is None
             except OSError:  # a folder we may write but not list
                 level.empty = False
+    return made
 
 
 def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool]:
@@ -177,15 +183,13 @@ def _unstage(root: PlannedLevel, staged: Staged) -> None:
         for i, (src, path, info) in enumerate(level.plain):
             level.plain[i] = (src, staged.get(path, path), info)
         for out in level.plain_out:
-            name = out._filename
-            if name is not None and name in staged:
-                out._filename = staged[name]
+            set_leaf_file(out, staged.get(leaf_file(out) or ""))
         for leaf in level.leaves:
             if leaf.path is not None and leaf.path in staged:
                 leaf.path = staged[leaf.path]
             r = leaf.result
-            if r is not None and r is not leaf.reuse and r._filename in staged:
-                r._filename = staged[cast(str, r._filename)]
+            if r is not None and r is not leaf.reuse:
+                set_leaf_file(r, staged.get(leaf_file(r) or ""))
 
 
 def _discard(staged: Staged) -> None:
@@ -321,7 +325,7 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
         _install_stack(level, dest, final_path, share)
         return
     in_place = dest is level.src
-    values = dict(dest._tensordict) if in_place else {}
+    values = dict(raw_items(dest._tensordict)) if in_place else {}
     values.update(zip(level.plain_keys, level.plain_out, strict=True))
     for leaf in level.leaves:
         assert leaf.result is not None
@@ -329,7 +333,10 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
             values[leaf.key] = leaf.result
     for key, data, table, jagged in level.nested:  # a nested tensor viewing its mapped, packed elements
         assert data.result is not None and table.result is not None
-        values[key] = (jagged_from_buffer if jagged else nested_from_buffer)(data.result, table.result)
+        assert not is_pending(data.result) and not is_pending(table.result)  # never lazy (see _write_leaf)
+        values[key] = (jagged_from_buffer if jagged else nested_from_buffer)(
+            cast(MemoryMappedTensor, data.result), cast(MemoryMappedTensor, table.result)
+        )
     for nt in level.nontensors:
         folder, store = None, None
         if share and nt.store is not None and nt.path is not None:  # an anonymous tree's, in its store
@@ -353,7 +360,9 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
     for key, child in level.children:
         values[key] = _install_child(child, type(dest), in_place, final_path, child.path, share)
     # keep the source's key order
-    dest._tensordict = {k: values[k] for k in level.src._tensordict}
+    dest._tensordict = rebuilt([(k, values[k]) for k in level.src._tensordict])
+    if final_path is not None:
+        track(dest._tensordict, os.path.abspath(final_path))  # when it holds leaves not mapped yet
     dest._device = _CPU
     dest._names = level.src._names
     dest._is_memmap = True
@@ -394,13 +403,15 @@ def _assign_store(td: TensorDictBase, store: str, key: tuple[str, ...]) -> None:
 
 
 def _rebase(level: PlannedLevel, staging: str, final: str) -> None:
+    cut = len(staging)
     for lvl in level.walk():
         for out in lvl.plain_out:
-            out._filename = final + cast(str, out._filename)[len(staging) :]
+            set_leaf_file(out, final + cast(str, leaf_file(out))[cut:])
         for leaf in lvl.leaves:
             r = leaf.result
-            if r is not None and r is not leaf.reuse and r._filename is not None:
-                r._filename = final + r._filename[len(staging) :]
+            name = leaf_file(r) if r is not None and r is not leaf.reuse else None
+            if name is not None:
+                set_leaf_file(r, final + name[cut:])
 
 
 # -- entry point ------------------------------------------------------------------------------
@@ -476,6 +487,9 @@ def _write_shared_values(level: PlannedLevel, store: str, folder: str) -> bool:
     return changed
 
 
+_FILES_PER_WRITE = 8  # a leaf file, a metadata file, the tree's lock and control files, with room
+
+
 class FolderWriter(TreeWriter):
     """The write half of a folder: one file per leaf, ``meta.json`` per level, atomic swap on request.
 
@@ -502,28 +516,38 @@ class FolderWriter(TreeWriter):
         sweep_staging(os.path.dirname(os.path.realpath(path)))  # dead atomic writers' (or their trees, put back)
         fresh = not os.path.exists(os.path.join(path, META_FILE))
         registry = None if fresh else SharedRegistry.for_directory(path)
-        if not fresh:  # this process's leaves loaded from here and not read yet keep their bytes
-            resolve_under(os.path.abspath(path))
         if opts.atomic:
+            if not fresh:  # this process's leaves loaded from here and not read yet keep their bytes
+                resolve_under(os.path.abspath(path))
             return self._save_atomic(td, opts, inplace, registry)
         seen = td._generation if td._memmap_prefix == path else None
         root = plan_tree(td, path, opts.robust_key, opts.copy_existing, opts.existsok)
         root.share = opts.share_non_tensor
+        if not fresh:  # this process's leaves loaded from the files replaced and not read yet keep their bytes
+            resolve_under(os.path.abspath(path), replaced_files(root))
+        lazy = lazy_results(root)
+        check_descriptors(_FILES_PER_WRITE + opts.num_threads, f"Saving to {path!r}")
         dest = td if inplace else _blank(td)
         staged = None
         if not fresh:  # never damage the saved tree: new files under new names, moved in at the commit
             _check_space(root, path)
             staged = _stage(root)
-        _make_dirs(root)
+        made = _make_dirs(root)
         if opts.return_early and opts.num_threads > 1:
-            return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen, staged)
+            return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen, staged, lazy)
         try:
-            _run_writes(root, opts.num_threads, opts.existsok, opts.progress)
-        except BaseException:
+            _run_writes(root, opts.num_threads, opts.existsok, opts.progress, lazy)
+            gen = _commit_metadata(root, registry, seen, staged) if fresh else None
+        except BaseException as err:
             if staged:
                 _discard(staged)
+            if fresh:
+                remove_written(root, made)
+            if isinstance(err, OSError) and is_limit_error(err):
+                raise limit_error(err, path) from err
             raise
-        gen = _commit_metadata(root, registry, seen, staged)
+        if not fresh:
+            gen = _commit_metadata(root, registry, seen, staged)
         _install(root, dest, path)
         dest._generation = gen
         return dest
@@ -547,7 +571,7 @@ class FolderWriter(TreeWriter):
                 try:
                     _check_space(root, staging)
                     _make_dirs(root)
-                    _run_writes(root, opts.num_threads, existsok=True, progress=opts.progress)
+                    _run_writes(root, opts.num_threads, True, opts.progress, lazy_results(root))
                     _write_metadata(root, fresh=True)
                 except OSError as err:  # name the target, not the staging folder
                     raise _renamed(err, staging, path) from err
@@ -561,15 +585,18 @@ class FolderWriter(TreeWriter):
         return dest
 
 
-def _run_writes(root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None) -> None:
+def _run_writes(
+    root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None, lazy: bool = False
+) -> None:
     """Write every leaf file of the tree; ``progress(done, total)`` after each level (each leaf
-    with threads), from the calling thread."""
+    with threads), from the calling thread.  ``lazy``: the results are pending leaves, mapped on
+    first read."""
     levels = root.walk()
     total = sum(len(lvl.leaves) + len(lvl.plain) for lvl in levels)
     if num_threads > 1 and total > 1:  # only when asked
         _as_records(root)
         leaves = [leaf for lvl in levels for leaf in lvl.leaves]
-        futures = [_executor(num_threads).submit(_write_leaf, leaf, existsok) for leaf in leaves]
+        futures = [_executor(num_threads).submit(_write_leaf, leaf, existsok, lazy) for leaf in leaves]
         done = 0
         for _ in concurrent.futures.as_completed(futures):  # every one finishes before an error is raised
             done += 1
@@ -581,7 +608,7 @@ def _run_writes(root: PlannedLevel, num_threads: int, existsok: bool, progress: 
         listing = Listing()
         done = 0
         for level in levels:
-            _write_level(level, existsok, listing)
+            _write_level(level, existsok, listing, lazy)
             if progress is not None and (level.leaves or level.plain):
                 done += len(level.leaves) + len(level.plain)
                 progress(done, total)
@@ -596,6 +623,7 @@ def _write_in_background(
     registry: SharedRegistry | None,
     seen: tuple[int, int] | None,
     staged: Staged | None = None,
+    lazy: bool = False,
 ) -> TensorDictFuture[T]:
     """Write the leaves in the pool; the last one to finish commits the metadata and installs.
 
@@ -634,7 +662,7 @@ def _write_in_background(
             commit()
 
     ex = _executor(num_threads)
-    futures.extend(ex.submit(_write_leaf, leaf, existsok) for leaf in leaves)
+    futures.extend(ex.submit(_write_leaf, leaf, existsok, lazy) for leaf in leaves)
     if not leaves:
         commit()
     for f in list(futures):

@@ -86,6 +86,7 @@ def test_bases(cls: type[BaseException]) -> None:
         (tdshare.KeyTypeError, TypeError),
         (tdshare.ArgumentTypeError, TypeError),
         (tdshare.DimensionError, IndexError),
+        (tdshare.ResourceLimitError, OSError),
     ],
 )
 def test_explicit_bases(cls: type[BaseException], base: type[BaseException]) -> None:

@@ -38,6 +38,7 @@ LAYERS: dict[str, list[str]] = {
         "_shape_args",
     ],
     "storage": [
+        "_mapping_limits",
         "_files",
         "_segments",
         "_futex",
@@ -88,7 +89,18 @@ LAYERS: dict[str, list[str]] = {
         "_shape_torch",
         "_shape_stack",
     ],
-    "io": ["_plan", "_write", "_archive", "_stack_load", "_read", "_compaction", "_entries", "_refresh", "_save"],
+    "io": [
+        "_plan",
+        "_write_results",
+        "_write",
+        "_archive",
+        "_stack_load",
+        "_read",
+        "_compaction",
+        "_entries",
+        "_refresh",
+        "_save",
+    ],
     "api": [
         "_map",
         "_open_memmap",
