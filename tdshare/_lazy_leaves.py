@@ -19,6 +19,7 @@ values with :func:`raw_items` / :func:`raw_get` and keeps pending leaves as they
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -313,13 +314,42 @@ _PROTECTED: set[int] = set()  # dicts being mapped whole (resolve_all): not unma
 _UNREFERENCED = 3  # the refcount of a tensor only its dict holds, seen from _evict: dict, local, argument
 
 
+_DEAD: list[tuple[tuple[int, Any], Any]] = []  # slots whose dict or tensor died while the lock was held
+
+
+def _forget(slot: tuple[int, Any], ref: Any) -> None:
+    """Drop ``slot`` once its dict or tensor is gone: its entry holds the leaf's PendingLeaf, and
+    through it the tree's lock and counter (descriptors, mappings), which must not outlive the tree.
+
+    Runs as a weakref callback, at any point of any thread (the garbage collector): it never
+    blocks on the lock (a thread that holds it may be the one collecting); a slot it cannot drop
+    now is dropped by the next :func:`_remember`.
+    """
+    if not _LRU_LOCK.acquire(blocking=False):
+        _DEAD.append((slot, ref))
+        return
+    try:
+        _drop(slot, ref)
+    finally:
+        _LRU_LOCK.release()
+
+
+def _drop(slot: tuple[int, Any], ref: Any) -> None:
+    entry = _LRU.get(slot)
+    if entry is not None and (entry[0] is ref or entry[3] is ref):  # not a newer entry in a reused slot
+        del _LRU[slot]
+
+
 def _remember(d: LazyLeaves, key: Any, pending: PendingLeaf, tensor: Any) -> None:
     """Put a leaf just mapped at the newest end of the list; unmap the oldest past the bound."""
     with _LRU_LOCK:
         lru = _LRU
+        while _DEAD:
+            _drop(*_DEAD.pop())
         slot = (id(d), key)
         lru.pop(slot, None)
-        lru[slot] = (weakref.ref(d), key, pending, weakref.ref(tensor))
+        forget = functools.partial(_forget, slot)
+        lru[slot] = (weakref.ref(d, forget), key, pending, weakref.ref(tensor, forget))
         over = len(lru) - max_mapped_leaves()
         if over > 0:
             _evict(over)
@@ -421,10 +451,7 @@ def resolve_under(folder: str, files: set[str] | None = None) -> None:
     above = [w for w in _LIVE if head.startswith(w.rstrip(os.sep) + os.sep)]  # tracked by track_below
     dicts = [d for w in wheres + above for d in list(_LIVE[w].values())]
     todo = [
-        (d, k, v)
-        for d in dicts
-        for k, v in dict.items(d)
-        if type(v) is PendingLeaf and _among(v.path, head, files)
+        (d, k, v) for d in dicts for k, v in dict.items(d) if type(v) is PendingLeaf and _among(v.path, head, files)
     ]
     if len(todo) > 1024:
         check_mappings(

@@ -157,6 +157,32 @@ def test_walking_a_level_while_reading_past_the_bound_elsewhere(saved: Path, bou
     assert all(isinstance(v, torch.Tensor) for v in values) and len(values) == L
 
 
+def test_a_dropped_tree_leaves_nothing_in_the_bound(tmp_path: Path) -> None:
+    """The bound's entries go with their tree: none keeps the tree's lock or counter open."""
+    td = TensorDict(a=torch.arange(4.0), n={"b": torch.ones(4, 2)}, batch_size=[4]).memmap_(tmp_path / "t")
+    td.make_memmap("extra", [4]).fill_(3.0)  # the tree's lock and counter are now in use
+    del td
+    loaded = TensorDict.load_memmap(tmp_path / "t")
+    assert loaded["extra"].tolist() == [3.0] * 4 and loaded["n", "b"].sum() == 8.0
+    del loaded
+    gc.collect()
+    assert _shm_handles() == []
+
+
+def _shm_handles() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/dev/shm/tdshare"):
+            out.append(target)
+    with open("/proc/self/maps") as f:
+        out.extend(line.split()[-1] for line in f if "/dev/shm/tdshare" in line)
+    return out
+
+
 def test_load_memmap_costs_little_python_memory_per_leaf(saved: Path) -> None:
     gc.collect()
     tracemalloc.start()
