@@ -45,7 +45,15 @@ from ._lazy import LazyStackedTensorDict
 from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData, NonTensorStack
 from ._progress import TerminalProgress
-from ._settings import capture_non_tensor_stack, list_to_stack, set_capture_non_tensor_stack, set_list_to_stack
+from ._settings import (
+    capture_non_tensor_stack,
+    lazy_legacy,
+    list_to_stack,
+    set_capture_non_tensor_stack,
+    set_lazy_legacy,
+    set_list_to_stack,
+)
+from ._td_utils import assert_allclose_td, assert_close, convert_ellipsis_to_idx, is_non_tensor
 from ._tensorclass import TensorClass, is_tensorclass, tensorclass
 from ._tensordict import TensorDict, from_consolidated, from_consolidated_parts, load, load_memmap, memmap, save
 from ._tensordict_base import TensorDictBase
@@ -86,15 +94,20 @@ __all__ = [
     "TerminalProgress",
     "UnsupportedFormatError",
     "__version__",
+    "assert_allclose_td",
+    "assert_close",
     "capture_non_tensor_stack",
     "cat",
     "compact_metadata",
     "consolidated_parts",
+    "convert_ellipsis_to_idx",
     "dense_stack_tds",
     "from_consolidated",
     "from_consolidated_parts",
+    "is_non_tensor",
     "is_tensor_collection",
     "is_tensorclass",
+    "lazy_legacy",
     "lazy_stack",
     "list_to_stack",
     "load",
@@ -108,6 +121,7 @@ __all__ = [
     "refresh_archive_checksums",
     "save",
     "set_capture_non_tensor_stack",
+    "set_lazy_legacy",
     "set_list_to_stack",
     "stack",
     "tensorclass",

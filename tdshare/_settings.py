@@ -16,12 +16,19 @@ import functools
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
-from ._errors import ArgumentTypeError
+from ._errors import ArgumentTypeError, NotSupportedError
 
-__all__ = ["capture_non_tensor_stack", "list_to_stack", "set_capture_non_tensor_stack", "set_list_to_stack"]
+__all__ = [
+    "capture_non_tensor_stack",
+    "lazy_legacy",
+    "list_to_stack",
+    "set_capture_non_tensor_stack",
+    "set_lazy_legacy",
+    "set_list_to_stack",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
-_STATE = {"list_to_stack": True, "capture_non_tensor_stack": True}
+_STATE = {"list_to_stack": True, "capture_non_tensor_stack": True, "lazy_legacy": False}
 
 
 class _Switch:
@@ -35,11 +42,16 @@ class _Switch:
         self.mode = mode
         self._saved: list[bool] = []
 
+    def _check(self) -> None:
+        """Refuse a mode tdshare cannot run in (before it takes effect)."""
+
     def set(self) -> None:
         """Use the mode from now on in this process."""
+        self._check()
         _STATE[self._name] = self.mode
 
     def __enter__(self) -> None:
+        self._check()
         self._saved.append(_STATE[self._name])
         _STATE[self._name] = self.mode
 
@@ -113,3 +125,44 @@ def capture_non_tensor_stack() -> bool:
     True
     """
     return _STATE["capture_non_tensor_stack"]
+
+
+class set_lazy_legacy(_Switch):  # noqa: N801 -- the reference's name
+    """The reference's switch for its deprecated lazy shape views; tdshare runs only without them.
+
+    ``set_lazy_legacy(False)`` (the reference's default too) is accepted as a context manager, a
+    decorator or with ``.set()``: shape operations (``permute``, ``unsqueeze``, ``view``, ...)
+    return new tensordicts whose leaves are views. ``True`` is refused when it would take effect.
+
+    Args:
+        mode: must be False to take effect.
+
+    Raises:
+        ArgumentTypeError: ``mode`` is not a bool.
+        NotSupportedError: entering (or ``.set()``) with ``mode=True``: tdshare has no lazy
+            shape views; call the shape operation and keep its result instead.
+
+    >>> import torch, tdshare
+    >>> with tdshare.set_lazy_legacy(False):
+    ...     tdshare.TensorDict(a=torch.zeros(2, 3), batch_size=[2, 3]).permute(1, 0).batch_size
+    torch.Size([3, 2])
+    """
+
+    _name = "lazy_legacy"
+
+    def _check(self) -> None:
+        if self.mode:
+            raise NotSupportedError(
+                "set_lazy_legacy(True): tdshare has no lazy shape views (the reference deprecates them); "
+                "use set_lazy_legacy(False) or none, shape operations return tensordicts of views."
+            )
+
+
+def lazy_legacy() -> bool:
+    """The current :class:`set_lazy_legacy` mode (always False in tdshare).
+
+    >>> import tdshare
+    >>> tdshare.lazy_legacy()
+    False
+    """
+    return _STATE["lazy_legacy"]

@@ -44,6 +44,7 @@ from ._reduce_ops import ReduceOps
 from ._reductions import decode_leaf, encode_leaf
 from ._setters import SetOps
 from ._shape_ops import ShapeOps
+from ._surface_ops import SurfaceOps
 from ._updates import UpdateOps
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
@@ -72,6 +73,7 @@ class TensorDictBase(
     CombineOps,
     ConsolidateOps,
     LoaderOps,
+    SurfaceOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
@@ -287,24 +289,50 @@ class TensorDictBase(
         return node
 
     def get(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
-        """The entry at ``key`` as stored, or ``default`` if given and ``key`` is missing.
+        """The entry at ``key`` as stored, or ``default`` (None if not given) if ``key`` is missing.
 
         As in the reference, a non-tensor entry comes back as its ``NonTensorData`` (or
-        ``NonTensorStack``); ``td[key]`` and :meth:`get_non_tensor` give the value itself.
+        ``NonTensorStack``); ``td[key]`` and :meth:`get_non_tensor` give the value itself. A missing
+        key returns ``default`` (``None`` without one, as ``dict.get`` and tensordict >= 0.7),
+        while ``td[key]`` raises ``MissingKeyError``.
+
+        Args:
+            key: a key or nested key (tuple of keys).
+            default: what a missing key returns (default None).
 
         Raises:
-            MissingKeyError: ``key`` is missing and no default is given.
+            InvalidArgumentError: without a ``default``, a nested key runs through a tensor or
+                non-tensor leaf (e.g. ``("a", "b")`` where ``"a"`` is a tensor).
 
         >>> from tdshare import TensorDict
         >>> td = TensorDict(s="x")
-        >>> type(td.get("s")).__name__, td["s"], td.get("zz", 0)
-        ('NonTensorData', 'x', 0)
+        >>> type(td.get("s")).__name__, td["s"], td.get("zz", 0), td.get("zz")
+        ('NonTensorData', 'x', 0, None)
         """
-        return self._get_leaf(unravel_key(key), default)
+        parts = unravel_key(key)
+        try:
+            return self._get_leaf(parts)
+        except MissingKeyError:
+            if default is NO_DEFAULT:
+                self._raise_through_leaf(parts)
+                return None
+            return default
+
+    def _raise_through_leaf(self, parts: tuple[str, ...]) -> None:
+        """Raise if a prefix of the nested key ``parts`` is a leaf (``get`` without a default)."""
+        for cut in range(1, len(parts)):
+            leaf = self._get_leaf(parts[:cut], None)
+            if leaf is None:
+                return
+            if not isinstance(leaf, TensorDictBase) and wrapped_collection(leaf) is None:
+                raise InvalidArgumentError(
+                    f"{parts[cut - 1]!r} is a {type(leaf).__name__}, not a tensordict, so it has no entry "
+                    f"{parts[cut]!r} (key {parts!r}); pass a default to get() to read None instead."
+                )
 
     def get_non_tensor(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
         """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``)."""
-        leaf = self.get(key) if default is NO_DEFAULT else self.get(key, default)  # subclasses have own markers
+        leaf = self._get_leaf(unravel_key(key)) if default is NO_DEFAULT else self.get(key, default)
         return leaf.data if isinstance(leaf, NonTensorData) else leaf
 
     def __getitem__(self, idx: Any) -> Any:
@@ -453,14 +481,6 @@ class TensorDictBase(
         if recurse:
             return self._map(lambda t: torch.Tensor.clone(t))
         return self._map(lambda t: t)
-
-    def contiguous(self: T) -> T:
-        """A copy whose tensor leaves are contiguous."""
-        return self._map(lambda t: t.contiguous())
-
-    def empty(self: T) -> T:
-        """A tensordict with the same batch size, device and names, and no entries."""
-        return type(self)._from_leaves({}, self._batch_size, self._device, self._names)
 
     def zero_(self: T) -> T:
         """Fill every tensor leaf with zeros, in place; return self."""
