@@ -84,8 +84,15 @@ class Futex:
             ts = None
             if left is not None:
                 ts = _Timespec(int(left), int((left - int(left)) * 1e9))
-            res = _SYSCALL(_SYS_FUTEX, ctypes.c_void_p(self._addr), _FUTEX_WAIT, ctypes.c_uint32(expected),
-                           None if ts is None else ctypes.byref(ts), None, 0)
+            res = _SYSCALL(
+                _SYS_FUTEX,
+                ctypes.c_void_p(self._addr),
+                _FUTEX_WAIT,
+                ctypes.c_uint32(expected),
+                None if ts is None else ctypes.byref(ts),
+                None,
+                0,
+            )
             if res == -1 and ctypes.get_errno() not in (errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT):
                 raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
         return True

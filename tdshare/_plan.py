@@ -355,7 +355,6 @@ def _plan_leaf(
     return leaf
 
 
-
 class TreeWriter(ABC):
     """The write half of a backend (a folder, an archive, anonymous memory).
 

@@ -203,5 +203,3 @@ TORCH_FUNCTIONS: dict[Any, str] = {
     )
     if hasattr(torch, name)
 }
-
-

@@ -114,8 +114,11 @@ class SetOps:
         node._check_unlocked(last)
         node._tensordict[last] = node._convert(last, value)
 
-    def set(self: T, key: NestedKey, value: Any, inplace: bool = False) -> T:
-        """Add or replace ``key``. ``inplace=True`` writes into an existing entry instead."""
+    def set(self: T, key: NestedKey, value: Any, inplace: bool = False, *, non_blocking: bool = False) -> T:
+        """Add or replace ``key``. ``inplace=True`` writes into an existing entry instead.
+
+        ``non_blocking`` is accepted as in the reference (cpu copies are synchronous).
+        """
         self._set(unravel_key(key), value, inplace)
         return self
 
@@ -134,7 +137,11 @@ class SetOps:
             parent.set_(parts[-1], value)  # a lazy stack writes into its members
             return self
         if not isinstance(parent, SetOps) or parts[-1] not in parent._tensordict:
-            raise MissingKeyError(f"key {key!r} not found: set_() writes into existing entries; use set() to add one.")
+            where = sorted(parent._tensordict, key=str) if isinstance(parent, SetOps) else []
+            raise MissingKeyError(
+                f"key {key!r} not found in TensorDict with keys {where}: set_() writes into existing entries; use "
+                "set() to add one."
+            )
         parent._set_inplace(parts[-1], value)
         return self
 

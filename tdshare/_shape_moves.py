@@ -85,7 +85,6 @@ class MoveOps:
         """``(members, stack_dim)`` for a lazy stack; None for a tensordict with entries of its own."""
         return None
 
-
     # -- the engine -----------------------------------------------------------------------------
     def _rebuild(
         self: T,

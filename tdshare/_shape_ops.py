@@ -308,7 +308,7 @@ class ShapeOps(MaskOps):
         ndim = self.batch_dims
         raw = int_list(shape_args(dims, kwargs, "dims"), "permute", "dims")
         perm = [d + ndim if d < 0 else d for d in raw]
-        if sorted(perm) != list(range(len(perm))):
+        if sorted(perm) != list(range(len(perm))) or len(perm) > ndim:
             raise InvalidArgumentError(
                 f"permute: dims={raw} is not a permutation of the batch dims {list(range(ndim))} (or of their "
                 "first len(dims))."

@@ -107,6 +107,24 @@ class SurfaceOps(DtypeCasts):
                 node._tensordict[key] = fix(leaf)
         return self
 
+    def _to_inplace(self: T, device: torch.device | None, dtype: torch.dtype | None, non_blocking: bool) -> T:
+        """``to(..., inplace=True)``: the leaves replaced level by level, the levels kept."""
+        node: Any = self
+        if node._stack_parts() is not None:
+            for member in node._stack_parts()[0]:
+                member._to_inplace(device, dtype, non_blocking)
+            return self
+        for key, leaf in node._tensordict.items():
+            kind = kind_of(leaf)
+            inner = leaf if isinstance(leaf, SurfaceOps) else kind.unwrap(leaf)[0] if kind and kind.unwrap else None
+            if isinstance(inner, SurfaceOps):
+                inner._to_inplace(device, dtype, non_blocking)
+            elif isinstance(leaf, torch.Tensor):
+                node._tensordict[key] = leaf.to(device=device, dtype=dtype, non_blocking=non_blocking)
+        if device is not None:
+            node._device = device
+        return self
+
     def empty(self: T, recurse: bool = False, *, batch_size: Any = None, device: Any = None) -> T:
         """A tensordict with the same batch size, device and names, and no entries.
 

@@ -95,6 +95,11 @@ class TensorDictBase(
         lock: bool = False,
         **kwargs: Any,
     ) -> None:
+        if source is not None and kwargs:
+            raise InvalidArgumentError(
+                f"TensorDict takes its entries from source or from keyword arguments, not both (got source and "
+                f"{sorted(kwargs)}); merge them into one mapping."
+            )
         self._init_empty(as_size(batch_size), None if device is None else torch.device(device))
         items = dict(source.items()) if source is not None else {}
         if kwargs:
@@ -458,16 +463,28 @@ class TensorDictBase(
         dev = self._device if device is NO_DEFAULT else device
         return type(self)._from_leaves(leaves, self._batch_size if batch_size is None else batch_size, dev, self._names)
 
-    def to(self: T, *args: Any, **kwargs: Any) -> T:
-        """Move to a device and/or cast to a dtype, like ``torch.Tensor.to``."""
+    def to(self: T, *args: Any, inplace: bool = False, **kwargs: Any) -> T:
+        """Move to a device and/or cast to a dtype, like ``torch.Tensor.to``.
+
+        ``self`` comes back when nothing changes (same device, no dtype); a consolidated
+        tensordict moves as its one storage and stays consolidated. ``inplace=True`` replaces the
+        leaves of ``self`` (nested tensordicts keep their identity) and returns ``self``.
+        """
         device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
-        if device is None and dtype is None:
+        target = None if device is None else torch.device(device)
+        if target is None and dtype is None:
             return self
+        if dtype is None and target == self._device:
+            return self
+        if inplace:
+            return self._to_inplace(target, dtype, non_blocking)
+        if dtype is None and target is not None and self.is_consolidated():
+            return self._consolidated_to(target, non_blocking)
 
         def fn(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=device, dtype=dtype, non_blocking=non_blocking)
+            return t.to(device=target, dtype=dtype, non_blocking=non_blocking)
 
-        out = self._map(fn, device=torch.device(device) if device is not None else self._device)
+        out = self._map(fn, device=target if target is not None else self._device)
         if self._is_locked:  # like the reference: a locked tensordict moves to a locked one
             out._propagate(lambda td: setattr(td, "_is_locked", True))
         return out
