@@ -95,11 +95,6 @@ class TensorDictBase(
         lock: bool = False,
         **kwargs: Any,
     ) -> None:
-        if source is not None and kwargs:
-            raise InvalidArgumentError(
-                f"TensorDict takes its entries from source or from keyword arguments, not both (got source and "
-                f"{sorted(kwargs)}); merge them into one mapping."
-            )
         self._init_empty(as_size(batch_size), None if device is None else torch.device(device))
         items = dict(source.items()) if source is not None else {}
         if kwargs:
@@ -373,7 +368,8 @@ class TensorDictBase(
     def items(
         self, include_nested: bool = False, leaves_only: bool = False, is_leaf: Any = None, *, sort: bool = False
     ) -> Iterator[tuple[Any, Any]]:
-        """Iterate over ``(key, value)`` pairs; a non-tensor leaf gives its value.
+        """Iterate over ``(key, value)`` pairs as stored (``td.get``): a non-tensor entry gives its
+        ``NonTensorData``, as in the reference (``td[key]`` gives its value).
 
         Args:
             include_nested: also yield the entries of nested tensordicts, under tuple keys.
@@ -387,10 +383,9 @@ class TensorDictBase(
         """
         if is_leaf is not None or sort:
             for key in self.keys(include_nested, leaves_only, is_leaf, sort=sort):
-                yield key, self.get_non_tensor(key)
+                yield key, self._get_leaf(unravel_key(key))
             return
-        for key, leaf in self._iter_items(include_nested, leaves_only):
-            yield key, leaf.data if isinstance(leaf, NonTensorData) else leaf
+        yield from self._iter_items(include_nested, leaves_only)
 
     def values(
         self, include_nested: bool = False, leaves_only: bool = False, is_leaf: Any = None, *, sort: bool = False
