@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._errors import BatchSizeError, MemmapError, MissingKeyError
+from ._errors import BatchSizeError, InvalidArgumentError, MemmapError, MissingKeyError
 from ._format import LEVEL
 from ._indexing import is_key, normalize_index
 from ._key_ops import NO_DEFAULT
@@ -143,6 +143,43 @@ class SetOps:
                 "set() to add one."
             )
         parent._set_inplace(parts[-1], value)
+        return self
+
+    def set_at_(self: T, key: NestedKey, value: Any, index: Any, *, non_blocking: bool = False) -> T:
+        """Write ``value`` into the existing tensor entry ``key`` at the batch index ``index``; return self.
+
+        Allowed while locked (an in-place write). The value is cast to the entry's dtype.
+
+        Args:
+            key: the key (or nested key) of an existing tensor entry.
+            value: a tensor (or number) that fits ``entry[index]``.
+            index: an index of the batch dimensions.
+            non_blocking: accepted as in the reference (cpu copies are synchronous).
+
+        Raises:
+            MissingKeyError: ``key`` is not in the tensordict.
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(3), batch_size=[3]).set_at_("a", 1.0, 1)["a"].tolist()
+        [0.0, 1.0, 0.0]
+        """
+        td: Any = self
+        leaf = td._get_leaf(unravel_key(key), None)
+        if leaf is None:
+            raise MissingKeyError(
+                f"set_at_: key {key!r} not found in TensorDict with keys {sorted(td.keys(), key=str)}; set it first."
+            )
+        if isinstance(leaf, NonTensorData):
+            raise InvalidArgumentError(f"set_at_: key {key!r} holds a non-tensor value; use td[index] = ... instead.")
+        if td._stack_parts() is not None:  # a lazy stack's entry is stacked on read: write through its members
+            parts = unravel_key(key)
+            nested: Any = value
+            for part in reversed(parts):
+                nested = {part: nested}
+            td[index] = nested
+            return self
+        leaf[index] = value
         return self
 
     def _set_inplace(self, key: str, value: Any) -> None:

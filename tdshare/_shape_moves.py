@@ -125,6 +125,8 @@ class MoveOps:
             else:
                 leaves[key] = value
         out = type(self)._from_leaves(leaves, batch, self._device, _names_or_none(names))
+        if not copy:  # views of shared or mapped leaves are shared or mapped too, as in the reference
+            out._is_shared, out._is_memmap = self._is_shared, self._is_memmap
         if lock and self._is_locked:
             out.lock_()
         return out
