@@ -31,6 +31,7 @@ from ._errors import (
     MissingKeyError,
 )
 from ._format import LEVEL, TD_TYPE
+from ._from_any import AnyConversions
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
@@ -74,6 +75,7 @@ class TensorDictBase(
     ConsolidateOps,
     LoaderOps,
     SurfaceOps,
+    AnyConversions,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 

@@ -71,6 +71,7 @@ LAYERS: dict[str, list[str]] = {
         "_key_ops",
         "_updates",
         "_conversions",
+        "_from_any",
         "_apply",
         "_nn",
         "_pad",
