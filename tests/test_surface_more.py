@@ -385,3 +385,16 @@ def test_struct_arrays_round_trip_and_share_memory() -> None:
         TensorDict.from_struct_array(np.zeros(3))
     with pytest.raises(tdshare.InvalidArgumentError, match="non-string"):
         TensorDict(o=NonTensorData(3), batch_size=[]).to_struct_array()
+
+
+def test_non_tensor_values_on_their_own_take_shape_operations() -> None:
+    for module in (tdshare, tensordict):
+        assert module.NonTensorData(0, batch_size=()).flatten().tolist() == [0]
+    ours, theirs = tdshare.NonTensorStack("a", "b", "c", "d"), tensordict.NonTensorStack("a", "b", "c", "d")
+    assert ours.view(2, 2).tolist() == list(map(list, theirs.view(2, 2).tolist())) == [["a", "b"], ["c", "d"]]
+    assert ours.unsqueeze(0).batch_size == theirs.unsqueeze(0).batch_size == (1, 4)
+    assert ours.repeat(2).tolist() == list(theirs.repeat(2).tolist())
+    assert ours.repeat_interleave(2, dim=0).tolist() == list(theirs.repeat_interleave(2, dim=0).tolist())
+    spread = tdshare.NonTensorData(0, batch_size=(1,)).expand(2, 3)
+    assert spread.shape == (2, 3) and spread.tolist() == [[0, 0, 0], [0, 0, 0]]
+    assert ours.reshape(4, 1).transpose(0, 1).tolist() == [["a", "b", "c", "d"]]
