@@ -57,6 +57,7 @@ from ._settings import (
     set_lazy_legacy,
     set_list_to_stack,
 )
+from ._td_utils import assert_allclose_td, assert_close, convert_ellipsis_to_idx, is_non_tensor
 from ._tensorclass import TensorClass, is_tensorclass, tensorclass
 from ._tensordict import (
     TensorDict,
@@ -111,13 +112,17 @@ __all__ = [
     "TypedTensorDict",
     "UnsupportedFormatError",
     "__version__",
+    "assert_allclose_td",
+    "assert_close",
     "capture_non_tensor_stack",
     "cat",
     "compact_metadata",
     "consolidated_parts",
+    "convert_ellipsis_to_idx",
     "dense_stack_tds",
     "from_consolidated",
     "from_consolidated_parts",
+    "is_non_tensor",
     "is_tensor_collection",
     "is_tensorclass",
     "lazy_legacy",

@@ -11,6 +11,7 @@ import torch
 
 from ._errors import BatchSizeError, InvalidArgumentError, MissingKeyError, NotSupportedError
 from ._indexing import check_dim
+from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData, stack_non_tensor
 from ._settings import lazy_legacy
 
@@ -88,14 +89,89 @@ class CombineOps:
         return NotImplemented
 
     @classmethod
-    def stack(cls: type[T], tds: Sequence[CombineOps], dim: int = 0) -> T:
-        """Stack tensordicts with equal batch sizes and keys along a new batch dimension."""
-        return cls._combine(tds, dim, new_dim=True)
+    def stack(cls: type[T], tds: Sequence[CombineOps], dim: int = 0, *, out: Any = None) -> T:
+        """Stack tensordicts with equal batch sizes and keys along a new batch dimension.
+
+        Args:
+            tds: the tensordicts.
+            dim: the position of the new batch dimension.
+            out: a tensordict to write the result into (its entries are updated in place).
+
+        >>> import torch, tdshare
+        >>> td = tdshare.TensorDict(a=torch.zeros(3), batch_size=[3])
+        >>> tdshare.TensorDict.stack([td, td], 1).batch_size
+        torch.Size([3, 2])
+        """
+        return _into(out, cls._combine(tds, dim, new_dim=True))
 
     @classmethod
-    def cat(cls: type[T], tds: Sequence[CombineOps], dim: int = 0) -> T:
-        """Concatenate tensordicts along an existing batch dimension."""
-        return cls._combine(tds, dim, new_dim=False)
+    def cat(cls: type[T], tds: Sequence[CombineOps], dim: int = 0, *, out: Any = None) -> T:
+        """Concatenate tensordicts along an existing batch dimension (into ``out`` when given).
+
+        >>> import torch, tdshare
+        >>> td = tdshare.TensorDict(a=torch.zeros(3), batch_size=[3])
+        >>> tdshare.TensorDict.cat([td, td]).batch_size
+        torch.Size([6])
+        """
+        return _into(out, cls._combine(tds, dim, new_dim=False))
+
+    def _leaf_tensors(self, sorted: bool | Sequence[NestedKey] | None, what: str) -> list[torch.Tensor]:
+        td: Any = self
+        if sorted is None or sorted is False:
+            return list(td.values(True, True))
+        if sorted is True:
+            return list(td.values(True, True, sort=True))
+        keys = [unravel_key(k) for k in sorted]
+        have = {unravel_key(k) for k in td.keys(True, True)}
+        if set(keys) != have:
+            raise MissingKeyError(
+                f"{what}(sorted=...): the keys given {sorted_keys(keys)} are not the leaf keys of the tensordict "
+                f"{sorted_keys(have)}; list every leaf key once."
+            )
+        return [td.get(k) for k in keys]
+
+    def cat_from_tensordict(
+        self, dim: int = 0, *, sorted: bool | Sequence[NestedKey] | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Concatenate every tensor leaf into one tensor (``torch.cat`` along ``dim`` of the leaves).
+
+        Args:
+            dim: the dimension of the leaves to concatenate along.
+            sorted: the order of the leaves: None/False the insertion order, True the sorted keys,
+                or a list of every leaf key.
+            out: a tensor to write the result into.
+
+        Returns:
+            The concatenated tensor.
+
+        Raises:
+            MissingKeyError: ``sorted`` is a list that is not exactly the leaf keys.
+
+        >>> import torch, tdshare
+        >>> td = tdshare.TensorDict(a=torch.zeros(2, 1), b=torch.ones(2, 2), batch_size=[2])
+        >>> td.cat_from_tensordict(dim=1).tolist()
+        [[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]]
+        """
+        return torch.cat(self._leaf_tensors(sorted, "cat_from_tensordict"), dim, out=out)
+
+    def stack_from_tensordict(
+        self, dim: int = 0, *, sorted: bool | Sequence[NestedKey] | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Stack every tensor leaf into one tensor (``torch.stack``: the leaves must share a shape).
+
+        Args:
+            dim: the position of the new dimension.
+            sorted, out: as in :meth:`cat_from_tensordict`.
+
+        Returns:
+            The stacked tensor.
+
+        >>> import torch, tdshare
+        >>> td = tdshare.TensorDict(a=torch.zeros(2), b=torch.ones(2), batch_size=[2])
+        >>> td.stack_from_tensordict(dim=1).tolist()
+        [[0.0, 1.0], [0.0, 1.0]]
+        """
+        return torch.stack(self._leaf_tensors(sorted, "stack_from_tensordict"), dim, out=out)
 
     @classmethod
     def _combine(cls: type[T], tds: Sequence[CombineOps], dim: int, new_dim: bool) -> T:
@@ -103,7 +179,7 @@ class CombineOps:
         first = _check_same(tds, what, same_batch=new_dim)
         dim = check_dim(dim, first.batch_dims + new_dim)
         batch = list(first._batch_size)
-        names = first._names
+        names = first._names if all(td._names == first._names for td in tds) else None
         if new_dim:
             batch.insert(dim, len(tds))
             names = None if names is None else [*names[:dim], None, *names[dim:]]
@@ -122,6 +198,17 @@ class CombineOps:
             else:  # a registered wrapper (a tensorclass) stacks itself through its torch function
                 leaves[key] = op(values, dim)
         return cls._from_leaves(leaves, torch.Size(batch), first._device, names)
+
+
+def _into(out: Any, result: Any) -> Any:
+    if out is None:
+        return result
+    out.update_(result)
+    return out
+
+
+def sorted_keys(keys: Any) -> list[Any]:
+    return sorted(keys, key=str)
 
 
 def _check_same(tds: Sequence[CombineOps], what: str, same_batch: bool = True) -> CombineOps:

@@ -274,6 +274,18 @@ class ConsolidateOps:
     def lock_(self: T) -> T:
         raise NotImplementedError
 
+    def _consolidated_to(self: T, device: torch.device, non_blocking: bool) -> T:
+        """``to(device)`` of a consolidated tensordict: its one storage moves, the result is consolidated."""
+        state = self._consolidated
+        assert state is not None
+        storage = state["storage"].to(device, non_blocking=non_blocking)
+        out = rebuild_consolidated(storage, state["metadata"], type(self)._level_class())
+        out._propagate(lambda td: setattr(td, "_device", device))  # the schema names the old device
+        if getattr(self, "is_locked", False):
+            out.lock_()
+            out._consolidated["marks"] = marks_of(out)
+        return out
+
     @classmethod
     def _level_class(cls) -> type:
         raise NotImplementedError

@@ -114,7 +114,8 @@ class ConversionOps:
         Args:
             retain_none: keep entries whose value is None (else they are left out).
             convert_tensors: ``True`` turns tensors into lists, ``"numpy"`` into arrays.
-            tolist_first: accepted for compatibility (the result is the same).
+            tolist_first: a nested tensordict with batch dims of its own beyond this one's becomes
+                nested lists too (instead of one dict of tensors).
 
         >>> from tdshare import TensorDict
         >>> TensorDict(a=torch.ones(2), n={"b": torch.zeros(2)}, batch_size=[2]).to_dict(convert_tensors=True)
@@ -126,8 +127,13 @@ class ConversionOps:
         for key in td.keys():
             value = td._get_leaf((key,))
             inner = inner_collection(value)
+            if inner is not None and tolist_first and inner.batch_dims > td.batch_dims:
+                out[key] = inner.tolist(convert_tensors=convert_tensors, tolist_first=True)
+                continue
             if inner is not None:
-                out[key] = inner.to_dict(retain_none=retain_none, convert_tensors=convert_tensors)
+                out[key] = inner.to_dict(
+                    retain_none=retain_none, convert_tensors=convert_tensors, tolist_first=tolist_first
+                )
                 continue
             if isinstance(value, NonTensorData):
                 value = value.data
@@ -149,7 +155,8 @@ class ConversionOps:
         Args:
             convert_nodes: give each element as a plain dict (see :meth:`to_dict`).
             convert_tensors: turn the tensors into lists (``"numpy"``: arrays); needs ``convert_nodes``.
-            tolist_first: accepted for compatibility (the result is the same).
+            tolist_first: a nested tensordict with more batch dims than its parent becomes nested
+                lists of dicts too (instead of one dict of tensors); see :meth:`to_dict`.
             as_linked_list: not supported.
 
         Raises:
@@ -168,9 +175,9 @@ class ConversionOps:
             raise NotSupportedError("tolist(as_linked_list=True) is not supported; use the nested lists.")
         td: Any = self
         if not td.batch_dims:
-            return td.to_dict(convert_tensors=convert_tensors) if convert_nodes else td
+            return td.to_dict(convert_tensors=convert_tensors, tolist_first=tolist_first) if convert_nodes else td
         return [
-            sub.tolist(convert_nodes=convert_nodes, convert_tensors=convert_tensors)
+            sub.tolist(convert_nodes=convert_nodes, convert_tensors=convert_tensors, tolist_first=tolist_first)
             if sub.batch_dims or convert_nodes
             else sub
             for sub in td.unbind(0)

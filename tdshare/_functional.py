@@ -15,6 +15,7 @@ from ._errors import ArgumentTypeError, InvalidArgumentError, NotSupportedError
 from ._keys import NestedKey, unravel_key
 from ._lazy import LazyStackedTensorDict
 from ._nontensor import NonTensorData, NonTensorStack, stack_non_tensor
+from ._pad import pad_non_tensor
 from ._tensorclass import is_tensorclass
 from ._tensordict import TensorDict
 from ._tensordict_base import TensorDictBase
@@ -176,6 +177,13 @@ def pad(tensordict: Any, pad_size: Sequence[int], value: float = 0.0, inplace: b
     >>> tdshare.pad(td, [0, 1, 0, 2])["a"].shape
     torch.Size([4, 6, 1])
     """
+    if isinstance(tensordict, NonTensorData):  # a non-tensor value on its own: new elements hold None
+        sizes = [int(s) for s in pad_size]
+        if len(sizes) % 2 or len(sizes) // 2 > len(tensordict.batch_size):
+            raise InvalidArgumentError(
+                f"pad_size {sizes} must hold (before, after) pairs, at most one per batch dim of the value."
+            )
+        return pad_non_tensor(tensordict, [(sizes[i], sizes[i + 1]) for i in range(0, len(sizes), 2)], inplace)
     return tensordict.pad(pad_size, value=value, inplace=inplace, safe=safe)
 
 

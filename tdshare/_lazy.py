@@ -32,6 +32,7 @@ from ._errors import (
 )
 from ._format import LAZY_STACK_TYPE, STACK
 from ._indexing import check_dim, index_dims, is_first_class_dim, is_key, normalize_index
+from ._key_ops import NO_DEFAULT
 from ._keys import NestedKey, unravel_key
 from ._memmap_family import MemmapFamily
 from ._nodes import NodeKind, register
@@ -44,7 +45,7 @@ from ._tensordict_base import TensorDictBase
 __all__ = ["LazyStackedTensorDict", "LAZY_STACK"]
 
 T = TypeVar("T", bound="LazyStackedTensorDict")
-_NO_DEFAULT: Any = object()
+_NO_DEFAULT: Any = NO_DEFAULT  # the one marker TensorDictBase.get knows
 _FULL = slice(None)
 
 
@@ -256,11 +257,10 @@ class LazyStackedTensorDict(MemmapFamily):
 
         Args:
             key: a key or nested key that every member holds.
-            default: returned when a member lacks ``key``.
+            default: returned when a member lacks ``key`` (None if not given, as the reference).
             as_list: give the members' values as a list instead of stacking them.
 
         Raises:
-            MissingKeyError: a member lacks ``key`` and no default is given (names the members).
             NotSupportedError: the members' values cannot be stacked (e.g. their shapes differ).
 
         >>> ls = LazyStackedTensorDict(TensorDict(x=torch.zeros(2), batch_size=[2]),
@@ -466,8 +466,11 @@ class LazyStackedTensorDict(MemmapFamily):
             return self
         return self._like([td.exclude(*keys) for td in self._members])
 
-    def empty(self: T) -> T:
-        return self._like([td.empty() for td in self._members])
+    def empty(self: T, recurse: bool = False, *, batch_size: Any = None, device: Any = None) -> T:
+        """A lazy stack of the members emptied (see :meth:`TensorDictBase.empty`)."""
+        if batch_size is not None or device is not None:
+            return super().empty(recurse, batch_size=batch_size, device=device)
+        return self._like([td.empty(recurse) for td in self._members])
 
     def fill_(self: T, key: NestedKey, value: float | bool) -> T:
         for td in self._members:

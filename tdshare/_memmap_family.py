@@ -164,6 +164,38 @@ class MemmapFamily(
         )
         return save_tree(self, prefix, opts, inplace=True)
 
+    def memmap_like(
+        self: T,
+        prefix: PathLike | None = None,
+        copy_existing: bool = False,
+        *,
+        existsok: bool = True,
+        num_threads: int = 0,
+        share_non_tensor: bool = False,
+    ) -> T:
+        """A new memory-mapped tensordict with this one's structure, shapes and dtypes, its tensors zeroed.
+
+        Non-tensor values are kept. The result is locked, as :meth:`memmap_` leaves it.
+
+        Args:
+            prefix: the folder to write (None: anonymous shared memory).
+            copy_existing, existsok, num_threads, share_non_tensor: as in :meth:`memmap_`.
+
+        Returns:
+            The new memory-mapped tensordict (a lazy stack stays a lazy stack).
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> like = TensorDict(a=torch.ones(3), batch_size=[3]).memmap_like()
+        >>> like.is_memmap(), like["a"].tolist()
+        (True, [0.0, 0.0, 0.0])
+        """
+        like: Any = self.clone()
+        like.zero_()
+        return like.memmap_(
+            prefix, copy_existing, existsok=existsok, num_threads=num_threads, share_non_tensor=share_non_tensor
+        )
+
     @overload
     def memmap(
         self: T,

@@ -35,6 +35,7 @@ __all__ = [
     "NONTENSOR_STACK",
     "stack_non_tensor",
     "nested_shape",
+    "set_shape_host",
 ]
 
 _SCALAR = torch.Size([])
@@ -131,6 +132,49 @@ class NonTensorData:
             dim = kwargs.get("dim", args[1] if len(args) > 1 else 0)
             return NonTensorStack._combine(values, [v.batch_size for v in values], dim, func is torch.stack)
         return NotImplemented
+
+
+_SHAPE_HOST: list[Any] = []  # the tensordict class that runs shape operations for a value on its own
+
+
+def set_shape_host(cls: type) -> None:
+    """Name the tensordict class whose shape operations a non-tensor value on its own borrows."""
+    _SHAPE_HOST[:] = [cls]
+
+
+def _borrowed(name: str) -> Any:
+    def op(self: NonTensorData, *args: Any, **kwargs: Any) -> Any:
+        host = _SHAPE_HOST[0]({"value": self}, batch_size=self.batch_size)
+        return getattr(host, name)(*args, **kwargs)._get_leaf(("value",))
+
+    op.__name__ = name
+    op.__doc__ = f"""``{name}`` of the value's batch shape, as ``TensorDict.{name}`` does for its entries.
+
+    Returns:
+        A new ``NonTensorData`` or ``NonTensorStack`` (values are shared, not copied).
+
+    >>> from tdshare import NonTensorStack
+    >>> NonTensorStack("a", "b", "c", "d").{name}.__name__
+    '{name}'
+    """
+    return op
+
+
+for _name in (
+    "expand",
+    "flatten",
+    "permute",
+    "repeat",
+    "repeat_interleave",
+    "reshape",
+    "squeeze",
+    "transpose",
+    "unflatten",
+    "unsqueeze",
+    "view",
+):
+    setattr(NonTensorData, _name, _borrowed(_name))
+del _name
 
 
 def _rebuild_data(data: Any, batch: tuple[int, ...], device: torch.device | None) -> NonTensorData:

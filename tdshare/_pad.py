@@ -17,9 +17,9 @@ import torch.nn.functional as F  # noqa: N812
 from ._errors import BatchSizeError, InvalidArgumentError
 from ._key_ops import is_node
 from ._nodes import kind_of
-from ._nontensor import NonTensorStack
+from ._nontensor import NonTensorData, NonTensorStack
 
-__all__ = ["PadOps"]
+__all__ = ["PadOps", "pad_non_tensor"]
 
 T = TypeVar("T", bound="PadOps")
 
@@ -76,7 +76,7 @@ def _pad(td: Any, pads: list[tuple[int, int]], value: float, inplace: bool) -> A
     padded = [_pad(m, inner, value, inplace) for m in members]
     kept = padded[max(-before, 0) : len(padded) - max(-after, 0)]
     added = max(before, 0) + max(after, 0)
-    fillers = [padded[0].apply(lambda t: torch.full_like(t, value)) for _ in range(added)]
+    fillers = [_filler(padded[0], value) for _ in range(added)]
     new = fillers[: max(before, 0)] + kept + fillers[max(before, 0) :]
     if not inplace:
         return td._restack(new)
@@ -99,6 +99,54 @@ def _pad_nested(data: Any, pads: list[tuple[int, int]], shape: list[int]) -> Any
     return [filler(element) for _ in range(max(before, 0))] + inner + [filler(element) for _ in range(max(after, 0))]
 
 
+def pad_non_tensor(
+    leaf: NonTensorData, pads: list[tuple[int, int]], inplace: bool, batch: torch.Size | None = None
+) -> NonTensorStack:
+    """A non-tensor entry padded along its batch dims, the new elements holding None.
+
+    A ``NonTensorStack`` padded ``inplace`` keeps its identity; one ``NonTensorData`` value becomes a
+    stack of it (``batch``: the batch size it spreads over), which cannot be done in place.
+    """
+    if not isinstance(leaf, NonTensorStack):
+        if inplace and batch is None:
+            raise BatchSizeError(
+                "pad(NonTensorData, inplace=True) cannot preserve the identity of the value: padding turns it "
+                "into a NonTensorStack; pass inplace=False."
+            )
+        shape = list(leaf.batch_size if batch is None else batch)
+        stack = NonTensorStack.from_list(_nested_fill(leaf.data, shape), batch_size=shape)
+        return pad_non_tensor(stack, pads, False)
+    shape = list(leaf.batch_size)
+    values = _pad_nested(leaf.tolist(), pads, shape)
+    new_batch = [s + b + a for s, (b, a) in zip(shape, pads, strict=False)] + shape[len(pads) :]
+    if not inplace:
+        return NonTensorStack.from_list(values, batch_size=new_batch)
+    leaf._batch_size = torch.Size(new_batch)
+    leaf.data = values
+    return leaf
+
+
+def _nested_fill(value: Any, dims: list[int]) -> Any:
+    return value if not dims else [_nested_fill(value, dims[1:]) for _ in range(dims[0])]
+
+
+def _filler(member: Any, value: float) -> Any:
+    """A new member of a padded lazy stack: tensors full of ``value``, non-tensor entries None."""
+    out = member.apply(lambda t: torch.full_like(t, value))
+
+    def blank(node: Any) -> None:
+        for key, leaf in list(node._tensordict.items()):
+            if is_node(leaf) and leaf._lazy_members() is None:
+                blank(leaf)
+            elif isinstance(leaf, NonTensorData):
+                shape = list(node.batch_size)
+                node._tensordict[key] = NonTensorStack.from_list(_nested_fill(None, shape), batch_size=shape)
+
+    if out._lazy_members() is None:
+        blank(out)
+    return out
+
+
 def _pad_level(td: Any, pads: list[tuple[int, int]], value: float, inplace: bool) -> Any:
     batch = [s + b + a for s, (b, a) in zip(td.batch_size, pads, strict=False)] + list(td.batch_size[len(pads) :])
     if inplace:
@@ -114,11 +162,8 @@ def _pad_level(td: Any, pads: list[tuple[int, int]], value: float, inplace: bool
             inner, fields = kind.unwrap(leaf)  # a tensorclass entry: pad its tensordict
             padded = _pad(inner, pads, value, inplace)
             result = leaf if inplace else kind.wrap(padded, fields)
-        elif isinstance(leaf, NonTensorStack):  # one value per element: new elements hold None
-            shape = list(leaf.batch_size)
-            values = _pad_nested(leaf.tolist(), pads, shape)
-            new_batch = [s + b + a for s, (b, a) in zip(shape, pads, strict=False)] + shape[len(pads) :]
-            result = NonTensorStack.from_list(values, batch_size=new_batch)
+        elif isinstance(leaf, NonTensorData) and any(p != (0, 0) for p in pads):
+            result = pad_non_tensor(leaf, pads, inplace, td.batch_size)
         elif isinstance(leaf, torch.Tensor):
             flat: list[int] = [0, 0] * (leaf.dim() - len(pads))
             for before, after in reversed(pads):

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._errors import BatchSizeError, MemmapError, MissingKeyError
+from ._errors import BatchSizeError, InvalidArgumentError, MemmapError, MissingKeyError
 from ._format import LEVEL
 from ._indexing import is_key, normalize_index
 from ._key_ops import NO_DEFAULT
@@ -114,8 +114,11 @@ class SetOps:
         node._check_unlocked(last)
         node._tensordict[last] = node._convert(last, value)
 
-    def set(self: T, key: NestedKey, value: Any, inplace: bool = False) -> T:
-        """Add or replace ``key``. ``inplace=True`` writes into an existing entry instead."""
+    def set(self: T, key: NestedKey, value: Any, inplace: bool = False, *, non_blocking: bool = False) -> T:
+        """Add or replace ``key``. ``inplace=True`` writes into an existing entry instead.
+
+        ``non_blocking`` is accepted as in the reference (cpu copies are synchronous).
+        """
         self._set(unravel_key(key), value, inplace)
         return self
 
@@ -159,8 +162,49 @@ class SetOps:
             parent.set_(parts[-1], value)  # a lazy stack writes into its members
             return self
         if not isinstance(parent, SetOps) or parts[-1] not in parent._tensordict:
-            raise MissingKeyError(f"key {key!r} not found: set_() writes into existing entries; use set() to add one.")
+            where = sorted(parent._tensordict, key=str) if isinstance(parent, SetOps) else []
+            raise MissingKeyError(
+                f"key {key!r} not found in TensorDict with keys {where}: set_() writes into existing entries; use "
+                "set() to add one."
+            )
         parent._set_inplace(parts[-1], value)
+        return self
+
+    def set_at_(self: T, key: NestedKey, value: Any, index: Any, *, non_blocking: bool = False) -> T:
+        """Write ``value`` into the existing tensor entry ``key`` at the batch index ``index``; return self.
+
+        Allowed while locked (an in-place write). The value is cast to the entry's dtype.
+
+        Args:
+            key: the key (or nested key) of an existing tensor entry.
+            value: a tensor (or number) that fits ``entry[index]``.
+            index: an index of the batch dimensions.
+            non_blocking: accepted as in the reference (cpu copies are synchronous).
+
+        Raises:
+            MissingKeyError: ``key`` is not in the tensordict.
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(3), batch_size=[3]).set_at_("a", 1.0, 1)["a"].tolist()
+        [0.0, 1.0, 0.0]
+        """
+        td: Any = self
+        leaf = td._get_leaf(unravel_key(key), None)
+        if leaf is None:
+            raise MissingKeyError(
+                f"set_at_: key {key!r} not found in TensorDict with keys {sorted(td.keys(), key=str)}; set it first."
+            )
+        if isinstance(leaf, NonTensorData):
+            raise InvalidArgumentError(f"set_at_: key {key!r} holds a non-tensor value; use td[index] = ... instead.")
+        if td._stack_parts() is not None:  # a lazy stack's entry is stacked on read: write through its members
+            parts = unravel_key(key)
+            nested: Any = value
+            for part in reversed(parts):
+                nested = {part: nested}
+            td[index] = nested
+            return self
+        leaf[index] = value
         return self
 
     def _set_inplace(self, key: str, value: Any) -> None:

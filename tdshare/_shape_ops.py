@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import torch
 
 from . import _shape_stack as stack_rules
-from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
+from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError, MissingKeyError
 from ._shape_args import batch_dim, expanded_shape, inferred_shape, int_list, interleaved_size, shape_args
 from ._shape_masks import MaskOps
 from ._shape_moves import MoveOps, inner_collection
@@ -308,7 +308,7 @@ class ShapeOps(MaskOps):
         ndim = self.batch_dims
         raw = int_list(shape_args(dims, kwargs, "dims"), "permute", "dims")
         perm = [d + ndim if d < 0 else d for d in raw]
-        if sorted(perm) != list(range(len(perm))):
+        if sorted(perm) != list(range(len(perm))) or len(perm) > ndim:
             raise InvalidArgumentError(
                 f"permute: dims={raw} is not a permutation of the batch dims {list(range(ndim))} (or of their "
                 "first len(dims))."
@@ -437,7 +437,9 @@ class ShapeOps(MaskOps):
         new = expanded_shape(list(target), self.batch_size, "expand_as")
         leaves: dict[str, Any] = {}
         for key, value in self._tensordict.items():
-            match = theirs.get(key)
+            match = theirs.get(key, None)
+            if match is None:
+                raise MissingKeyError(f"expand_as: the entry {key!r} is missing from the target; add it there first.")
             if isinstance(value, MoveOps):
                 leaves[key] = value.expand_as(match)
             elif isinstance(value, torch.Tensor):

@@ -18,7 +18,14 @@ import torch
 
 from ._arithmetic import OPERATORS
 from ._compact_repr import compact_repr
-from ._errors import ArgumentTypeError, FieldError, FrozenFieldError, MissingKeyError, NotSupportedError
+from ._errors import (
+    ArgumentTypeError,
+    FieldError,
+    FrozenFieldError,
+    InvalidArgumentError,
+    MissingKeyError,
+    NotSupportedError,
+)
 from ._indexing import is_key
 from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData
@@ -31,6 +38,8 @@ from ._tensordict import TensorDict
 from ._tensordict_base import TensorDictBase, wrapped_collection
 
 __all__ = ["FIELDS_ATTR", "TensorClassOps", "is_tensorclass", "rebuild_tensorclass"]
+
+_ABSENT: Any = object()
 
 C = TypeVar("C", bound=type)
 T = TypeVar("T", bound="TensorClassOps")
@@ -220,10 +229,11 @@ class TensorClassOps(TensorClassIO):
         """The value of the field ``key`` (a nested key reads inside a nested field).
 
         Returns:
-            The field's value (None for a field that is unset), or ``default`` if the key is not a field.
+            The field's value (None for a field that is unset), or ``default`` (None if not given,
+            as the reference) if the key is not a field.
 
         Raises:
-            MissingKeyError: ``key`` is not a field and no default is given.
+            InvalidArgumentError: without a default, a nested key runs through a leaf field.
 
         >>> import torch, tdshare
         >>> @tdshare.tensorclass
@@ -237,20 +247,18 @@ class TensorClassOps(TensorClassIO):
         if parts[0] not in type(self).__tdshare_fields__:
             if len(parts) == 1 and isinstance(getattr(type(self), parts[0], None), property):
                 return getattr(self, parts[0])  # as the reference: get("batch_size") reads the property
-            if default is not _NO_DEFAULT:
-                return default
-            raise MissingKeyError(self._no_field(parts[0]))
+            return None if default is _NO_DEFAULT else default
         value = getattr(self, parts[0])
         if len(parts) == 1:
             return value
         if not hasattr(value, "get") or isinstance(value, torch.Tensor):
             if default is not _NO_DEFAULT:
                 return default
-            raise MissingKeyError(f"Cannot read {key!r}: the field {parts[0]!r} holds a leaf, not a collection.")
+            raise InvalidArgumentError(
+                f"Cannot read {key!r}: the field {parts[0]!r} holds a leaf, not a collection; pass a default to get()."
+            )
         if value is None:
-            if default is not _NO_DEFAULT:
-                return default
-            raise MissingKeyError(f"Cannot read {key!r}: the field {parts[0]!r} is unset (None).")
+            return None if default is _NO_DEFAULT else default
         rest = parts[1:] if len(parts) > 2 else parts[1]
         return value.get(rest) if default is _NO_DEFAULT else value.get(rest, default)
 
@@ -365,7 +373,10 @@ class TensorClassOps(TensorClassIO):
     # -- indexing -----------------------------------------------------------------------------
     def __getitem__(self: T, idx: Any) -> Any:
         if is_key(idx):
-            return self.get(idx)
+            value = self.get(idx, _ABSENT)
+            if value is _ABSENT:  # tc[key] raises where tc.get(key) gives None, as a TensorDict
+                raise MissingKeyError(f"Cannot read {idx!r}: {self._no_field(unravel_key(idx)[0])}")
+            return value
         return type(self)._from_tensordict(self._tensordict[idx])
 
     __getitems__ = __getitem__  # torch's DataLoader fetches a batch in one call
@@ -425,9 +436,10 @@ class TensorClassOps(TensorClassIO):
         """
         return type(self)._from_tensordict(self._tensordict.clone(recurse))
 
-    def contiguous(self: T) -> T:
-        """A copy whose tensors are contiguous."""
-        return type(self)._from_tensordict(self._tensordict.contiguous())
+    def contiguous(self: T, *, canonical: bool = False, inplace: bool = False) -> T:
+        """A copy whose tensors are contiguous (``self`` with ``inplace=True``); see ``TensorDict.contiguous``."""
+        out = self._tensordict.contiguous(canonical=canonical, inplace=inplace)
+        return self if inplace else type(self)._from_tensordict(out)
 
     def apply(self: T, fn: Callable[..., Any], *others: Any, batch_size: Any = None, **kwargs: Any) -> T:
         """A new instance with ``fn(tensor, *other_tensors)`` for every tensor (nested fields included).

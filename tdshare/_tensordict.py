@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from ._memmap_family import MemmapFamily
+from ._nontensor import set_shape_host
 from ._tensordict_base import rebuild_tensordict
 
 __all__ = [
@@ -96,3 +97,5 @@ def from_consolidated_parts(buffer: Any, schema: dict) -> Any:
 # Pickles made by tdshare 0.1.0 name ``tdshare._tensordict._rebuild`` (and ``tdshare._td.TensorDict``,
 # see :mod:`tdshare._td`); both keep loading.
 _rebuild = rebuild_tensordict
+
+set_shape_host(TensorDict)  # a NonTensorData/NonTensorStack on its own reshapes through a TensorDict

@@ -31,6 +31,7 @@ from ._errors import (
     MissingKeyError,
 )
 from ._format import LEVEL, TD_TYPE
+from ._from_any import AnyConversions
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
@@ -45,6 +46,7 @@ from ._reduce_ops import ReduceOps
 from ._reductions import decode_level, encode_level
 from ._setters import SetOps
 from ._shape_ops import ShapeOps
+from ._surface_ops import SurfaceOps
 from ._updates import UpdateOps
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
@@ -74,6 +76,8 @@ class TensorDictBase(
     ConsolidateOps,
     LoaderOps,
     PrivateCompatOps,
+    SurfaceOps,
+    AnyConversions,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
@@ -291,24 +295,50 @@ class TensorDictBase(
         return node
 
     def get(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
-        """The entry at ``key`` as stored, or ``default`` if given and ``key`` is missing.
+        """The entry at ``key`` as stored, or ``default`` (None if not given) if ``key`` is missing.
 
         As in the reference, a non-tensor entry comes back as its ``NonTensorData`` (or
-        ``NonTensorStack``); ``td[key]`` and :meth:`get_non_tensor` give the value itself.
+        ``NonTensorStack``); ``td[key]`` and :meth:`get_non_tensor` give the value itself. A missing
+        key returns ``default`` (``None`` without one, as ``dict.get`` and tensordict >= 0.7),
+        while ``td[key]`` raises ``MissingKeyError``.
+
+        Args:
+            key: a key or nested key (tuple of keys).
+            default: what a missing key returns (default None).
 
         Raises:
-            MissingKeyError: ``key`` is missing and no default is given.
+            InvalidArgumentError: without a ``default``, a nested key runs through a tensor or
+                non-tensor leaf (e.g. ``("a", "b")`` where ``"a"`` is a tensor).
 
         >>> from tdshare import TensorDict
         >>> td = TensorDict(s="x")
-        >>> type(td.get("s")).__name__, td["s"], td.get("zz", 0)
-        ('NonTensorData', 'x', 0)
+        >>> type(td.get("s")).__name__, td["s"], td.get("zz", 0), td.get("zz")
+        ('NonTensorData', 'x', 0, None)
         """
-        return self._get_leaf(unravel_key(key), default)
+        parts = unravel_key(key)
+        try:
+            return self._get_leaf(parts)
+        except MissingKeyError:
+            if default is NO_DEFAULT:
+                self._raise_through_leaf(parts)
+                return None
+            return default
+
+    def _raise_through_leaf(self, parts: tuple[str, ...]) -> None:
+        """Raise if a prefix of the nested key ``parts`` is a leaf (``get`` without a default)."""
+        for cut in range(1, len(parts)):
+            leaf = self._get_leaf(parts[:cut], None)
+            if leaf is None:
+                return
+            if not isinstance(leaf, TensorDictBase) and wrapped_collection(leaf) is None:
+                raise InvalidArgumentError(
+                    f"{parts[cut - 1]!r} is a {type(leaf).__name__}, not a tensordict, so it has no entry "
+                    f"{parts[cut]!r} (key {parts!r}); pass a default to get() to read None instead."
+                )
 
     def get_non_tensor(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
         """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``)."""
-        leaf = self.get(key) if default is NO_DEFAULT else self.get(key, default)  # subclasses have own markers
+        leaf = self._get_leaf(unravel_key(key)) if default is NO_DEFAULT else self.get(key, default)
         return leaf.data if isinstance(leaf, NonTensorData) else leaf
 
     def __getitem__(self, idx: Any) -> Any:
@@ -344,7 +374,8 @@ class TensorDictBase(
     def items(
         self, include_nested: bool = False, leaves_only: bool = False, is_leaf: Any = None, *, sort: bool = False
     ) -> Iterator[tuple[Any, Any]]:
-        """Iterate over ``(key, value)`` pairs; a non-tensor leaf gives its value.
+        """Iterate over ``(key, value)`` pairs as stored (``td.get``): a non-tensor entry gives its
+        ``NonTensorData``, as in the reference (``td[key]`` gives its value).
 
         Args:
             include_nested: also yield the entries of nested tensordicts, under tuple keys.
@@ -358,10 +389,9 @@ class TensorDictBase(
         """
         if is_leaf is not None or sort:
             for key in self.keys(include_nested, leaves_only, is_leaf, sort=sort):
-                yield key, self.get_non_tensor(key)
+                yield key, self._get_leaf(unravel_key(key))
             return
-        for key, leaf in self._iter_items(include_nested, leaves_only):
-            yield key, leaf.data if isinstance(leaf, NonTensorData) else leaf
+        yield from self._iter_items(include_nested, leaves_only)
 
     def values(
         self, include_nested: bool = False, leaves_only: bool = False, is_leaf: Any = None, *, sort: bool = False
@@ -436,16 +466,28 @@ class TensorDictBase(
         dev = self._device if device is NO_DEFAULT else device
         return type(self)._from_leaves(leaves, self._batch_size if batch_size is None else batch_size, dev, self._names)
 
-    def to(self: T, *args: Any, **kwargs: Any) -> T:
-        """Move to a device and/or cast to a dtype, like ``torch.Tensor.to``."""
+    def to(self: T, *args: Any, inplace: bool = False, **kwargs: Any) -> T:
+        """Move to a device and/or cast to a dtype, like ``torch.Tensor.to``.
+
+        ``self`` comes back when nothing changes (same device, no dtype); a consolidated
+        tensordict moves as its one storage and stays consolidated. ``inplace=True`` replaces the
+        leaves of ``self`` (nested tensordicts keep their identity) and returns ``self``.
+        """
         device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
-        if device is None and dtype is None:
+        target = None if device is None else torch.device(device)
+        if target is None and dtype is None:
             return self
+        if dtype is None and target == self._device:
+            return self
+        if inplace:
+            return self._to_inplace(target, dtype, non_blocking)
+        if dtype is None and target is not None and self.is_consolidated():
+            return self._consolidated_to(target, non_blocking)
 
         def fn(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=device, dtype=dtype, non_blocking=non_blocking)
+            return t.to(device=target, dtype=dtype, non_blocking=non_blocking)
 
-        out = self._map(fn, device=torch.device(device) if device is not None else self._device)
+        out = self._map(fn, device=target if target is not None else self._device)
         if self._is_locked:  # like the reference: a locked tensordict moves to a locked one
             out._propagate(lambda td: setattr(td, "_is_locked", True))
         return out
@@ -459,14 +501,6 @@ class TensorDictBase(
         if recurse:
             return self._map(lambda t: torch.Tensor.clone(t))
         return self._map(lambda t: t)
-
-    def contiguous(self: T) -> T:
-        """A copy whose tensor leaves are contiguous."""
-        return self._map(lambda t: t.contiguous())
-
-    def empty(self: T) -> T:
-        """A tensordict with the same batch size, device and names, and no entries."""
-        return type(self)._from_leaves({}, self._batch_size, self._device, self._names)
 
     def zero_(self: T) -> T:
         """Fill every tensor leaf with zeros, in place; return self."""

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._errors import ArgumentTypeError, BatchSizeError, MissingKeyError
-from ._key_ops import inner_collection, is_node
+from ._errors import ArgumentTypeError, BatchSizeError, LockedError, MissingKeyError
+from ._key_ops import NO_DEFAULT, inner_collection, is_node
 from ._keys import NestedKey, unravel_key
 from ._nodes import kind_of
 from ._nontensor import NonTensorData
@@ -75,8 +75,10 @@ class UpdateOps:
             **kwargs: more entries to set.
 
         Raises:
-            LockedError: a new entry on a locked tensordict (without ``ignore_lock``).
-            BatchSizeError: a value whose leading dims disagree with the batch size.
+            LockedError: a new entry on a locked tensordict, or a new batch size for it (without
+                ``ignore_lock``).
+            BatchSizeError: a value whose leading dims disagree with the batch size (or a new batch
+                size with ``inplace`` or ``keys_to_update``).
 
         >>> from tdshare import TensorDict
         >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
@@ -106,6 +108,16 @@ class UpdateOps:
                 raise BatchSizeError(
                     "update(update_batch_size=True, inplace=True): the batch sizes differ, so the entries cannot be "
                     "written in place; pass inplace=False."
+                )
+            if keys_to_update is not None:
+                raise BatchSizeError(
+                    "update(update_batch_size=True, keys_to_update=...): a new batch size needs every entry; drop "
+                    "keys_to_update, or select the keys first (source.select(...))."
+                )
+            if td.is_locked:
+                raise LockedError(
+                    "update(update_batch_size=True) cannot change the batch size of a locked tensordict: unlock it "
+                    "first (td.unlock_()) or pass ignore_lock=True."
                 )
         if update_batch_size and is_node(source) and td._lazy_members() is None:
             td._batch_size = torch.Size([])  # the entries are replaced one by one, then the new size is set
@@ -213,6 +225,56 @@ class UpdateOps:
             target[idx] = value
         return self
 
+    def separates(
+        self: T, *keys: NestedKey, default: Any = NO_DEFAULT, strict: bool = True, filter_empty: bool = True
+    ) -> T:
+        """Remove the entries ``keys`` from this tensordict and return them in a new one.
+
+        The values are not copied; the result keeps the nested levels (and their batch sizes)
+        that hold the removed entries.
+
+        Args:
+            *keys: the keys (nested keys too) to move out.
+            default: with a default, a missing key does not raise: the result holds ``default``
+                under it (None gives a None entry).
+            strict: without a default, a missing key raises; ``strict=False`` gives a None entry.
+            filter_empty: also remove the nested levels of ``self`` that the removal left empty.
+
+        Returns:
+            A new tensordict of the same kind with the removed entries.
+
+        Raises:
+            MissingKeyError: a missing key with ``strict`` and no ``default``.
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), b=torch.ones(2), batch_size=[2])
+        >>> td.separates("a").keys(), td.keys()
+        (['a'], ['b'])
+        """
+        td: Any = self
+        strict = strict and default is NO_DEFAULT
+        fill = None if default is NO_DEFAULT else default
+        wanted = [unravel_key(k) for k in keys]
+        for parts in wanted:  # check every key before anything moves
+            if strict and td._get_leaf(parts, None) is None:
+                raise MissingKeyError(
+                    f"separates: key {parts if len(parts) > 1 else parts[0]!r} is not in the tensordict; pass a "
+                    "default (or strict=False) to get a None entry for it."
+                )
+        out = td.empty(recurse=True)
+        for parts in wanted:
+            value = td._get_leaf(parts, None)
+            if value is None:
+                out._set(parts, fill)
+                continue
+            td.pop(parts)
+            out._set(parts, value)
+            if filter_empty:
+                _drop_empty_levels(td, parts)
+        _prune_empty(out)
+        return out
+
 
 def _cloned(value: Any) -> Any:
     if isinstance(value, torch.Tensor) or is_node(value):
@@ -257,3 +319,21 @@ def _key_filter(keys: Sequence[NestedKey] | None) -> Callable[[tuple[str, ...]],
         return any(parts[: len(w)] == w or w[: len(parts)] == parts for w in wanted)
 
     return selected
+
+
+def _drop_empty_levels(td: Any, parts: tuple[str, ...]) -> None:
+    """Remove the levels above ``parts`` that a removal left without entries."""
+    for depth in range(len(parts) - 1, 0, -1):
+        level = td._get_leaf(parts[:depth], None)
+        if not is_node(level) or level.keys():
+            return
+        td.pop(parts[:depth])
+
+
+def _prune_empty(td: Any) -> bool:
+    """Remove the nested levels of ``td`` that hold no entry at any depth; whether ``td`` is left empty."""
+    for key in list(td.keys()):
+        value = td._get_leaf((key,))
+        if is_node(value) and _prune_empty(value):
+            td._tensordict.pop(key)
+    return not td._tensordict

@@ -124,7 +124,7 @@ def test_nested_get_and_set() -> None:
         (lambda: Sample(x=torch.zeros(3), label="a", batch_size=[2]), tdshare.BatchSizeError, "'x'"),
         (lambda: setattr(_sample(), "colour", 1), tdshare.FieldError, "'colour'"),
         (lambda: _sample().set("colour", 1), tdshare.FieldError, "'colour'"),
-        (lambda: _sample().get("colour"), tdshare.MissingKeyError, "'colour'"),
+        (lambda: _sample()["colour"], tdshare.MissingKeyError, "'colour'"),
         (lambda: bool(_sample() == _sample()), tdshare.NotSupportedError, "all()"),
         (
             lambda: torch.stack([_sample(), Other(x=torch.zeros(3), batch_size=[3])]),
