@@ -97,6 +97,7 @@ class MoveOps:
         spread: bool = False,
         collapse: bool = False,
         copy: bool = False,
+        keep_status: bool | None = None,
     ) -> T:
         """A new level: ``leaf`` on every tensor, ``nested`` on every child collection.
 
@@ -104,7 +105,10 @@ class MoveOps:
         (as the reference's expand and unsqueeze do); otherwise the value is kept.  ``collapse``
         turns a ``NonTensorStack`` whose values are all equal back into one value (squeeze).
         ``copy`` (operations whose tensors are copies) gives the result its own non-tensor values;
-        otherwise a value is shared with this tensordict, as indexing shares it.
+        otherwise a value is shared with this tensordict, as indexing shares it.  ``keep_status``
+        (default: not ``copy``) says whether the result counts as shared or memory-mapped when
+        this one does: views do, as in the reference, except ``reshape`` and ``expand``, which the
+        reference reports as in memory (a reshape may copy).
         """
         batch = torch.Size(batch)
         leaves: dict[str, Any] = {}
@@ -125,7 +129,7 @@ class MoveOps:
             else:
                 leaves[key] = value
         out = type(self)._from_leaves(leaves, batch, self._device, _names_or_none(names))
-        if not copy:  # views of shared or mapped leaves are shared or mapped too, as in the reference
+        if (not copy) if keep_status is None else keep_status:
             out._is_shared, out._is_memmap = self._is_shared, self._is_memmap
         if lock and self._is_locked:
             out.lock_()

@@ -71,7 +71,11 @@ class ShapeOps(MaskOps):
             return stack_rules.reshape(self, new, view=False)
         bd = self.batch_dims
         result = self._rebuild(
-            lambda t: t.reshape((*new, *t.shape[bd:])), lambda c: c.reshape(*new, *c.batch_size[bd:]), new, None
+            lambda t: t.reshape((*new, *t.shape[bd:])),
+            lambda c: c.reshape(*new, *c.batch_size[bd:]),
+            new,
+            None,
+            keep_status=False,
         )
         return self._rebind_(result, "reshape") if inplace else result
 
@@ -411,7 +415,9 @@ class ShapeOps(MaskOps):
             full = [*new, *c.batch_size[bd:]]
             return c.expand(full) if spread else c.broadcast_to(full)
 
-        return self._rebuild(lambda t: t.expand((*new, *t.shape[bd:])), nested, new, names, spread=spread)
+        return self._rebuild(
+            lambda t: t.expand((*new, *t.shape[bd:])), nested, new, names, spread=spread, keep_status=False
+        )
 
     def expand_as(self: T, other: Any) -> T:
         """Broadcast to ``other``: a tensor's shape, or a tensordict's batch size with every leaf

@@ -59,7 +59,8 @@ def _nested_b(td: Any) -> torch.Tensor:
 
 # -- functions the children run (module level: spawned children import them) --------------------
 def _child_writes_and_reports_locks(td: Any, ready: Any, results: Any) -> None:
-    nested = [v for v in td.values(True) if tdshare.is_tensor_collection(v)]
+    # nested levels; non-tensor leaves (which values() gives as stored) carry no lock of their own here
+    nested = [v for v in td.values(True) if tdshare.is_tensor_collection(v) and not tdshare.is_non_tensor(v)]
     results.put(
         (
             td.is_locked,

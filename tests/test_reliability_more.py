@@ -575,9 +575,12 @@ def _on_full_runtime(runtime: str, folder: str) -> dict[str, str]:
     return out
 
 
-def _in_fork(fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` in a forked child: a SIGBUS would kill the child (exit code -7), not the test."""
-    ctx = mp.get_context("fork")
+def _in_child(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a spawned child: a SIGBUS would kill the child (exit code -7), not the test.
+
+    Spawned, not forked: a fork of the (threaded) test worker hung once in a full parallel run.
+    """
+    ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     child = ctx.Process(target=_guard, args=(fn, queue, *args))
     child.start()
@@ -594,7 +597,7 @@ def _in_fork(fn: Any, *args: Any) -> Any:
 
 def test_full_disk_raises_enospc_naming_path_and_sizes(tmp_path: Path) -> None:
     with _tmpfs(tmp_path / "mnt", "256k") as mnt:
-        got = _in_fork(_on_full_disk, str(mnt))
+        got = _in_child(_on_full_disk, str(mnt))
         for name, message in got.items():
             assert message.startswith("errno 28: "), (name, message)
             assert str(mnt) in message and ".tdtmp-" not in message, (name, message)
@@ -605,7 +608,7 @@ def test_full_disk_raises_enospc_naming_path_and_sizes(tmp_path: Path) -> None:
 
 def test_full_runtime_folder_raises_naming_the_file(tmp_path: Path) -> None:
     with _tmpfs(tmp_path / "rt", "64k") as runtime:
-        got = _in_fork(_on_full_runtime, str(runtime), str(tmp_path / "td"))
+        got = _in_child(_on_full_runtime, str(runtime), str(tmp_path / "td"))
     assert got.pop("folder") == repr([1.0] * 4)
     for name, message in got.items():
         assert message.startswith("errno 28: ") and str(runtime) in message, (name, message)

@@ -376,7 +376,12 @@ def test_inplace_rebinds_the_leaves_and_keeps_nested_levels(name: str, call: Cal
 def test_locked_and_memmap_inputs_give_in_memory_results() -> None:
     td, _ = pair("tensordict")
     td.memmap_(tempfile.mkdtemp())
-    for result in (td.permute(1, 0), td.reshape(6), td.expand(2, 2, 3), td.unsqueeze(0), td.flip(0)):
+    # as the reference: views count as memory-mapped, reshape and expand do not; a flip is a copy
+    # (the reference calls it memory-mapped too: see README, "Where tdshare differs")
+    for result, mapped in ((td.permute(1, 0), True), (td.unsqueeze(0), True), (td.view(6), True)):
+        assert result.is_locked and result.is_memmap() is mapped
+        assert type(result["a"]) is torch.Tensor
+    for result in (td.reshape(6), td.expand(2, 2, 3), td.flip(0)):
         assert result.is_locked and not result.is_memmap()
         assert type(result["a"]) is torch.Tensor
     view = td.transpose(0, 1)
