@@ -308,13 +308,18 @@ def _resolve_subpath(store: Store, level: str, subpath: Any) -> str:
 _SWAP_RETRIES = 20
 
 
-def _stamp(path: str) -> tuple[int, int, int] | None:
-    """The identity of the folder at ``path`` (None if missing): an atomic re-save changes it."""
+def _stamp(path: str) -> tuple[int, int] | None:
+    """The identity of the folder at ``path`` (None if missing): an atomic re-save changes it.
+
+    Not its ctime: entries added in place (``make_memmap*``) change that, and are no swap.  Two
+    swaps during one load could give the folder back its old inode number; the leaves' own
+    guard (``EpochGuard``) still catches a leaf read across them.
+    """
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
-    return st.st_dev, st.st_ino, st.st_ctime_ns
+    return st.st_dev, st.st_ino
 
 
 def _load_folder(

@@ -638,11 +638,11 @@ def test_injected_enospc_names_path_and_sizes(tmp_path: Path, monkeypatch: pytes
 
 # -- resource limits: 1,000 create/share/drop cycles -----------------------------------------------
 def _shm_bytes() -> int:
-    """Bytes in this user's runtime folders (/dev/shm/tdshare-<uid>, $XDG_RUNTIME_DIR/tdshare-<uid>)."""
+    """Bytes in this user's runtime folder ($XDG_RUNTIME_DIR/tdshare-<uid> where set, else /dev/shm/tdshare-<uid>)."""
     total = 0
     roots = [f"/dev/shm/tdshare-{os.getuid()}"]
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        roots.append(os.path.join(os.environ["XDG_RUNTIME_DIR"], f"tdshare-{os.getuid()}"))
+    if os.environ.get("XDG_RUNTIME_DIR"):  # set by the test: only its own folder counts
+        roots = [os.path.join(os.environ["XDG_RUNTIME_DIR"], f"tdshare-{os.getuid()}")]
     for root in roots:
         for dirpath, _, files in os.walk(root):
             for name in files:
@@ -674,9 +674,12 @@ WARMUP = 20
 
 
 @pytest.mark.timeout(300)
-def test_descriptors_mappings_and_shm_return_to_baseline(tmp_path: Path) -> None:
+def test_descriptors_mappings_and_shm_return_to_baseline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import gc as collector
 
+    # a runtime folder of this test's own: the shared one changes with the tests running beside it
+    (tmp_path / "rt").mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "rt"))
     cycles = 1000 * SCALE
     ctx = mp.get_context("fork")
     inbox, outbox = ctx.Queue(), ctx.Queue()
