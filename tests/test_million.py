@@ -70,7 +70,7 @@ def read_all(td: Any, groups: int = G, leaves: int = L, every: int = 5000, step:
 
 @pytest.fixture(scope="module")
 def shm() -> Iterator[Path]:
-    root = Path(SHM) / f"tdshare-million-{uuid.uuid4().hex}"
+    root = Path(SHM) / f"million-leaves-test-{uuid.uuid4().hex}"  # no "tdshare" in it: test_sharing counts those
     root.mkdir()
     try:
         yield root
