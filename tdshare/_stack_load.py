@@ -82,7 +82,7 @@ class MemberTemplate:
         where = prefix + META_FILE
         mode = store.mode
         lstat, isreg, pending = os.lstat, stat.S_ISREG, PendingLeaf
-        guard = getattr(store, "guard", None)  # a folder store's swap guard (see _read._load_folder)
+        guard = store.guard
         values: dict = LazyLeaves() if self.leaves else {}
         for key, name, need, dtype, shape in self.leaves:
             path = prefix + name
