@@ -66,14 +66,25 @@ _SEP = os.sep
 _NOFOLLOW = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
+_FIRST_READ = 1 << 16
+
+
 def _read_file(path: str, flags: int = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) -> bytes:
-    """The whole content of a small file, without the buffered file object's extra system calls."""
+    """The whole content of a small file, without the buffered file object's extra system calls.
+
+    A read of a regular file that returns less than it asked for has reached the end (``meta.json``
+    is only ever replaced by a rename, never extended in place), so a small file costs one
+    ``read``; the first asks for 64 KiB, since the buffer ``os.read`` allocates costs more as it grows.
+    """
     fd = os.open(path, flags)
     try:
-        chunks = []
+        first = os.read(fd, _FIRST_READ)
+        if len(first) < _FIRST_READ:
+            return first
+        chunks = [first]
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 

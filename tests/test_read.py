@@ -117,6 +117,18 @@ def test_load_round_trip(tmp_path: Path) -> None:
         assert loaded._memmap_prefix == str(path)
 
 
+@pytest.mark.parametrize("keys", [10, 3_000, 12_000])
+def test_metadata_of_any_size_is_read_whole(tmp_path: Path, keys: int) -> None:
+    # meta.json is read with one 64 KiB read when it fits: these span one read, several, and > 1 MiB
+    td = TensorDict({f"a_rather_long_leaf_name_number_{i:06d}": torch.tensor([i]) for i in range(keys)}, [])
+    td.memmap_(tmp_path / "t")
+    size = os.path.getsize(tmp_path / "t" / "meta.json")
+    assert (size < 1 << 16) == (keys == 10)
+    loaded = TensorDict.load_memmap(tmp_path / "t")
+    assert len(loaded.keys()) == keys
+    assert int(loaded[f"a_rather_long_leaf_name_number_{keys - 1:06d}"]) == keys - 1
+
+
 def test_load_then_memmap_in_place_writes_nothing_new(tmp_path: Path) -> None:
     path = _saved(tmp_path)
     inodes = {p.name: p.stat().st_ino for p in path.rglob("*") if p.is_file()}
