@@ -100,8 +100,9 @@ def read_meta(
     ``journal``: lay the level's record of new entries (``meta.jsonl``, :mod:`tdshare._journal`)
     over it, read first so that a compaction in between loses nothing (False: the caller reads it).
     """
-    path = os.path.join(directory, META_FILE)
-    record = read_journal(directory) if journal and _may_exist(directory + _SEP + JOURNAL_FILE) else None
+    base = directory if directory.endswith(_SEP) else directory + _SEP  # os.path.join, for less
+    path = base + META_FILE
+    record = read_journal(directory) if journal and _may_exist(base + JOURNAL_FILE) else None
     try:
         raw = _read_file(path, _NOFOLLOW) if nofollow else _read_file(path)
     except FileNotFoundError:

@@ -84,11 +84,19 @@ class TensorDictBase(
     _tensordict: dict[str, Any]
     _batch_size: torch.Size
     _device: torch.device | None
-    _names: list | None
-    _is_locked: bool
-    _is_memmap: bool
-    _is_shared: bool
-    _memmap_prefix: str | None
+    # Defaults every level starts with, read from the class until a level sets its own: a load
+    # builds thousands of levels, and each attribute it need not set is saved there.
+    _names: list | None = None
+    _is_locked: bool = False
+    _is_memmap: bool = False
+    _is_shared: bool = False
+    _memmap_prefix: str | None = None
+    _generation: tuple[int, int] | None = None  # registry state last seen (memory-mapped folders)
+    _meta_seen: dict | None = None  # this level's meta.json as the last refresh read it
+    _meta_stamp: Any = None  # the stamps of its meta.json and meta.jsonl then (see _refresh)
+    # anonymous memory-mapped trees: (runtime store path, this level's key from the root)
+    _anon_store: tuple[str, tuple[str, ...]] | None = None
+    _registry: Any = None  # (folder, SharedRegistry) held while this tensordict lives
 
     def __init__(
         self,
@@ -114,17 +122,6 @@ class TensorDictBase(
         self._tensordict = {}
         self._batch_size = batch_size
         self._device = device
-        self._names = None
-        self._is_locked = False
-        self._is_memmap = False
-        self._is_shared = False
-        self._memmap_prefix = None
-        self._generation: tuple[int, int] | None = None  # registry state last seen (memory-mapped folders)
-        self._meta_seen: dict | None = None  # this level's meta.json as the last refresh read it
-        self._meta_stamp: Any = None  # the stamps of its meta.json and meta.jsonl then (see _refresh)
-        # anonymous memory-mapped trees: (runtime store path, this level's key from the root)
-        self._anon_store: tuple[str, tuple[str, ...]] | None = None
-        self._registry: Any = None  # (folder, SharedRegistry) held while this tensordict lives
         self._last_op: list[Any] = []  # the latest lock_/unlock_ (None: it changed nothing)
         self._op_queue: list[Any] = []  # the ops of the open ``with`` blocks
 
