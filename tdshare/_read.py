@@ -248,7 +248,19 @@ def _load_members(cls: type[T], store: Store, level: str, device: Any) -> list:
     members = []
     templates: dict[int, MemberTemplate | None] = {}  # id(parsed meta) -> its template (members share it)
     built: list[dict] = []  # the entries of the members the templates built
+    quick = store.quick_meta if isinstance(store, DirectoryStore) else None
     for index, sub in enumerate(store.members(level)):
+        meta = quick(sub) if quick is not None else None
+        if meta is not None:  # a real folder with a plain meta.json: no descent guard needed
+            if id(meta) in templates:
+                template = templates[id(meta)]
+            else:
+                template = templates[id(meta)] = member_template(store, meta, store.where(sub, META_FILE), device)
+            member = template.build(cls, sub) if template is not None else None
+            if member is not None:
+                built.append(member._tensordict)
+                members.append(member)
+                continue
         with store.enter(sub):
             try:
                 meta = store.read_meta(sub)

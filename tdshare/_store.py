@@ -379,6 +379,30 @@ class DirectoryStore(Store):
     def has_level(self, level: str) -> bool:
         return os.path.isfile(os.path.join(level, META_FILE))
 
+    def quick_meta(self, level: str) -> dict | None:
+        """The parsed ``meta.json`` of a member level found as a real folder, by the shortest path.
+
+        For the members of a lazy stack, where a load reads one small ``meta.json`` per member:
+        None whenever :meth:`read_meta` (and :meth:`enter`) must do the work instead, which then
+        raises the error that names the file: the level is a symbolic link, holds a record of new
+        entries (``meta.jsonl``), or its ``meta.json`` is missing, a link, unreadable or large.
+        """
+        if level not in self._plain:
+            return None
+        base = level + _SEP
+        if _may_exist(base + JOURNAL_FILE):
+            return None
+        try:
+            raw = _read_file(base + META_FILE, _NOFOLLOW)
+        except OSError:
+            return None
+        hit = self.parsed_meta.get(raw)
+        if hit is None:
+            if len(raw) > _CACHED_META_BYTES:
+                return None
+            hit = self.parsed_meta[raw] = loads_json(raw, base + META_FILE)
+        return hit
+
     def child(self, level: str, key: str) -> str | None:
         found = self._find(level, key, "", True)
         if found is None:
