@@ -639,3 +639,29 @@ def test_the_benchmarks_byte_compile_the_library_a_spawned_worker_imports() -> N
     assert byte_compile(tdshare) is True
     init = tdshare.__file__
     assert init is not None and os.path.exists(importlib.util.cache_from_source(init))
+
+
+def _keep_two(inbox: Any, out: Any) -> None:
+    first, second = inbox.get(timeout=WAIT), inbox.get(timeout=WAIT)
+    with open("/proc/self/maps") as f:
+        mappings = [line for line in f if "/memfd:tdshare" in line]  # one per mapping of a segment
+    out.put((len(mappings), first["a"].data_ptr() == second["a"].data_ptr(), second["a"].tolist()))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+def test_an_anonymous_td_received_twice_is_mapped_once(method: str) -> None:
+    ctx = _ctx(method)
+    td = TensorDict({"a": torch.arange(4.0), "b": torch.ones(3)}, batch_size=[]).memmap_(None)
+    inbox, out = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_keep_two, args=(inbox, out))
+    proc.start()
+    try:
+        inbox.put(td)
+        td["a"].add_(1)  # between the two hand-offs: both copies view the same pages
+        inbox.put(td)
+        count, same, value = out.get(timeout=WAIT)
+    finally:
+        proc.join(timeout=WAIT)
+    assert proc.exitcode == 0
+    assert (count, same, value) == (1, True, [1.0, 2.0, 3.0, 4.0])
