@@ -804,7 +804,10 @@ def _live_handoff(
         if not here.poll(60):
             raise TimeoutError("the live worker did not answer in 60 s")
         here.recv()
-        return time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        if not here.poll(60) or here.recv() != "idle":  # untimed: the worker has dropped what it got
+            raise TimeoutError("the live worker did not become idle in 60 s")
+        return dt
 
     def case_for(b: Backend, where: str) -> Case:
         def case() -> float:

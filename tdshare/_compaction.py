@@ -153,7 +153,10 @@ def _rewrite(directory: str, hit: _Level, key: str, value: dict, replace: Callab
         data = body[:-1] + b", " + dumps_json({key: value})[1:-1] + b"}"
     else:
         data = dumps_json({**hit.meta, key: value})
-    replace(path, data)
+    if replace is replace_file:  # the file exists: swapped in (see replace_file), not renamed over
+        replace_file(path, data, existing=True)
+    else:  # the caller's own (its tests stop a commit half-way)
+        replace(path, data)
     hit.meta[key] = value
     hit.n_meta += 1
     hit.stamp = _stamp(os.stat(path))

@@ -3,7 +3,9 @@
 The rules every writer follows (DESIGN.md §8):
 
 * a file another process may have mapped is never truncated or rewritten in place: a new file is
-  written under a temporary name in the same directory and renamed over the old one;
+  written under a temporary name in the same directory and renamed over the old one (or, for a
+  file known to exist, swapped with it by ``renameat2(RENAME_EXCHANGE)``, then the old one
+  unlinked: ext4 flushes a file renamed over another to the disk at once, ~100-300 µs a call);
 * files are created with their bytes written (or their space reserved with ``posix_fallocate``),
   so a full disk raises ``OSError`` naming the path now, instead of ``SIGBUS`` at a later write;
 * temporary names are unique per call and recognisable (``.<name>.tdshare-<pid>-<hex>.tmp``).
@@ -18,6 +20,7 @@ import os
 import secrets
 import stat
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -205,8 +208,14 @@ def write_files(files: Iterable[tuple[str, memoryview | bytes]], *, existsok: bo
         os_close(fd)
 
 
-def replace_file(path: str, data: memoryview | bytes, *, stat: bool = False) -> int | None:
+def replace_file(path: str, data: memoryview | bytes, *, stat: bool = False, existing: bool = False) -> int | None:
     """Atomically replace (or create) ``path`` with ``data`` (temporary file + rename).
+
+    ``existing``: the caller knows ``path`` exists (a level's ``meta.json`` being rewritten): the
+    new file is swapped with it (``renameat2(RENAME_EXCHANGE)``) and the old one unlinked, as
+    atomic for readers as a rename; where the file system cannot swap (or ``path`` is gone) it is
+    renamed over as usual.  On ext4 a rename over an existing file starts writing the new one to
+    the disk at once (its ``auto_da_alloc`` heuristic), ~100-300 µs; the swap costs ~12 µs.
 
     Returns the new file's inode with ``stat=True``, else None.
     """
@@ -217,13 +226,33 @@ def replace_file(path: str, data: memoryview | bytes, *, stat: bool = False) -> 
         ino = os.fstat(fd).st_ino if stat else None
         os.close(fd)
         fd = -1
-        os.replace(tmp, path)
+        if existing and _exchange(tmp, path):
+            _unlink_quietly(tmp)  # the old file, now under the temporary name
+        else:
+            os.replace(tmp, path)
         return ino
     except BaseException:
         if fd >= 0:
             os.close(fd)
         _unlink_quietly(tmp)
         raise
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+_renameat2: list[Any] = []  # [libc's renameat2, or None where there is none], looked up on first use
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap the files ``a`` and ``b`` atomically; False (nothing changed) where that cannot be done."""
+    if not _renameat2:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+        if fn is not None:
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+        _renameat2.append(fn)
+    fn = _renameat2[0]
+    return fn is not None and fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
 
 
 def reserve_file(path: str, nbytes: int, *, existsok: bool = True) -> None:

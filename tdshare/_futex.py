@@ -39,10 +39,13 @@ def _load_syscall() -> Any:
     if _SYS_FUTEX is None or not hasattr(os, "sched_getaffinity"):  # Linux only
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
+        # the interpreter's own symbols hold libc's: no ``find_library`` (it runs ``ldconfig -p``,
+        # ~6 ms at every import of tdshare, a spawned worker's included)
+        fn = getattr(ctypes.CDLL(None, use_errno=True), "syscall", None)
+        if fn is None:
+            fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).syscall
+    except (OSError, AttributeError):
         return None
-    fn = libc.syscall
     fn.restype = ctypes.c_long
     return fn
 

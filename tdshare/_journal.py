@@ -178,6 +178,6 @@ def compact_level(directory: str) -> bool:
             data = body[:-1] + b", " + dumps_json(entries)[1:-1] + b"}"
         else:
             data = dumps_json(merge_entries(meta, entries))
-        replace_file(path, data)
+        replace_file(path, data, existing=True)  # it was just read: swapped in, not renamed over
     drop_journal(directory)
     return bool(journal.raw)

@@ -42,12 +42,16 @@ def record_lock_parents(root: Any, propagate: Callable[[Callable[[Any], None]], 
         propagate: ``root._propagate``: calls its argument on ``root`` and every nested collection.
     """
 
+    root_ref = weakref.ref(root)
+
     def mark(node: Any) -> None:
         if node is root:
             return
-        refs = _refs_of(node)
-        if not any(ref() is root for ref in refs):
-            refs.append(weakref.ref(root))
+        refs = node.__dict__.get(_ATTR)
+        if refs is None:  # the common case (a tree just rebuilt or locked for the first time)
+            node.__dict__[_ATTR] = [root_ref]
+        elif not any(ref() is root for ref in refs):
+            refs.append(root_ref)
 
     propagate(mark)
 

@@ -31,6 +31,11 @@ ALIGN = 64
 # cannot be at the same address as another while it lives, so the key is unambiguous.
 _BY_ADDRESS: weakref.WeakValueDictionary[int, Segment] = weakref.WeakValueDictionary()
 
+# Live segments by the (device, inode) of their memfd: a segment received (unpickled) while this
+# process already maps it (the same tensordict handed off again, or back) is the one mapped here,
+# its new descriptor closed.  A memfd's inode is unique while it lives, and the segment holds it open.
+_BY_INODE: weakref.WeakValueDictionary[tuple[int, int], Segment] = weakref.WeakValueDictionary()
+
 
 def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
@@ -54,6 +59,8 @@ class Segment:
         weakref.finalize(self, os.close, fd)
         if size:
             _BY_ADDRESS[buffer.data_ptr()] = self
+            st = os.fstat(fd)
+            _BY_INODE[st.st_dev, st.st_ino] = self
 
     @classmethod
     def from_fd(cls, fd: int, size: int) -> Segment:
@@ -126,6 +133,11 @@ def _rebuild_segment(dupfd: Any, size: int) -> Segment:
             "/dev/shm), which any process can open by path."
         ) from None
     try:
+        st = os.fstat(fd)
+        known = _BY_INODE.get((st.st_dev, st.st_ino))
+        if known is not None and known.size == size:
+            os.close(fd)  # already mapped here: the same memory, one mapping
+            return known
         buffer = _map_fd(fd, size) if size else torch.empty(0, dtype=torch.uint8)
     except BaseException:
         os.close(fd)

@@ -35,7 +35,7 @@ from ._from_any import AnyConversions
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
-from ._lazy_leaves import raw_values
+from ._lazy_leaves import PendingLeaf, raw_items, raw_values
 from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData
@@ -58,6 +58,10 @@ _LOCKED_MSG = (
     "(td.unlock_(), or `with td.unlock_(): ...`); a memory-mapped tensordict also takes new entries "
     "through make_memmap(), make_memmap_from_tensor() or make_memmap_from_storage() while locked."
 )
+
+
+# Leaves that are never collections nor wrap one: :meth:`TensorDictBase._propagate` skips them at once.
+_PLAIN_LEAVES = (torch.Tensor, PendingLeaf)
 
 
 class TensorDictBase(
@@ -265,6 +269,8 @@ class TensorDictBase(
     def _propagate(self, fn: Callable[[TensorDictBase], None]) -> None:
         fn(self)
         for leaf in raw_values(self._tensordict):  # a pending leaf is no collection: it stays unmapped
+            if isinstance(leaf, _PLAIN_LEAVES):  # the common leaves, in one C call (a rebuild walks them all)
+                continue
             if isinstance(leaf, TensorDictBase):
                 leaf._propagate(fn)
             elif type(leaf) is not torch.Tensor and (inner := wrapped_collection(leaf)) is not None:  # a tensorclass
@@ -349,8 +355,9 @@ class TensorDictBase(
         return self._get_leaf(unravel_key(key), None) is not None
 
     def _iter_keys(self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()) -> Iterator[Any]:
-        """The keys of :meth:`_iter_items`, without reading any value (a lazy stack's would be stacked)."""
-        for key, leaf in self._tensordict.items():
+        """The keys of :meth:`_iter_items`, without reading any value (a lazy stack's would be stacked,
+        a pending leaf mapped)."""
+        for key, leaf in raw_items(self._tensordict):
             full = (*prefix, key)
             is_td = isinstance(leaf, TensorDictBase)
             if not (is_td and leaves_only):

@@ -522,3 +522,146 @@ def test_a_pickle_follows_in_place_changes_of_a_leaf(tmp_path: Path) -> None:
     renamed = td.unlock_().rename_key_("a", "z")  # the same tensor under another key: not a.memmap's code
     again = pickle.loads(pickle.dumps(renamed))
     assert again["z"].tolist() == td["z"].tolist() and "a" not in again.keys()
+
+
+# -- the hand-off's last costs: keys() maps nothing, a rebuild's lock walk, meta.json swapped in ---
+def _first_leaf(inbox: Any, ready: Any, go: Any, out: Any) -> None:
+    """Take a nested td from ``inbox``; report what reading the first key of the first level
+    mapped; once ``go`` is set, read the same leaf again (the parent wrote it meanwhile)."""
+    td = inbox.get(timeout=WAIT)
+    first = next(iter(td.keys()))
+    level = td[first]
+    names = list(level.keys())  # keys only: maps none of the level's leaves
+    pending_after_keys = sum(type(v) is PendingLeaf for v in dict.values(level._tensordict))
+    value = level[names[0]].tolist()
+    pending_after_read = sum(type(v) is PendingLeaf for v in dict.values(level._tensordict))
+    ready.set()
+    assert go.wait(timeout=WAIT)
+    out.put((first, names, pending_after_keys, value, pending_after_read, level[names[0]].tolist()))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("anonymous", [False, True], ids=["folder", "anonymous"])
+def test_a_received_tree_maps_only_the_leaf_read_and_sees_later_writes(
+    method: str, anonymous: bool, tmp_path: Path
+) -> None:
+    ctx = _ctx(method)
+    src = TensorDict(
+        {f"sub{s}": {f"x{j}": torch.full((3,), float(10 * s + j)) for j in range(6)} for s in range(4)}, batch_size=[]
+    )
+    td = src.memmap_(None if anonymous else tmp_path / f"t-{uuid.uuid4().hex}")
+    inbox, out, ready, go = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_first_leaf, args=(inbox, ready, go, out))
+    proc.start()  # before the td exists: even a forked worker gets it only through the queue
+    try:
+        inbox.put(td)
+        assert ready.wait(timeout=WAIT)
+        td["sub0", "x0"].fill_(-1.0)  # after the worker unpickled and read it: shared pages
+        go.set()
+        first, names, pending_keys, value, pending_read, again = out.get(timeout=WAIT)
+    finally:
+        proc.join(timeout=WAIT)
+    assert proc.exitcode == 0
+    assert (first, names) == ("sub0", [f"x{j}" for j in range(6)])
+    assert value == [0.0, 0.0, 0.0] and again == [-1.0, -1.0, -1.0]
+    assert (pending_keys, pending_read) == (6, 5)  # keys() mapped nothing, the read mapped one leaf
+
+
+def test_keys_of_a_loaded_tree_map_no_leaf(tmp_path: Path) -> None:
+    src = TensorDict({"a": torch.arange(3.0), "n": {"b": torch.ones(2), "m": {"c": torch.zeros(1)}}}, batch_size=[])
+    src.memmap(tmp_path / "t")
+    td = TensorDict.load_memmap(tmp_path / "t")
+    assert sorted(map(str, td.keys(True, True))) == sorted(map(str, src.keys(True, True)))
+    assert list(td["n"].keys()) == ["b", "m"]
+    for level in (td, td["n"], td["n", "m"]):
+        assert all(type(v) is PendingLeaf for v in dict.values(level._tensordict) if not isinstance(v, TensorDict))
+    assert (td == src).all()  # reading still maps (values, ==)
+
+
+def test_a_rebuilt_locked_tree_records_its_lock_parents(tmp_path: Path) -> None:
+    src = TensorDict({"n": {"m": {"c": torch.zeros(2)}, "b": torch.ones(2)}, "a": torch.zeros(2)}, batch_size=[])
+    for prefix in (tmp_path / "t", None):
+        again = pickle.loads(pickle.dumps(src.clone().memmap_(prefix))) if prefix else None
+        if again is None:  # anonymous memory travels by descriptor: through multiprocessing's pickler
+            from multiprocessing.reduction import ForkingPickler
+
+            again = pickle.loads(ForkingPickler.dumps(src.clone().memmap_(None)))
+        n, m = again.get("n"), again.get(("n", "m"))
+        assert again.is_locked and n.is_locked and m.is_locked
+        assert again._lock_parents_weakrefs == []  # locked itself
+        assert any(ref() is again for ref in n._lock_parent_refs)
+        assert {id(ref()) for ref in m._lock_parent_refs} >= {id(again), id(n)}
+        again.unlock_()
+        assert not n.is_locked and not m.is_locked and torch.equal(again["n", "b"], torch.ones(2))
+
+
+def test_a_known_file_is_swapped_in_atomically(tmp_path: Path) -> None:
+    from tdshare._files import TMP_MARK, replace_file
+
+    path = tmp_path / "meta.json"
+    path.write_bytes(b'{"old": 1}')
+    old_ino = path.stat().st_ino
+    with open(path, "rb") as reader:  # a reader that opened the old file keeps its bytes
+        replace_file(str(path), b'{"new": 2}', existing=True)
+        assert reader.read() == b'{"old": 1}'
+    assert path.read_bytes() == b'{"new": 2}' and path.stat().st_ino != old_ino
+    assert [p.name for p in tmp_path.iterdir()] == ["meta.json"]  # the old file is gone, no temporary left
+    gone = tmp_path / "gone.json"  # "existing" but missing: created as by a rename
+    replace_file(str(gone), b"{}", existing=True)
+    assert gone.read_bytes() == b"{}" and not any(TMP_MARK in p.name for p in tmp_path.iterdir())
+
+
+def test_a_small_level_commits_through_the_swap_and_tensordict_reads_it(tmp_path: Path) -> None:
+    tensordict = pytest.importorskip("tensordict")
+    folder = tmp_path / "t"
+    td = TensorDict({"a": torch.zeros(2)}, batch_size=[]).memmap_(folder)
+    inodes = set()
+    for i in range(5):  # a level under WRITE_THROUGH entries: meta.json rewritten at each addition
+        td.make_memmap_from_tensor(f"k{i}", torch.full((2,), float(i)))
+        inodes.add((folder / "meta.json").stat().st_ino)
+        assert _meta_keys(folder) == [f"k{j}" for j in range(i + 1)]
+    assert len(inodes) == 5 and not (folder / "meta.jsonl").exists()
+    ref = tensordict.TensorDict.load_memmap(folder)
+    assert [ref[f"k{i}"].tolist() for i in range(5)] == [[float(i)] * 2 for i in range(5)]
+    assert sorted(os.listdir(folder)) == sorted(["meta.json", "a.memmap", *[f"k{i}.memmap" for i in range(5)]])
+
+
+def test_the_benchmarks_byte_compile_the_library_a_spawned_worker_imports() -> None:
+    import importlib.util
+    import sys
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks._common import byte_compile
+
+    assert byte_compile(tdshare) is True
+    init = tdshare.__file__
+    assert init is not None and os.path.exists(importlib.util.cache_from_source(init))
+
+
+def _keep_two(inbox: Any, out: Any) -> None:
+    first, second = inbox.get(timeout=WAIT), inbox.get(timeout=WAIT)
+    with open("/proc/self/maps") as f:
+        mappings = [line for line in f if "/memfd:tdshare" in line]  # one per mapping of a segment
+    out.put((len(mappings), first["a"].data_ptr() == second["a"].data_ptr(), second["a"].tolist()))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+def test_an_anonymous_td_received_twice_is_mapped_once(method: str) -> None:
+    ctx = _ctx(method)
+    td = TensorDict({"a": torch.arange(4.0), "b": torch.ones(3)}, batch_size=[]).memmap_(None)
+    inbox, out = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_keep_two, args=(inbox, out))
+    proc.start()
+    try:
+        inbox.put(td)
+        td["a"].add_(1)  # between the two hand-offs: both copies view the same pages
+        inbox.put(td)
+        count, same, value = out.get(timeout=WAIT)
+    finally:
+        proc.join(timeout=WAIT)
+    assert proc.exitcode == 0
+    assert (count, same, value) == (1, True, [1.0, 2.0, 3.0, 4.0])
