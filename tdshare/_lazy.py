@@ -484,7 +484,7 @@ class LazyStackedTensorDict(MemmapFamily):
             return tuple(self._members)
         return super().unbind(dim)
 
-    def to_tensordict(self) -> TensorDict:
+    def to_tensordict(self, *, retain_none: bool | None = None) -> TensorDict:
         """A dense ``TensorDict`` copy: every entry stacked (the members must share keys and shapes).
 
         Raises:

@@ -455,7 +455,7 @@ class TensorClassOps(TensorClassIO):
         result = self._tensordict.apply(fn, *tds, batch_size=batch_size, **kwargs)  # the keywords of TensorDict.apply
         return _rewrap(self, result)
 
-    def to_tensordict(self) -> TensorDict:
+    def to_tensordict(self, *, retain_none: bool | None = None) -> TensorDict:
         """A :class:`tdshare.TensorDict` copy of the fields (nested tensorclasses become tensordicts).
 
         >>> import torch, tdshare

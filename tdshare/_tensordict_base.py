@@ -32,6 +32,7 @@ from ._errors import (
 )
 from ._format import LEVEL, TD_TYPE
 from ._from_any import AnyConversions
+from ._generic_ops import GenericOps
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
@@ -46,6 +47,7 @@ from ._reduce_ops import ReduceOps
 from ._reductions import decode_level, encode_level
 from ._setters import SetOps
 from ._shape_ops import ShapeOps
+from ._sub_views import SubViewOps, pull_from_parent
 from ._surface_ops import SurfaceOps
 from ._updates import UpdateOps
 
@@ -78,6 +80,8 @@ class TensorDictBase(
     PrivateCompatOps,
     SurfaceOps,
     AnyConversions,
+    GenericOps,
+    SubViewOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
@@ -284,6 +288,9 @@ class TensorDictBase(
             if depth and isinstance(node, TensorDictBase) and not is_collection(node):
                 return node._get_leaf(key[depth:], default)  # a lazy stack reads its members
             if not isinstance(node, TensorDictBase) or part not in node._tensordict:
+                if isinstance(node, TensorDictBase) and pull_from_parent(node, part):
+                    node = node._tensordict[part]  # a key the parent of a sub-tensordict view got later
+                    continue
                 if default is not NO_DEFAULT:
                     return default
                 where = "" if depth == 0 else f" (missing part {part!r})"
