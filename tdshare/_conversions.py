@@ -61,6 +61,22 @@ class ConversionOps:
             out.names = names
         return out
 
+    def auto_batch_size_(self, batch_dims: int | None = None) -> Any:
+        """Set the batch size (here and in every nested level) to the longest one the entries share.
+
+        Args:
+            batch_dims: the most batch dims to keep.
+
+        Returns:
+            This tensordict.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(3, 4), b=torch.zeros(3, 5)).auto_batch_size_().batch_size
+        torch.Size([3])
+        """
+        _auto_batch(self, batch_dims)
+        return self
+
     def from_dict_instance(
         self,
         input_dict: Mapping[Any, Any],

@@ -291,7 +291,7 @@ def _stack_params(tds: list[Any], expand_identical: bool) -> Any:
             out._tensordict[key] = _stack_params(values, expand_identical)
             continue
         if expand_identical and all(v is values[0] for v in values):
-            stacked: torch.Tensor = values[0].data.expand(len(values), *values[0].shape)
+            stacked: torch.Tensor = values[0].expand(len(values), *values[0].shape)  # grads reach the shared tensor
         else:
             stacked = torch.stack([v.data for v in values])
             if isinstance(values[0], nn.Parameter):

@@ -8,6 +8,8 @@
 
 ``_values_list(include_nested, leaves_only)``: the values of ``values(...)`` as a list.
 
+``_sync_all()``: wait for the copies queued on the accelerators (after ``non_blocking`` moves).
+
 When a tensordict is locked (``lock_()``, ``memmap_()``, ``share_memory_()``, or rebuilt locked in
 another process), every collection nested in it records a weak reference to it: a nested
 tensordict that is locked *because its parent is* can tell so, while the tensordict that was
@@ -24,6 +26,8 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
+
+import torch
 
 from ._errors import BatchSizeError
 
@@ -104,6 +108,21 @@ class PrivateCompatOps:
             check = getattr(value, "_check_batch_size", None)
             if check is not None:
                 check()
+
+    def _sync_all(self) -> None:
+        """Wait until the copies queued on CUDA (and MPS) are done, as after ``to(device, non_blocking=True)``.
+
+        Nothing to wait for on a machine without an initialised accelerator; tdshare's own copies
+        between cpu tensors are synchronous.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict()._sync_all()
+        """
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        mps = getattr(torch, "mps", None)
+        if mps is not None and torch.backends.mps.is_available():
+            mps.synchronize()
 
     def _values_list(self, include_nested: bool = False, leaves_only: bool = False, **kwargs: Any) -> list[Any]:
         """The values of ``values(include_nested, leaves_only, **kwargs)``, as a list.

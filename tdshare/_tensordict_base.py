@@ -24,8 +24,8 @@ from ._conversions import ConversionOps
 from ._dataloader import LoaderOps
 from ._errors import (
     ArgumentTypeError,
+    ContainsKeyTypeError,
     InvalidArgumentError,
-    KeyTypeError,
     LockedError,
     MemmapError,
     MissingKeyError,
@@ -43,6 +43,7 @@ from ._nontensor import NonTensorData
 from ._pad import PadOps
 from ._pointwise import PointwiseOps
 from ._private_compat import PrivateCompatOps, forget_lock_parents, note_lock_parent, record_lock_parents
+from ._pytree_convert import PytreeOps
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_level, encode_level
 from ._setters import SetOps
@@ -82,6 +83,7 @@ class TensorDictBase(
     AnyConversions,
     GenericOps,
     SubViewOps,
+    PytreeOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
@@ -103,10 +105,13 @@ class TensorDictBase(
         lock: bool = False,
         **kwargs: Any,
     ) -> None:
+        if source is not None and kwargs:
+            raise InvalidArgumentError(
+                f"TensorDict(source, **entries): give the entries either as a dict (source) or as keyword "
+                f"arguments, not both (got source and {sorted(kwargs)}); merge them into one dict first."
+            )
         self._init_empty(as_size(batch_size), None if device is None else torch.device(device))
-        items = dict(source.items()) if source is not None else {}
-        if kwargs:
-            items.update(kwargs)
+        items = dict(source.items()) if source is not None else dict(kwargs)
         for key, value in items.items():
             self._set(unravel_key(key), value)
         if names is not None:
@@ -355,7 +360,9 @@ class TensorDictBase(
 
     def __contains__(self, key: object) -> bool:
         if not is_key(key):
-            raise KeyTypeError(f"Keys must be strings or tuples of strings, got {type(key).__name__} {key!r}.")
+            raise ContainsKeyTypeError(
+                f"`key in td` takes a NestedKey (a string or a tuple of strings), got {type(key).__name__} {key!r}."
+            )
         return self._get_leaf(unravel_key(key), None) is not None
 
     def _iter_keys(self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()) -> Iterator[Any]:

@@ -26,6 +26,7 @@ PUBLIC = [
     "FrozenFieldError",
     "InvalidArgumentError",
     "KeyTypeError",
+    "ContainsKeyTypeError",
     "LazyStackedTensorDict",
     "LockedError",
     "MemmapError",
