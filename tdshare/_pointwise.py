@@ -18,7 +18,7 @@ import torch
 from ._errors import ArgumentTypeError
 from ._tree_walk import foreach_leaves, walk
 
-__all__ = ["PointwiseOps", "TORCH_FUNCTIONS", "UNARY"]
+__all__ = ["LIKE_FUNCTIONS", "PointwiseOps", "TORCH_FUNCTIONS", "UNARY"]
 
 # the single-argument functions: name -> what the result holds (for the generated docstring)
 UNARY: dict[str, str] = {

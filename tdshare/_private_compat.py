@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ._errors import BatchSizeError
+from ._nontensor import NonTensorData
 
 __all__ = ["PrivateCompatOps", "forget_lock_parents", "note_lock_parent", "record_lock_parents"]
 
@@ -95,6 +96,8 @@ class PrivateCompatOps:
         host: Any = self
         batch_size = host.batch_size
         for key, value in host.items():
+            if isinstance(value, NonTensorData):  # one value (or one per element) over the batch
+                continue
             shape = getattr(value, "batch_size", None)
             if shape is None:
                 shape = getattr(value, "shape", None)
@@ -125,7 +128,7 @@ class PrivateCompatOps:
             mps.synchronize()
 
     def _values_list(self, include_nested: bool = False, leaves_only: bool = False, **kwargs: Any) -> list[Any]:
-        """The values of ``values(include_nested, leaves_only, **kwargs)``, as a list.
+        """The values of ``values(include_nested, leaves_only, **kwargs)`` but the non-tensor ones, as a list.
 
         Args:
             include_nested: also the values of nested collections.
@@ -133,7 +136,8 @@ class PrivateCompatOps:
             kwargs: the other keywords of ``values()`` (``is_leaf``...).
 
         Returns:
-            The list of values, in key order (a tensor entered under two keys appears twice).
+            The list of values, in key order (a tensor entered under two keys appears twice; the
+            non-tensor entries are left out, as in the reference).
 
         >>> import torch
         >>> from tdshare import TensorDict
@@ -141,7 +145,7 @@ class PrivateCompatOps:
         2
         """
         host: Any = self
-        return list(host.values(include_nested, leaves_only, **kwargs))
+        return [v for v in host.values(include_nested, leaves_only, **kwargs) if not isinstance(v, NonTensorData)]
 
     def _has_names(self) -> bool:
         """Whether any batch dimension has a name (``td.names`` holds something else than None).
