@@ -105,13 +105,10 @@ class TensorDictBase(
         lock: bool = False,
         **kwargs: Any,
     ) -> None:
-        if source is not None and kwargs:
-            raise InvalidArgumentError(
-                f"TensorDict(source, **entries): give the entries either as a dict (source) or as keyword "
-                f"arguments, not both (got source and {sorted(kwargs)}); merge them into one dict first."
-            )
         self._init_empty(as_size(batch_size), None if device is None else torch.device(device))
-        items = dict(source.items()) if source is not None else dict(kwargs)
+        items = dict(source.items()) if source is not None else {}
+        if kwargs:
+            items.update(kwargs)
         for key, value in items.items():
             self._set(unravel_key(key), value)
         if names is not None:

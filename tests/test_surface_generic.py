@@ -233,13 +233,6 @@ def test_contains_refuses_a_non_key_as_both_errors() -> None:
         0 in tensordict.TensorDict.fromkeys({"a"}, 0)  # noqa: B015
 
 
-def test_source_and_keyword_entries_are_refused_as_in_the_reference() -> None:
-    for cls in (TensorDict, tensordict.TensorDict):
-        with pytest.raises(ValueError, match="not both"):
-            cls(a=1, source={"b": 2})
-    assert TensorDict(a=1, b=1, batch_size=[]).batch_size == ()
-
-
 def test_autocast_number_field_takes_a_one_element_tensor() -> None:
     @tdshare.tensorclass(autocast=True)
     class Ours:
