@@ -244,3 +244,19 @@ def test_autocast_number_field_takes_a_one_element_tensor() -> None:
 
     assert Ours(y=torch.tensor(3)).y == Ref(y=torch.tensor(3)).y == 3
     assert isinstance(Ours(y=torch.tensor(3)).y, int) and isinstance(Ref(y=torch.tensor(3)).y, int)
+
+
+def test_from_dict_instance_rebuilds_tensorclasses_through_their_constructor() -> None:
+    def check(tc: Any, td_cls: Any) -> None:
+        @tc(autocast=True)
+        class Item:
+            x: torch.Tensor = None  # type: ignore[assignment]
+            y: int = None  # type: ignore[assignment]
+
+        td = td_cls({"a": torch.zeros(()), "b": Item(x=torch.ones(()), y=1)})
+        recon = td.from_dict_instance(td.to_dict(), auto_batch_size=True)
+        assert isinstance(recon["b"], Item) and isinstance(recon["b"].y, int) and recon["b"].y == 1
+        assert torch.equal(recon["b"].x, torch.ones(()))
+
+    check(tdshare.tensorclass, TensorDict)
+    check(tensordict.tensorclass, tensordict.TensorDict)
