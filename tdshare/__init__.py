@@ -1,6 +1,7 @@
 """tdshare: share one nested dictionary of tensors between processes through memory-mapped files
 and shared memory, in the on-disk format of tensordict 0.15.3."""
 
+from . import _pytree  # noqa: F401  (registers the tensordict classes as pytree nodes)
 from ._archive import pack_memmap, refresh_archive_checksums, unpack_memmap
 from ._compaction import compact_metadata
 from ._consolidate import consolidated_parts
@@ -9,6 +10,7 @@ from ._errors import (
     ArgumentTypeError,
     AtomicTargetError,
     BatchSizeError,
+    ContainsKeyTypeError,
     CorruptDataError,
     DimensionError,
     FieldError,
@@ -86,6 +88,7 @@ __all__ = [
     "FrozenFieldError",
     "InvalidArgumentError",
     "KeyTypeError",
+    "ContainsKeyTypeError",
     "LazyStackedTensorDict",
     "LockedError",
     "MemmapError",

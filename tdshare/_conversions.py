@@ -61,6 +61,22 @@ class ConversionOps:
             out.names = names
         return out
 
+    def auto_batch_size_(self, batch_dims: int | None = None) -> Any:
+        """Set the batch size (here and in every nested level) to the longest one the entries share.
+
+        Args:
+            batch_dims: the most batch dims to keep.
+
+        Returns:
+            This tensordict.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(3, 4), b=torch.zeros(3, 5)).auto_batch_size_().batch_size
+        torch.Size([3])
+        """
+        _auto_batch(self, batch_dims)
+        return self
+
     def from_dict_instance(
         self,
         input_dict: Mapping[Any, Any],
@@ -88,7 +104,9 @@ class ConversionOps:
         converted: dict[Any, Any] = {}
         for key, value in input_dict.items():
             mine = td.get(key, None) if isinstance(key, (str, tuple)) and key in td else None
-            if isinstance(value, Mapping) and mine is not None and hasattr(mine, "from_dict_instance"):
+            if isinstance(value, Mapping) and mine is not None and _is_wrapped(mine):
+                value = _instance_from_dict(mine, value)  # through the class: its field options apply
+            elif isinstance(value, Mapping) and mine is not None and hasattr(mine, "from_dict_instance"):
                 value = mine.from_dict_instance(value, **kwargs)
             converted[key] = value
         return type(self).from_dict(converted, names=names, **kwargs)  # type: ignore[arg-type]
@@ -283,6 +301,25 @@ def _set_path(out: Any, parts: tuple[str, ...], value: Any, level: Any, batch: t
         node._tensordict[parts[-1]] = node._convert(parts[-1], value)
     else:
         node.set(parts[-1], value)
+
+
+def _is_wrapped(value: Any) -> bool:
+    """Whether ``value`` is a tensorclass instance (a collection that wraps a tensordict)."""
+    return inner_collection(value) is not None and not is_node(value)
+
+
+def _instance_from_dict(instance: Any, fields: Mapping[Any, Any]) -> Any:
+    """A new instance of ``instance``'s tensorclass built from the dict ``fields`` by its constructor
+    (so ``autocast`` and the other field options apply), nested instances and dicts alike."""
+    values: dict[str, Any] = {}
+    for name, value in fields.items():
+        current = getattr(instance, name, None)
+        if isinstance(value, Mapping) and current is not None and _is_wrapped(current):
+            value = _instance_from_dict(current, value)
+        elif isinstance(value, Mapping) and current is not None and hasattr(current, "from_dict_instance"):
+            value = current.from_dict_instance(value)
+        values[name] = value
+    return type(instance)(**values, batch_size=instance.batch_size)
 
 
 def _auto_batch(td: Any, batch_dims: int | None) -> None:

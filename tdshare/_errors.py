@@ -12,6 +12,7 @@ import dataclasses
 
 __all__ = [
     "TdshareError",
+    "ContainsKeyTypeError",
     "LockedError",
     "BatchSizeError",
     "MemmapError",
@@ -95,6 +96,11 @@ class NotSupportedError(TdshareError, NotImplementedError):
 
 class KeyTypeError(TdshareError, TypeError):
     """A key that is neither a string nor a non-empty tuple of strings."""
+
+
+class ContainsKeyTypeError(KeyTypeError, RuntimeError):
+    """``key in td`` with a key that is not a string or tuple of strings (a ``TypeError``, and the
+    ``RuntimeError`` the reference raises there)."""
 
 
 class MissingKeyError(TdshareError, KeyError):

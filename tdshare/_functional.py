@@ -16,6 +16,7 @@ from ._keys import NestedKey, unravel_key
 from ._lazy import LazyStackedTensorDict
 from ._nontensor import NonTensorData, NonTensorStack, stack_non_tensor
 from ._pad import pad_non_tensor
+from ._settings import set_lazy_legacy
 from ._tensorclass import is_tensorclass
 from ._tensordict import TensorDict
 from ._tensordict_base import TensorDictBase
@@ -47,14 +48,48 @@ def _into(out: Any, result: Any) -> Any:
     return out
 
 
-def stack(input: Sequence[Any], dim: int = 0, *, out: Any = None) -> Any:
+def stack(
+    input: Sequence[Any],
+    dim: int = 0,
+    *,
+    out: Any = None,
+    device: Any = None,
+    strict: bool = False,
+    contiguous: bool = False,
+    maybe_dense_stack: bool | None = None,
+) -> Any:
     """Stack tensordicts along a new batch dim ``dim`` (``torch.stack``); into ``out`` when given.
+
+    Args:
+        input: the tensordicts (or tensorclass instances), with equal batch sizes.
+        dim: the position of the new batch dimension.
+        out: a tensordict to write the result into (its entries are updated in place).
+        device: the device of the result (default: that of the stacked leaves).
+        strict: accepted as in the reference (the keys must always match).
+        contiguous: ``True`` stacks densely (copies), also under ``set_lazy_legacy(True)``;
+            ``False`` follows ``set_lazy_legacy`` as ``torch.stack`` does.
+        maybe_dense_stack: ``True`` gives a lazy stack when the keys or shapes differ
+            (:func:`maybe_dense_stack`).
+
+    Returns:
+        The stacked tensordict.
 
     >>> import tdshare
     >>> tdshare.stack([tdshare.TensorDict(a=torch.zeros(3), batch_size=[3])] * 2).batch_size
     torch.Size([2, 3])
     """
-    return _into(out, torch.stack(_check_list(input, "stack"), dim))
+    del strict  # the keys of stacked tensordicts must always match
+    items = _check_list(input, "stack")
+    if maybe_dense_stack:
+        result = _dense_or_lazy(items, dim)
+    elif contiguous:
+        with set_lazy_legacy(False):
+            result = torch.stack(items, dim)
+    else:
+        result = torch.stack(items, dim)
+    if device is not None:
+        result = result.to(device)
+    return _into(out, result)
 
 
 def cat(input: Sequence[Any], dim: int = 0, *, out: Any = None) -> Any:
@@ -112,6 +147,9 @@ def maybe_dense_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None, **
     if _dense_compatible(items):
         return stack(items, dim, out=out)
     return lazy_stack(items, dim, out=out, **kwargs)
+
+
+_dense_or_lazy = maybe_dense_stack  # for stack(), whose keyword of the same name hides it
 
 
 def dense_stack_tds(td_list: Sequence[Any] | LazyStackedTensorDict, dim: int | None = None) -> Any:

@@ -25,6 +25,7 @@ import torch
 from ._errors import (
     ArgumentTypeError,
     BatchSizeError,
+    ContainsKeyTypeError,
     InvalidArgumentError,
     LockedError,
     MissingKeyError,
@@ -274,7 +275,9 @@ class LazyStackedTensorDict(MemmapFamily):
 
     def __contains__(self, key: object) -> bool:
         if not is_key(key):
-            raise ArgumentTypeError(f"Keys must be strings or tuples of strings, got {type(key).__name__}.")
+            raise ContainsKeyTypeError(
+                f"`key in td` takes a NestedKey (a string or a tuple of strings), got {type(key).__name__} {key!r}."
+            )
         return all(key in td for td in self._members)
 
     def _iter_keys(self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()) -> Iterator[Any]:
@@ -484,7 +487,7 @@ class LazyStackedTensorDict(MemmapFamily):
             return tuple(self._members)
         return super().unbind(dim)
 
-    def to_tensordict(self) -> TensorDict:
+    def to_tensordict(self, *, retain_none: bool | None = None) -> TensorDict:
         """A dense ``TensorDict`` copy: every entry stacked (the members must share keys and shapes).
 
         Raises:

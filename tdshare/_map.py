@@ -555,39 +555,6 @@ class MapOps(TensorDictBase):
         """
         return _lazy_stack_class().lazy_stack(tds, dim)
 
-    def _get_sub_tensordict(self, idx: Any) -> Any:
-        """A view of the rows at ``idx`` whose in-place writes land in this collection's memory.
-
-        The reference's sub-tensordict: ``sub.set_(key, value)``, ``sub.update_(other)`` and
-        ``sub[i] = value`` write into this collection, here or, when it is shared or memory-mapped,
-        from another process that received ``sub``.
-
-        Args:
-            idx: integers, slices, Ellipsis and None (indices that give views).
-
-        Returns:
-            The view (a member itself for an integer at a lazy stack's stack dimension).
-
-        Raises:
-            NotSupportedError: an index tensor, list or mask (these give copies, not views).
-
-        >>> import torch
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(x=torch.zeros(2, 3), batch_size=[2, 3])
-        >>> sub = td._get_sub_tensordict(1)
-        >>> _ = sub.set_("x", torch.ones(3))
-        >>> td["x"][1].tolist()
-        [1.0, 1.0, 1.0]
-        """
-        parts = idx if isinstance(idx, tuple) else (idx,)
-        for part in parts:
-            if isinstance(part, bool) or not (part is None or part is Ellipsis or isinstance(part, (int, slice))):
-                raise NotSupportedError(
-                    f"_get_sub_tensordict({idx!r}): only integers, slices, Ellipsis and None give a view that "
-                    "writes into this tensordict; index with td[idx] for a copy."
-                )
-        return self[idx]
-
 
 def _in_given_pool(plan: _Plan, pool: Any, pbar: bool) -> Generator[Any, None, None]:
     """``map_iter`` over the caller's pool (left open: it is theirs)."""

@@ -12,7 +12,7 @@ back when the block ends.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -24,11 +24,29 @@ from ._key_ops import is_node
 from ._keys import unravel_key
 from ._nodes import kind_for_tag
 
-__all__ = ["NnOps"]
+__all__ = ["NnOps", "set_params_wrapper"]
 
 _LEGACY_KEYS = frozenset({"__batch_size", "__device"})  # metadata entries of older state dicts
 
 T = TypeVar("T", bound="NnOps")
+
+# the class that as_module=True wraps a result in (TensorDictParams, a higher layer, registers itself)
+_PARAMS_WRAPPER: list[Callable[..., Any]] = []
+
+
+def set_params_wrapper(wrapper: Callable[..., Any]) -> None:
+    """Register the module class that ``from_module(s)(as_module=True)`` wraps its result in.
+
+    Args:
+        wrapper: called as ``wrapper(tensordict, no_convert=True, lock=...)`` (``tdshare.TensorDictParams``).
+    """
+    _PARAMS_WRAPPER[:] = [wrapper]
+
+
+def _as_module(td: Any, lock: bool, what: str) -> Any:
+    if not _PARAMS_WRAPPER:
+        raise NotSupportedError(f"{what}(as_module=True): the TensorDictParams class is not loaded (import tdshare).")
+    return _PARAMS_WRAPPER[0](td, no_convert=True, lock=lock)  # buffers stay tensors, as in the reference
 
 
 class NnOps:
@@ -47,25 +65,16 @@ class NnOps:
 
         Args:
             module: the module.
-            as_module: not supported (wrap the result in ``tdshare.TensorDictParams``).
+            as_module: return a ``tdshare.TensorDictParams`` (an ``nn.Module``) holding the result.
             lock: lock the result.
             use_state_dict: read ``module.state_dict()`` (its hooks run; values are detached).
             filter_empty: leave out submodules without parameters or buffers.
-
-        Raises:
-            NotSupportedError: ``as_module=True``.
 
         >>> from tdshare import TensorDict
         >>> params = TensorDict.from_module(torch.nn.Linear(3, 4))
         >>> params["weight"].shape, type(params["weight"]).__name__
         (torch.Size([4, 3]), 'Parameter')
         """
-        if as_module:
-            raise NotSupportedError(
-                "from_module(as_module=True) is not supported: wrap the result instead, "
-                "tdshare.TensorDictParams(TensorDict.from_module(module)), or use as_module=False (the "
-                "parameters stay nn.Parameter objects)."
-            )
         level: Any = cls._level_class()  # type: ignore[attr-defined]
         if use_state_dict:
             out = level()
@@ -73,6 +82,8 @@ class NnOps:
                 out.set(tuple(name.split(".")), value)
         else:
             out = _module_td(level, module, filter_empty)
+        if as_module:
+            return _as_module(out, lock, "from_module")
         return out.lock_() if lock else out
 
     @classmethod
@@ -91,14 +102,13 @@ class NnOps:
 
         Args:
             *modules: modules with the same parameters and buffers.
-            as_module: not supported (wrap the result in ``tdshare.TensorDictParams``).
+            as_module: return a ``tdshare.TensorDictParams`` holding the stacked parameters.
             lock: lock the result.
             use_state_dict: read each module's ``state_dict()``.
             lazy_stack: a lazy stack of each module's tensordict (the modules' own parameters).
             expand_identical: a tensor all modules share is expanded, not copied (and not a Parameter).
 
         Raises:
-            NotSupportedError: ``as_module=True``.
             RuntimeError: ``lazy_stack=True`` with lazy (uninitialized) modules.
 
         >>> from tdshare import TensorDict
@@ -113,7 +123,7 @@ class NnOps:
             raise RuntimeError("lasy_stack=True is not compatible with lazy modules.")  # the reference's words
         if lazy_stack and as_module:
             raise RuntimeError("A lazy stack cannot be held within a TensorDictParams; pass as_module=False.")
-        tds = [cls.from_module(m, as_module=as_module, use_state_dict=use_state_dict) for m in modules]
+        tds = [cls.from_module(m, use_state_dict=use_state_dict) for m in modules]
         if lazy_stack:
             kind = kind_for_tag(LAZY_STACK_TYPE)
             if kind is None:
@@ -121,6 +131,8 @@ class NnOps:
             stacked = kind.cls(*tds, stack_dim=0)
         else:
             stacked = _stack_params(tds, expand_identical)
+        if as_module:
+            return _as_module(stacked, lock, "from_modules")
         return stacked.lock_() if lock else stacked
 
     def to_module(
@@ -279,7 +291,7 @@ def _stack_params(tds: list[Any], expand_identical: bool) -> Any:
             out._tensordict[key] = _stack_params(values, expand_identical)
             continue
         if expand_identical and all(v is values[0] for v in values):
-            stacked: torch.Tensor = values[0].data.expand(len(values), *values[0].shape)
+            stacked: torch.Tensor = values[0].expand(len(values), *values[0].shape)  # grads reach the shared tensor
         else:
             stacked = torch.stack([v.data for v in values])
             if isinstance(values[0], nn.Parameter):

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ._errors import ArgumentTypeError, NotSupportedError
+from ._nn import set_params_wrapper
 from ._tensordict_base import TensorDictBase
 
 __all__ = ["TensorDictParams"]
@@ -160,3 +161,6 @@ def _forward(module: TensorDictParams, method: Any, *args: Any, **kwargs: Any) -
     if result is module._param_td:
         return module  # in-place methods (lock_, memmap_, update_...) return the module
     return result
+
+
+set_params_wrapper(TensorDictParams)  # from_module(s)(as_module=True) wraps its result in this class

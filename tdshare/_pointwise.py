@@ -18,7 +18,7 @@ import torch
 from ._errors import ArgumentTypeError
 from ._tree_walk import foreach_leaves, walk
 
-__all__ = ["PointwiseOps", "TORCH_FUNCTIONS", "UNARY"]
+__all__ = ["LIKE_FUNCTIONS", "PointwiseOps", "TORCH_FUNCTIONS", "UNARY"]
 
 # the single-argument functions: name -> what the result holds (for the generated docstring)
 UNARY: dict[str, str] = {
@@ -182,6 +182,8 @@ class PointwiseOps:
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         """``torch.exp(td)``, ``torch.sum(td, 0)``...: the method of that name (``torch.where``: the shape ops')."""
         kwargs = kwargs or {}
+        if func in LIKE_FUNCTIONS and args and isinstance(args[0], PointwiseOps):
+            return _like(func, args[0], args[1:], kwargs)
         name = TORCH_FUNCTIONS.get(func)
         if name is not None:
             if not args or not isinstance(args[0], PointwiseOps):
@@ -203,3 +205,17 @@ TORCH_FUNCTIONS: dict[Any, str] = {
     )
     if hasattr(torch, name)
 }
+
+
+# ``torch.zeros_like(td)``...: a tensordict of the same kind whose every tensor leaf is the function's
+# result on that leaf (``dtype``/``device`` apply to every leaf; ``device`` also to the result)
+LIKE_FUNCTIONS = frozenset(
+    {torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like, torch.randn_like}
+)
+
+
+def _like(func: Any, td: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    if "device" in kwargs:
+        device = kwargs["device"]
+        return td._map(lambda t: func(t, *args, **kwargs), None, None if device is None else torch.device(device))
+    return td._map(lambda t: func(t, *args, **kwargs))

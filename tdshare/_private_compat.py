@@ -4,6 +4,12 @@
 
 ``_lock_parents_weakrefs``: which locked ancestors hold a nested collection locked.
 
+``_check_batch_size()``: every entry starts with the batch dimensions (raises otherwise).
+
+``_values_list(include_nested, leaves_only)``: the values of ``values(...)`` as a list.
+
+``_sync_all()``: wait for the copies queued on the accelerators (after ``non_blocking`` moves).
+
 When a tensordict is locked (``lock_()``, ``memmap_()``, ``share_memory_()``, or rebuilt locked in
 another process), every collection nested in it records a weak reference to it: a nested
 tensordict that is locked *because its parent is* can tell so, while the tensordict that was
@@ -20,6 +26,11 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
+
+import torch
+
+from ._errors import BatchSizeError
+from ._nontensor import NonTensorData
 
 __all__ = ["PrivateCompatOps", "forget_lock_parents", "note_lock_parent", "record_lock_parents"]
 
@@ -73,7 +84,72 @@ def forget_lock_parents(node: Any) -> None:
 
 
 class PrivateCompatOps:
-    """``_has_names()`` and ``_lock_parents_weakrefs`` on every collection."""
+    """``_has_names()``, ``_lock_parents_weakrefs``, ``_check_batch_size()`` and ``_values_list()``
+    on every collection."""
+
+    def _check_batch_size(self) -> None:
+        """Check that every entry, nested ones included, starts with its level's batch dimensions.
+
+        Raises:
+            BatchSizeError: an entry whose leading dimensions are not the batch size (names it).
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(3, 2), n={"b": torch.zeros(3, 4)}, batch_size=[3])._check_batch_size()
+        """
+        host: Any = self
+        batch_size = host.batch_size
+        for key, value in host.items():
+            if isinstance(value, NonTensorData):  # one value (or one per element) over the batch
+                continue
+            shape = getattr(value, "batch_size", None)
+            if shape is None:
+                shape = getattr(value, "shape", None)
+            if shape is None:  # a plain value (a non-tensor entry read as its data)
+                continue
+            if tuple(shape[: len(batch_size)]) != tuple(batch_size):
+                raise BatchSizeError(
+                    f"_check_batch_size: entry {key!r} has shape {list(shape)}, which does not start with the "
+                    f"batch size {list(batch_size)}; set a batch size that every entry starts with."
+                )
+            check = getattr(value, "_check_batch_size", None)
+            if check is not None:
+                check()
+
+    def _sync_all(self) -> None:
+        """Wait until the copies queued on CUDA (and MPS) are done, as after ``to(device, non_blocking=True)``.
+
+        Nothing to wait for on a machine without an initialised accelerator; tdshare's own copies
+        between cpu tensors are synchronous.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict()._sync_all()
+        """
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        mps = getattr(torch, "mps", None)
+        if mps is not None and torch.backends.mps.is_available():
+            mps.synchronize()
+
+    def _values_list(self, include_nested: bool = False, leaves_only: bool = False, **kwargs: Any) -> list[Any]:
+        """The values of ``values(include_nested, leaves_only, **kwargs)`` but the non-tensor ones, as a list.
+
+        Args:
+            include_nested: also the values of nested collections.
+            leaves_only: only the leaves (no nested collections).
+            kwargs: the other keywords of ``values()`` (``is_leaf``...).
+
+        Returns:
+            The list of values, in key order (a tensor entered under two keys appears twice; the
+            non-tensor entries are left out, as in the reference).
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> len(TensorDict(a=torch.zeros(2), n={"b": torch.zeros(2)})._values_list(True, True))
+        2
+        """
+        host: Any = self
+        return [v for v in host.values(include_nested, leaves_only, **kwargs) if not isinstance(v, NonTensorData)]
 
     def _has_names(self) -> bool:
         """Whether any batch dimension has a name (``td.names`` holds something else than None).

@@ -23,6 +23,7 @@ from ._keys import NestedKey, unravel_key
 from ._nodes import kind_of
 from ._nontensor import NonTensorData, NonTensorStack, assign_elements
 from ._settings import list_to_stack
+from ._sub_views import sub_view_entry
 
 __all__ = ["SetOps", "is_level"]
 
@@ -112,7 +113,7 @@ class SetOps:
             node._set_inplace(last, value)
             return
         node._check_unlocked(last)
-        node._tensordict[last] = node._convert(last, value)
+        node._tensordict[last] = sub_view_entry(node, last, node._convert(last, value))
 
     def set(self: T, key: NestedKey, value: Any, inplace: bool = False, *, non_blocking: bool = False) -> T:
         """Add or replace ``key``. ``inplace=True`` writes into an existing entry instead.
@@ -230,14 +231,41 @@ class SetOps:
             items = sorted(_items_of(value), key=lambda kv: not isinstance(self._tensordict.get(kv[0]), NonTensorData))
             for key, sub in items:
                 if key not in self._tensordict:
-                    raise MissingKeyError(
-                        f"td[index] = value: key {key!r} of the value is not in the tensordict; add it first."
-                    )
+                    self._add_for_index(key, idx, sub)
                 self._assign_at(key, idx, sub)
         else:  # a scalar or tensor goes into every tensor leaf; non-tensor values are left alone
             for key, leaf in self._tensordict.items():
                 if not isinstance(leaf, NonTensorData):
                     self._assign_at(key, idx, value)
+
+    def _add_for_index(self, key: str, idx: Any, value: Any) -> None:
+        """``td[idx] = other`` where ``other`` has a key this tensordict lacks: add the entry first,
+        as the reference does (zeros for a tensor, an empty level for a collection, the value in
+        every row for one non-tensor value), so that the write can fill the rows at ``idx``."""
+        host: Any = self
+        batch = host.batch_size
+        # the batch shape that idx selects, read from a zero-stride view (nothing is allocated)
+        selected = torch.zeros(()).expand(batch)[idx].shape
+        device = host.device
+        entry: Any
+        if isinstance(value, NonTensorData) and not isinstance(value, NonTensorStack):
+            entry = NonTensorData(value.data, batch_size=batch, device=device)
+        elif isinstance(value, SetOps) and is_level(value):
+            sub: Any = value
+            extra = sub.batch_size[len(selected) :] if sub.batch_dims >= len(selected) else torch.Size([])
+            entry = type(host)._level_class()._from_leaves({}, batch + extra, device)
+        elif isinstance(value, Mapping):
+            entry = type(host)._level_class()._from_leaves({}, batch, device)
+        elif isinstance(value, (torch.Tensor, int, float, bool)):
+            tensor = torch.as_tensor(value)
+            feature = tensor.shape[len(selected) :] if tensor.ndim >= len(selected) else torch.Size([])
+            entry = torch.zeros(batch + feature, dtype=tensor.dtype, device=device or tensor.device)
+        else:
+            raise MissingKeyError(
+                f"td[index] = value: key {key!r} of the value is not in the tensordict, and a "
+                f"{type(value).__name__} cannot be added row by row; set the entry for the whole batch first."
+            )
+        host._set((key,), entry)
 
     def _assign_at(self, key: str, idx: Any, value: Any) -> None:
         leaf = self._tensordict[key]

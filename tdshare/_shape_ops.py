@@ -19,6 +19,7 @@ import torch
 
 from . import _shape_stack as stack_rules
 from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError, MissingKeyError
+from ._legacy_views import check_legacy_permute, legacy_source, remember_source
 from ._shape_args import batch_dim, expanded_shape, inferred_shape, int_list, interleaved_size, shape_args
 from ._shape_masks import MaskOps
 from ._shape_moves import MoveOps, inner_collection
@@ -104,8 +105,11 @@ class ShapeOps(MaskOps):
         new = inferred_shape(shape_args(args, {}, "size"), self.batch_size, "view")
         if new == self.batch_size:
             return self
+        source = legacy_source(self, "view", new)
+        if source is not None:
+            return source
         if self._stack_parts() is not None:
-            return stack_rules.reshape(self, new, view=True)
+            return remember_source(stack_rules.reshape(self, new, view=True), self, "view", new)
         bd = self.batch_dims
 
         def leaf(t: torch.Tensor) -> torch.Tensor:
@@ -114,7 +118,9 @@ class ShapeOps(MaskOps):
             except RuntimeError as exc:
                 raise BatchSizeError(f"view({list(new)}): {exc} Use reshape() instead.") from None
 
-        return self._rebuild(leaf, lambda c: c.view(*new, *c.batch_size[bd:]), new, None)
+        return remember_source(
+            self._rebuild(leaf, lambda c: c.view(*new, *c.batch_size[bd:]), new, None), self, "view", new
+        )
 
     def _view_dtype(self: T, dtype: torch.dtype, batch_size: Any) -> T:
         parts = self._stack_parts()
@@ -311,6 +317,7 @@ class ShapeOps(MaskOps):
         """
         ndim = self.batch_dims
         raw = int_list(shape_args(dims, kwargs, "dims"), "permute", "dims")
+        check_legacy_permute(raw, ndim)
         perm = [d + ndim if d < 0 else d for d in raw]
         if sorted(perm) != list(range(len(perm))) or len(perm) > ndim:
             raise InvalidArgumentError(
@@ -320,8 +327,11 @@ class ShapeOps(MaskOps):
         perm += list(range(len(perm), ndim))
         if perm == list(range(ndim)):
             return self
+        source = legacy_source(self, "permute", perm)
+        if source is not None:
+            return source
         if self._stack_parts() is not None:
-            return stack_rules.permute(self, perm)
+            return remember_source(stack_rules.permute(self, perm), self, "permute", perm)
         batch = self.batch_size
         names = None if self._names is None else [self.names[p] for p in perm]
 
@@ -331,7 +341,7 @@ class ShapeOps(MaskOps):
         def nested(c: Any) -> Any:
             return c.permute(*perm, *range(ndim, c.batch_dims))
 
-        return self._rebuild(leaf, nested, [batch[p] for p in perm], names)
+        return remember_source(self._rebuild(leaf, nested, [batch[p] for p in perm], names), self, "permute", perm)
 
     def transpose(self: T, dim0: int, dim1: int) -> T:
         """Swap the batch dims ``dim0`` and ``dim1`` (views; names swap too).

@@ -39,8 +39,13 @@ def _torch_flatten(td: Any, start_dim: int = 0, end_dim: int = -1) -> Any:
     return td.flatten(start_dim, end_dim)
 
 
+def _torch_masked_select(td: Any, mask: torch.Tensor) -> Any:
+    return td[mask]
+
+
 SHAPE_TORCH_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.flatten: _torch_flatten,
+    torch.masked_select: _torch_masked_select,
     torch.where: _torch_where,
     **{
         getattr(torch, name): _method(name)

@@ -29,7 +29,7 @@ from ._errors import (
 from ._indexing import is_key
 from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData
-from ._pointwise import TORCH_FUNCTIONS
+from ._pointwise import LIKE_FUNCTIONS, TORCH_FUNCTIONS
 from ._shape_torch import shape_torch_function
 from ._tensorclass_io import TensorClassIO
 from ._tensorclass_options import TensorClassOptions, stored_value
@@ -455,7 +455,7 @@ class TensorClassOps(TensorClassIO):
         result = self._tensordict.apply(fn, *tds, batch_size=batch_size, **kwargs)  # the keywords of TensorDict.apply
         return _rewrap(self, result)
 
-    def to_tensordict(self) -> TensorDict:
+    def to_tensordict(self, *, retain_none: bool | None = None) -> TensorDict:
         """A :class:`tdshare.TensorDict` copy of the fields (nested tensorclasses become tensordicts).
 
         >>> import torch, tdshare
@@ -546,6 +546,8 @@ class TensorClassOps(TensorClassIO):
             if is_tensorclass(first):
                 return first.where(cond, second, **kwargs)
             return second.where(cond.logical_not(), first, **kwargs)
+        if func in LIKE_FUNCTIONS and args and is_tensorclass(args[0]):  # torch.zeros_like(obj)...
+            return _rewrap(args[0], func(args[0]._tensordict, *args[1:], **kwargs))
         name = TORCH_FUNCTIONS.get(func)
         if name is not None and args and is_tensorclass(args[0]):  # torch.exp(obj), torch.sum(obj, 0)...
             return getattr(args[0], name)(*args[1:], **kwargs)

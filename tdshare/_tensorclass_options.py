@@ -118,6 +118,10 @@ def stored_value(cls: type, options: TensorClassOptions, name: str, value: Any, 
     Raises:
         ArgumentTypeError: ``autocast``/``tensor_only`` cannot convert the value (the field is named).
     """
+    if options.autocast and isinstance(value, torch.Tensor) and value.numel() == 1:
+        target = annotations_of(cls).get(name, Any)
+        if target in (int, float, bool):  # a one-element tensor given to a number field: the number, as the reference
+            return _plain(target(value.item()))
     if isinstance(value, (torch.Tensor, TensorDictBase, NonTensorData)) or wrapped_collection(value) is not None:
         return value
     if options.nocast:

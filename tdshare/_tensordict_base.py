@@ -24,14 +24,15 @@ from ._conversions import ConversionOps
 from ._dataloader import LoaderOps
 from ._errors import (
     ArgumentTypeError,
+    ContainsKeyTypeError,
     InvalidArgumentError,
-    KeyTypeError,
     LockedError,
     MemmapError,
     MissingKeyError,
 )
 from ._format import LEVEL, TD_TYPE
 from ._from_any import AnyConversions
+from ._generic_ops import GenericOps
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
@@ -42,10 +43,12 @@ from ._nontensor import NonTensorData
 from ._pad import PadOps
 from ._pointwise import PointwiseOps
 from ._private_compat import PrivateCompatOps, forget_lock_parents, note_lock_parent, record_lock_parents
+from ._pytree_convert import PytreeOps
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_level, encode_level
 from ._setters import SetOps
 from ._shape_ops import ShapeOps
+from ._sub_views import SubViewOps, pull_from_parent
 from ._surface_ops import SurfaceOps
 from ._updates import UpdateOps
 
@@ -82,6 +85,9 @@ class TensorDictBase(
     PrivateCompatOps,
     SurfaceOps,
     AnyConversions,
+    GenericOps,
+    SubViewOps,
+    PytreeOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
@@ -287,6 +293,9 @@ class TensorDictBase(
             if depth and isinstance(node, TensorDictBase) and not is_collection(node):
                 return node._get_leaf(key[depth:], default)  # a lazy stack reads its members
             if not isinstance(node, TensorDictBase) or part not in node._tensordict:
+                if isinstance(node, TensorDictBase) and pull_from_parent(node, part):
+                    node = node._tensordict[part]  # a key the parent of a sub-tensordict view got later
+                    continue
                 if default is not NO_DEFAULT:
                     return default
                 where = "" if depth == 0 else f" (missing part {part!r})"
@@ -351,7 +360,9 @@ class TensorDictBase(
 
     def __contains__(self, key: object) -> bool:
         if not is_key(key):
-            raise KeyTypeError(f"Keys must be strings or tuples of strings, got {type(key).__name__} {key!r}.")
+            raise ContainsKeyTypeError(
+                f"`key in td` takes a NestedKey (a string or a tuple of strings), got {type(key).__name__} {key!r}."
+            )
         return self._get_leaf(unravel_key(key), None) is not None
 
     def _iter_keys(self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()) -> Iterator[Any]:

@@ -18,6 +18,7 @@ PUBLIC = [
     "ArgumentTypeError",
     "AtomicTargetError",
     "BatchSizeError",
+    "ContainsKeyTypeError",
     "CorruptDataError",
     "DimensionError",
     "FieldError",

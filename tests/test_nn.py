@@ -35,8 +35,9 @@ def test_from_module_matches_the_reference(filter_empty: bool) -> None:
     assert type(params["0", "weight"]) is nn.Parameter and params["0", "weight"] is net[0].weight
     assert type(params["1", "running_mean"]) is torch.Tensor and params["1", "running_mean"] is net[1].running_mean
     assert params.batch_size == () and not params.is_locked and TensorDict.from_module(net, lock=True).is_locked
-    with pytest.raises(NotImplementedError, match=r"as_module"):
-        TensorDict.from_module(net, as_module=True)
+    module = TensorDict.from_module(net, as_module=True)  # a TensorDictParams, as in the reference
+    assert isinstance(module, nn.Module) and module["0", "weight"] is net[0].weight
+    assert set(module.parameters()) == set(net.parameters())
 
 
 def test_from_module_with_state_dict_hooks() -> None:

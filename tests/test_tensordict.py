@@ -298,8 +298,11 @@ def test_setitem_index_2d_ellipsis() -> None:
 
 def test_setitem_index_unknown_key() -> None:
     td = make()
+    td[0] = {"zz": torch.ones(())}  # a tensor: the entry is added (zeros elsewhere), as in the reference
+    assert td["zz"].tolist() == [1.0, 0.0, 0.0]
+    del td["zz"]
     with pytest.raises(tdshare.MissingKeyError, match="zz"):
-        td[0] = {"zz": torch.zeros(())}
+        td[0] = {"zz": object()}  # a value that cannot be added row by row (zz is new again)
 
 
 # -- derived tensordicts -------------------------------------------------------------------------

@@ -1,0 +1,113 @@
+"""Tensordicts as pytree nodes: ``torch.utils._pytree`` (and so ``torch.vmap``, ``torch.func``...)
+sees through a ``TensorDict`` or a lazy stack to its leaves.
+
+A tensordict flattens to its tensor leaves (nested levels included) in key order; the context
+holds the keys, the non-tensor entries, the batch size and the device.  ``torch.vmap(fn, in_dims=0)``
+over a tensordict hands ``fn`` a tensordict whose leaves are the batched views of the original's:
+when the leaves come back from vmap without their mapped dim, the rebuilt tensordict drops that
+dim from its batch size too.  A lazy stack flattens to its stacked leaves and comes back dense.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ._lazy import LazyStackedTensorDict
+from ._nontensor import NonTensorData
+from ._params import TensorDictParams
+from ._tensordict import TensorDict
+
+__all__ = ["register_pytree_nodes"]
+
+
+def _flatten(td: Any) -> tuple[list[torch.Tensor], Any]:
+    keys: list[Any] = []
+    leaves: list[torch.Tensor] = []
+    others: dict[Any, Any] = {}
+    for key, value in td.items(include_nested=True, leaves_only=True):
+        if isinstance(value, torch.Tensor):
+            keys.append(key)
+            leaves.append(value)
+        else:
+            others[key] = value
+    nested = {
+        k: v.batch_size
+        for k, v in td.items(include_nested=True)
+        if not isinstance(v, torch.Tensor) and hasattr(v, "batch_size") and not isinstance(v, NonTensorData)
+    }
+    return leaves, (keys, others, td.batch_size, td.device, nested)
+
+
+def _vmapped_dim(batch: torch.Size, leaves: list[Any]) -> int | None:
+    """The batch dim that vmap took away from the leaves, if it did (None: the leaves fit ``batch``)."""
+    for leaf in leaves:
+        if tuple(leaf.shape[: len(batch)]) == tuple(batch):
+            continue
+        bdim = torch._C._functorch.maybe_get_bdim(leaf)
+        if 0 <= bdim < len(batch):
+            return bdim
+    return None
+
+
+def _drop(size: torch.Size, dim: int | None) -> torch.Size:
+    return size if dim is None else torch.Size([*size[:dim], *size[dim + 1 :]])
+
+
+def _unflatten(leaves: Any, context: Any) -> TensorDict:
+    keys, others, batch, device, nested = context
+    leaves = list(leaves)
+    if not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
+        # a tree of other values over this structure (vmap's in_dims broadcast): a plain dict of them
+        return dict(zip(keys, leaves, strict=True))  # type: ignore[return-value]
+    dim = _vmapped_dim(batch, leaves)
+    out = TensorDict(batch_size=_drop(batch, dim), device=device)
+    for key, size in nested.items():  # the levels (empty ones too) with their batch sizes first
+        out.set(key, TensorDict(batch_size=_drop(size, dim), device=device))
+    for key, leaf in zip(keys, leaves, strict=True):
+        out.set(key, leaf)
+    for key, value in others.items():
+        out.set(key, value)
+    return out
+
+
+def _flatten_with_keys(td: Any) -> tuple[list[tuple[Any, torch.Tensor]], Any]:
+    leaves, context = _flatten(td)
+    return [(pytree.MappingKey(k), v) for k, v in zip(context[0], leaves, strict=True)], context
+
+
+def _flatten_params(module: Any) -> tuple[list[torch.Tensor], Any]:
+    return _flatten(module._param_td)
+
+
+def _flatten_params_with_keys(module: Any) -> tuple[list[tuple[Any, torch.Tensor]], Any]:
+    return _flatten_with_keys(module._param_td)
+
+
+def _unflatten_params(leaves: Any, context: Any) -> Any:
+    out = _unflatten(leaves, context)
+    return TensorDictParams(out, no_convert=True) if isinstance(out, TensorDict) else out
+
+
+def register_pytree_nodes() -> None:
+    """Register ``TensorDict``, ``LazyStackedTensorDict`` and ``TensorDictParams`` as pytree nodes
+    (done when tdshare is imported; registering again does nothing).
+
+    >>> import torch, torch.utils._pytree as pytree
+    >>> from tdshare import TensorDict
+    >>> leaves, spec = pytree.tree_flatten(TensorDict(a=torch.zeros(2), n={"b": torch.ones(2)}, batch_size=[2]))
+    >>> len(leaves), pytree.tree_unflatten(leaves, spec)["n", "b"].tolist()
+    (2, [1.0, 1.0])
+    """
+    for cls in (TensorDict, LazyStackedTensorDict):
+        if cls not in pytree.SUPPORTED_NODES:
+            pytree.register_pytree_node(cls, _flatten, _unflatten, flatten_with_keys_fn=_flatten_with_keys)
+    if TensorDictParams not in pytree.SUPPORTED_NODES:
+        pytree.register_pytree_node(
+            TensorDictParams, _flatten_params, _unflatten_params, flatten_with_keys_fn=_flatten_params_with_keys
+        )
+
+
+register_pytree_nodes()
