@@ -183,6 +183,63 @@ def _shm_handles() -> list[str]:
     return out
 
 
+def _wide(tmp_path: Path) -> tuple[Path, int]:
+    """A folder with one level of more leaves than a load stats (checked from its listing)."""
+    from tdshare._store import STAT_AT_LOAD
+
+    n = STAT_AT_LOAD + 6
+    path = tmp_path / "wide"
+    source(1, n).memmap(path)
+    return path / "g0", n
+
+
+@pytest.mark.parametrize("when", ["before load", "after load"])
+def test_a_short_file_in_a_wide_level_fails_its_first_read_naming_the_file(tmp_path: Path, when: str) -> None:
+    level, n = _wide(tmp_path)
+    if when == "before load":
+        os.truncate(level / "x3.memmap", 8)
+    td = TensorDict.load_memmap(level)  # no stat per file: the size is checked at first read
+    if when == "after load":
+        os.truncate(level / "x3.memmap", 8)
+    msg = r"x3\.memmap' holds 8 bytes but .*meta\.json expects 16 \(shape \[4\], torch\.float32\): it is truncated"
+    with pytest.raises(tdshare.CorruptDataError, match=msg):
+        td["x3"]
+    with pytest.raises(tdshare.CorruptDataError, match=msg):  # again: nothing was mapped
+        td["x3"]
+    assert float(td["x4"][0]) == value(0, 4) and float(td[f"x{n - 1}"][0]) == value(0, n - 1)
+
+
+def test_a_file_swapped_for_a_symlink_after_load_is_refused_at_first_read(tmp_path: Path) -> None:
+    level, _ = _wide(tmp_path)
+    td = TensorDict.load_memmap(level)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(torch.full((4,), -7.0).numpy().tobytes())
+    (level / "x5.memmap").unlink()
+    (level / "x5.memmap").symlink_to(outside)
+    with pytest.raises(tdshare.CorruptDataError, match=r"x5\.memmap' \(listed in .*meta\.json\).*now a symbolic link"):
+        td["x5"]
+    (level / "x6.memmap").unlink()
+    with pytest.raises(tdshare.CorruptDataError, match=r"x6\.memmap' \(listed in .*meta\.json\) is missing"):
+        td["x6"]
+    assert float(td["x7"][0]) == value(0, 7)
+
+
+def test_a_wide_level_still_refuses_at_load_what_its_listing_shows(tmp_path: Path) -> None:
+    level, _ = _wide(tmp_path)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(bytes(16))
+    (level / "x2.memmap").unlink()
+    (level / "x2.memmap").symlink_to(outside)
+    with pytest.raises(tdshare.CorruptDataError, match=r"x2\.memmap' is a symbolic link that leads outside"):
+        TensorDict.load_memmap(level)
+    (level / "x2.memmap").unlink()
+    with pytest.raises(tdshare.CorruptDataError, match=r"x2"):
+        TensorDict.load_memmap(level)
+    (level / "x2.memmap").mkdir()
+    with pytest.raises(tdshare.CorruptDataError, match=r"x2\.memmap' is not a regular file"):
+        TensorDict.load_memmap(level)
+
+
 def test_load_memmap_costs_little_python_memory_per_leaf(saved: Path) -> None:
     gc.collect()
     tracemalloc.start()
