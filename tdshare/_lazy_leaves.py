@@ -158,13 +158,14 @@ class PendingLeaf(LeafHandle):
                 f"The file {path!r}{listed} is missing: expected {self.nbytes} bytes of {self.dtype} data. "
                 "It was removed after the tensordict was loaded; load the folder again."
             ) from None
-        if self.ino is not None and st.st_ino != self.ino:
-            if stat.S_ISLNK(st.st_mode):
+        if self.ino is not None:
+            if stat.S_ISLNK(st.st_mode):  # (its own inode number may be the old file's, reused)
                 raise CorruptDataError(
                     f"The file {path!r}{f' (listed in {self.where})' if self.where else ''} was a regular file "
                     "when the tensordict was loaded and is now a symbolic link: refusing it. Load the folder again."
                 )
-            raise self._replaced()
+            if st.st_ino != self.ino:
+                raise self._replaced()
         self.check(st, self.where or path, os.path.basename(path))
         return st
 
@@ -411,14 +412,18 @@ if hasattr(os, "register_at_fork"):
 # This process's dicts with pending file leaves, by folder: a re-save of a folder here maps them
 # first (:func:`resolve_under`), so that they keep the bytes they were loaded with, as eager ones do.
 _LIVE: dict[str, weakref.WeakValueDictionary[int, LazyLeaves]] = {}  # (a dict is unhashable: by id)
+_SWEEP_AT = [1024]  # the size of _LIVE at which the folders whose dicts are all gone are forgotten
 
 
 def _live_in(folder: str) -> weakref.WeakValueDictionary[int, LazyLeaves]:
     live = _LIVE.get(folder)
     if live is None:
-        if len(_LIVE) >= 1024:  # forget the folders whose dicts are all gone
+        if len(_LIVE) >= _SWEEP_AT[0]:  # forget the folders whose dicts are all gone
             for gone in [w for w, v in _LIVE.items() if not len(v)]:
                 del _LIVE[gone]
+            # next sweep when the live ones have doubled: a tree of thousands of levels loaded
+            # whole costs O(1) per level, not a sweep of all the others per level
+            _SWEEP_AT[0] = max(1024, 2 * len(_LIVE))
         live = _LIVE[folder] = weakref.WeakValueDictionary()
     return live
 

@@ -240,6 +240,28 @@ def test_a_wide_level_still_refuses_at_load_what_its_listing_shows(tmp_path: Pat
         TensorDict.load_memmap(level)
 
 
+def test_a_load_leaves_no_young_objects_for_the_collector_to_rescan(saved: Path) -> None:
+    """The pause of the collector during a load piles 70,000 leaves' objects into the youngest
+    generation; they are moved to the oldest unscanned (the next allocation would otherwise
+    traverse them all), and a process's own frozen objects stay frozen."""
+    gc.collect()
+    td = TensorDict.load_memmap(saved)
+    young = len(gc.get_objects(generation=0)) + len(gc.get_objects(generation=1))
+    assert young < 5000, young  # not the 70,000 leaves (and more) that the load made
+    assert float(td["g3", "x3"][0]) == value(3, 3)
+    del td
+    keep = [[i] for i in range(100)]
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        td = TensorDict.load_memmap(saved)
+        assert gc.get_freeze_count() == frozen and gc.isenabled()
+        assert float(td["g4", "x4"][0]) == value(4, 4)
+    finally:
+        gc.unfreeze()
+    assert len(keep) == 100
+
+
 def test_load_memmap_costs_little_python_memory_per_leaf(saved: Path) -> None:
     gc.collect()
     tracemalloc.start()
