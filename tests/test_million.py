@@ -471,6 +471,7 @@ def test_a_million_leaves(shm: Path) -> None:
     other = TensorDict.load_memmap(shm / "million").memmap_(shm / "million")
     other.memmap_refresh_()
     assert other["g5", "added"].tolist() == [0.0, 0.0, 0.0]
+    del other  # each tree of a million pending leaves holds about 0.8 GB: one at a time
     ctx = mp.get_context("spawn")
     q, done = ctx.Queue(), ctx.Event()
     p = ctx.Process(target=_worker, args=(loaded, q, done))
@@ -483,9 +484,13 @@ def test_a_million_leaves(shm: Path) -> None:
     assert p.exitcode == 0 and worker_maps < 5000
     assert total == sum(value(i, j) for i in range(0, G, 10) for j in range(0, L, 70))
     loaded.memmap(shm / "million.tdz", copy_existing=True)
+    del loaded
+    gc.collect()
+    shutil.rmtree(shm / "million")  # 1,000,000 files: 4 GB of tmpfs pages (one per file)
     ar = TensorDict.load_memmap(shm / "million.tdz")
-    assert float(ar["g999", "x999"][0]) == value(999, 999)
-    shutil.rmtree(shm / "million")
+    assert float(ar["g999", "x999"][0]) == value(999, 999) and float(ar["g5", "added"][0]) == 0.0
+    del ar
+    os.unlink(shm / "million.tdz")
 
 
 def test_the_benchmark_runs_tiny(shm: Path) -> None:
