@@ -5,7 +5,10 @@ all stay alive.  The collector, triggered by the allocation count, would travers
 heap over and over without finding garbage: it measured a quarter of the time of a
 10,000-leaf ``memmap_``.  :func:`paused_gc` turns it off for the operation and back on after,
 unless something else had turned it off before (then it is left alone).  Reference counting
-still frees everything that is not part of a cycle during the pause.
+still frees everything that is not part of a cycle during the pause.  When the collector goes
+back on, the objects the operation left in the youngest generation are moved to the oldest
+without a scan (:func:`_promote_young`): a load of 100,000 leaves measured 0.6-0.9 µs per leaf
+for that first scan, and as much again in the code that ran next.
 """
 
 from __future__ import annotations
@@ -43,7 +46,22 @@ def paused_gc() -> Iterator[None]:
             with _lock:
                 _depth -= 1
                 if _depth == 0:
+                    _promote_young()
                     gc.enable()
+
+
+def _promote_young() -> None:
+    """Move the objects the pause let pile up in the youngest generation to the oldest, unscanned.
+
+    Back on, the collector would otherwise traverse every one of them at the next allocation (a
+    tree of a million leaves: a million objects, a second) only to find them alive.  A freeze
+    and unfreeze moves them in O(1); they are scanned at the next full collection, as objects
+    that survive two collections are.  Skipped when the process froze objects itself
+    (``gc.freeze()`` before a fork): those must stay frozen.
+    """
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
 
 
 def bulk(fn: Callable[P, R]) -> Callable[P, R]:

@@ -1,7 +1,8 @@
 """Leaves mapped on first use: :class:`PendingLeaf` and the dict that holds them, :class:`LazyLeaves`.
 
 Loading a folder (or receiving a pickled memory-mapped tensordict) checks every leaf against
-its metadata but maps none: each leaf is a :class:`PendingLeaf` (a :class:`LeafHandle`: dtype,
+its metadata (in a level of many leaves, from the level's listing: the file's size is checked
+at first read) but maps none: each leaf is a :class:`PendingLeaf` (a :class:`LeafHandle`: dtype,
 shape, where its bytes are) until something reads it.  A pending leaf holds no descriptor and
 no mapping, and about 200 bytes of Python memory.
 
@@ -10,8 +11,8 @@ of reading a value gives the mapped tensor, never the placeholder: ``d[k]``, ``g
 ``setdefault``, ``values()``, ``items()``, ``copy()``, ``==``, ``|``, and also ``dict(d)``,
 ``{**d}`` and ``other.update(d)`` (it defines ``__iter__``, so CPython copies it through
 ``keys()`` and ``__getitem__`` instead of its raw slots).  Mapping happens once per leaf; the
-check of the file (regular, large enough for shape x dtype) runs again just before it, and a
-failure names the file and the metadata that listed it.
+check of the file (the same inode, regular and no symbolic link, large enough for shape x
+dtype) runs just before it, and a failure names the file and the metadata that listed it.
 
 Code that must not map (pickling handles, refreshing, walking nested levels) reads the raw
 values with :func:`raw_items` / :func:`raw_get` and keeps pending leaves as they are.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import sys
 import threading
 import weakref
@@ -147,15 +149,23 @@ class PendingLeaf(LeafHandle):
         path = self.path
         assert path is not None
         try:
-            st = os.stat(path)
+            # a leaf whose inode is known was a regular file at load: a symbolic link now is refused
+            # (lstat, not followed), as one that leads outside the folder would have been then
+            st = os.lstat(path) if self.ino is not None else os.stat(path)
         except FileNotFoundError:
             listed = f" (listed in {self.where})" if self.where else ""
             raise CorruptDataError(
                 f"The file {path!r}{listed} is missing: expected {self.nbytes} bytes of {self.dtype} data. "
                 "It was removed after the tensordict was loaded; load the folder again."
             ) from None
-        if self.ino is not None and st.st_ino != self.ino:
-            raise self._replaced()
+        if self.ino is not None:
+            if stat.S_ISLNK(st.st_mode):  # (its own inode number may be the old file's, reused)
+                raise CorruptDataError(
+                    f"The file {path!r}{f' (listed in {self.where})' if self.where else ''} was a regular file "
+                    "when the tensordict was loaded and is now a symbolic link: refusing it. Load the folder again."
+                )
+            if st.st_ino != self.ino:
+                raise self._replaced()
         self.check(st, self.where or path, os.path.basename(path))
         return st
 
@@ -402,14 +412,18 @@ if hasattr(os, "register_at_fork"):
 # This process's dicts with pending file leaves, by folder: a re-save of a folder here maps them
 # first (:func:`resolve_under`), so that they keep the bytes they were loaded with, as eager ones do.
 _LIVE: dict[str, weakref.WeakValueDictionary[int, LazyLeaves]] = {}  # (a dict is unhashable: by id)
+_SWEEP_AT = [1024]  # the size of _LIVE at which the folders whose dicts are all gone are forgotten
 
 
 def _live_in(folder: str) -> weakref.WeakValueDictionary[int, LazyLeaves]:
     live = _LIVE.get(folder)
     if live is None:
-        if len(_LIVE) >= 1024:  # forget the folders whose dicts are all gone
+        if len(_LIVE) >= _SWEEP_AT[0]:  # forget the folders whose dicts are all gone
             for gone in [w for w, v in _LIVE.items() if not len(v)]:
                 del _LIVE[gone]
+            # next sweep when the live ones have doubled: a tree of thousands of levels loaded
+            # whole costs O(1) per level, not a sweep of all the others per level
+            _SWEEP_AT[0] = max(1024, 2 * len(_LIVE))
         live = _LIVE[folder] = weakref.WeakValueDictionary()
     return live
 

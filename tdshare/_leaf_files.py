@@ -50,9 +50,10 @@ _JOIN_MAX_LEAVES = 1024  # at most 4 MiB joined at a time
 class LeafPlan:
     """What the write path needs of a leaf's (shape, dtype), computed once for all leaves that share it."""
 
-    __slots__ = ("dims", "dtype", "join", "nbytes", "numel")
+    __slots__ = ("dims", "dtype", "join", "nbytes", "numel", "shape")
 
     def __init__(self, shape: torch.Size, dtype: torch.dtype) -> None:
+        self.shape = tuple(shape)  # one tuple for every pending leaf of this shape (see write_batch)
         self.numel = shape.numel()
         self.nbytes = self.numel * dtype.itemsize
         self.dtype = dtype
@@ -170,12 +171,12 @@ def write_batch(
     if lazy:
         get, where, pend = listed.get, folder + os.sep + META_FILE, PendingLeaf
         lazy_out = []
-        for src, path, info in files:
+        for _, path, info in files:
             ino = get(path[cut:])
             lazy_out.append(
                 pend(
                     info.dtype,
-                    tuple(src.shape),
+                    info.shape,
                     path,
                     None,
                     None,

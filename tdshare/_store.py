@@ -45,6 +45,7 @@ from ._tdz import Entry
 __all__ = [
     "Store",
     "DirectoryStore",
+    "STAT_AT_LOAD",
     "empty_leaf",
     "Deferred",
     "check_load_args",
@@ -306,6 +307,11 @@ def member_without_meta(store: Store, level: str, index: int) -> CorruptDataErro
     return CorruptDataError(f"{store.where(level)!r}: the stacked member folder {index!r} has no {META_FILE}.")
 
 
+#: a folder level of more leaves than this is checked at load from its listing, not a ``stat`` per
+#: file: a file's size is then checked when its leaf is first read (see ``open_leaves``)
+STAT_AT_LOAD = 64
+
+
 class DirectoryStore(Store):
     """A saved folder: leaves are mapped files; nothing outside the folder's real path is read."""
 
@@ -463,18 +469,25 @@ class DirectoryStore(Store):
     ) -> dict[str, Any]:
         """Every leaf of a level, with one fused loop for the common case.
 
-        A fresh load of regular, robustly named, large-enough files in mode None or "r" maps them
-        here directly (loading thousands of small leaves is bound by per-leaf Python work); any
+        A fresh load of regular, robustly named files in mode None or "r" makes pending leaves
+        after one ``lstat`` per file (size, type, inode), or, in a level of more than
+        :data:`STAT_AT_LOAD` leaves, from one listing of the level and no ``stat`` per file (the
+        listing says the file exists, is a regular file and no symbolic link, and gives its
+        inode; the size is checked when the leaf is first read, by :meth:`PendingLeaf.resolve`,
+        with the same error naming the file).  With ``lazy`` off they are mapped here.  Any
         other leaf (nested, empty, legacy name, symlink, short file, a reusable old leaf, "r+")
         goes through :meth:`open_leaf`, which raises the precise errors.
         """
         prefix = level + os.sep
         mode = self.mode
         robust = self.robust and mode != "r+"
+        lazy = self.lazy
+        if lazy and robust and len(infos) > STAT_AT_LOAD:
+            return self._pending_leaves(level, infos, meta_where, current)
+        pending, guard = PendingLeaf, self.guard
         from_file, adopt, isreg, lstat = torch.from_file, MemoryMappedTensor._adopt, stat.S_ISREG, os.lstat
         euid = os.geteuid()
         shared = mode is None
-        lazy, pending, guard = self.lazy, PendingLeaf, self.guard
         out: dict[str, Any] = {}
         for info in infos:
             key, shape, dtype, nested = info
@@ -506,6 +519,33 @@ class DirectoryStore(Store):
             if mode is not None:
                 leaf._mode = mode
             out[key] = leaf
+        return out
+
+    def _pending_leaves(
+        self, level: str, infos: list[LeafInfo], meta_where: str, current: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The lazy form of :meth:`open_leaves`: a pending leaf per regular file the level's
+        listing holds, :meth:`open_leaf` for the rest (see there)."""
+        prefix = level + os.sep
+        names = self._scan(level)
+        get, mode, guard, pending, suffix = names.get, self.mode, self.guard, PendingLeaf, LEAF_SUFFIX
+        out: dict[str, Any] = {}
+        for info in infos:
+            key, shape, dtype, nested = info
+            if nested or (current and current.get(key) is not None):
+                out[key] = self.open_leaf(level, info, meta_where, current.get(key))
+                continue
+            name = (key if key.isidentifier() else encode_key(key)) + suffix
+            entry = get(name)
+            # a missing file, a symbolic link, anything but a regular file or an empty leaf: the careful way
+            if (
+                entry is None
+                or not (shape[0] if len(shape) == 1 else math.prod(shape))
+                or not entry.is_file(follow_symlinks=False)
+            ):
+                out[key] = self.open_leaf(level, info, meta_where)
+                continue
+            out[key] = pending(dtype, shape, prefix + name, mode, None, 0, entry.inode(), meta_where, guard)
         return out
 
     def open_leaf(self, level: str, info: LeafInfo, meta_where: str, old: Any = None) -> Any:

@@ -183,6 +183,85 @@ def _shm_handles() -> list[str]:
     return out
 
 
+def _wide(tmp_path: Path) -> tuple[Path, int]:
+    """A folder with one level of more leaves than a load stats (checked from its listing)."""
+    from tdshare._store import STAT_AT_LOAD
+
+    n = STAT_AT_LOAD + 6
+    path = tmp_path / "wide"
+    source(1, n).memmap(path)
+    return path / "g0", n
+
+
+@pytest.mark.parametrize("when", ["before load", "after load"])
+def test_a_short_file_in_a_wide_level_fails_its_first_read_naming_the_file(tmp_path: Path, when: str) -> None:
+    level, n = _wide(tmp_path)
+    if when == "before load":
+        os.truncate(level / "x3.memmap", 8)
+    td = TensorDict.load_memmap(level)  # no stat per file: the size is checked at first read
+    if when == "after load":
+        os.truncate(level / "x3.memmap", 8)
+    msg = r"x3\.memmap' holds 8 bytes but .*meta\.json expects 16 \(shape \[4\], torch\.float32\): it is truncated"
+    with pytest.raises(tdshare.CorruptDataError, match=msg):
+        td["x3"]
+    with pytest.raises(tdshare.CorruptDataError, match=msg):  # again: nothing was mapped
+        td["x3"]
+    assert float(td["x4"][0]) == value(0, 4) and float(td[f"x{n - 1}"][0]) == value(0, n - 1)
+
+
+def test_a_file_swapped_for_a_symlink_after_load_is_refused_at_first_read(tmp_path: Path) -> None:
+    level, _ = _wide(tmp_path)
+    td = TensorDict.load_memmap(level)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(torch.full((4,), -7.0).numpy().tobytes())
+    (level / "x5.memmap").unlink()
+    (level / "x5.memmap").symlink_to(outside)
+    with pytest.raises(tdshare.CorruptDataError, match=r"x5\.memmap' \(listed in .*meta\.json\).*now a symbolic link"):
+        td["x5"]
+    (level / "x6.memmap").unlink()
+    with pytest.raises(tdshare.CorruptDataError, match=r"x6\.memmap' \(listed in .*meta\.json\) is missing"):
+        td["x6"]
+    assert float(td["x7"][0]) == value(0, 7)
+
+
+def test_a_wide_level_still_refuses_at_load_what_its_listing_shows(tmp_path: Path) -> None:
+    level, _ = _wide(tmp_path)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(bytes(16))
+    (level / "x2.memmap").unlink()
+    (level / "x2.memmap").symlink_to(outside)
+    with pytest.raises(tdshare.CorruptDataError, match=r"x2\.memmap' is a symbolic link that leads outside"):
+        TensorDict.load_memmap(level)
+    (level / "x2.memmap").unlink()
+    with pytest.raises(tdshare.CorruptDataError, match=r"x2"):
+        TensorDict.load_memmap(level)
+    (level / "x2.memmap").mkdir()
+    with pytest.raises(tdshare.CorruptDataError, match=r"x2\.memmap' is not a regular file"):
+        TensorDict.load_memmap(level)
+
+
+def test_a_load_leaves_no_young_objects_for_the_collector_to_rescan(saved: Path) -> None:
+    """The pause of the collector during a load piles 70,000 leaves' objects into the youngest
+    generation; they are moved to the oldest unscanned (the next allocation would otherwise
+    traverse them all), and a process's own frozen objects stay frozen."""
+    gc.collect()
+    td = TensorDict.load_memmap(saved)
+    young = len(gc.get_objects(generation=0)) + len(gc.get_objects(generation=1))
+    assert young < 5000, young  # not the 70,000 leaves (and more) that the load made
+    assert float(td["g3", "x3"][0]) == value(3, 3)
+    del td
+    keep = [[i] for i in range(100)]
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        td = TensorDict.load_memmap(saved)
+        assert gc.get_freeze_count() == frozen and gc.isenabled()
+        assert float(td["g4", "x4"][0]) == value(4, 4)
+    finally:
+        gc.unfreeze()
+    assert len(keep) == 100
+
+
 def test_load_memmap_costs_little_python_memory_per_leaf(saved: Path) -> None:
     gc.collect()
     tracemalloc.start()
@@ -392,6 +471,7 @@ def test_a_million_leaves(shm: Path) -> None:
     other = TensorDict.load_memmap(shm / "million").memmap_(shm / "million")
     other.memmap_refresh_()
     assert other["g5", "added"].tolist() == [0.0, 0.0, 0.0]
+    del other  # each tree of a million pending leaves holds about 0.8 GB: one at a time
     ctx = mp.get_context("spawn")
     q, done = ctx.Queue(), ctx.Event()
     p = ctx.Process(target=_worker, args=(loaded, q, done))
@@ -404,9 +484,13 @@ def test_a_million_leaves(shm: Path) -> None:
     assert p.exitcode == 0 and worker_maps < 5000
     assert total == sum(value(i, j) for i in range(0, G, 10) for j in range(0, L, 70))
     loaded.memmap(shm / "million.tdz", copy_existing=True)
+    del loaded
+    gc.collect()
+    shutil.rmtree(shm / "million")  # 1,000,000 files: 4 GB of tmpfs pages (one per file)
     ar = TensorDict.load_memmap(shm / "million.tdz")
-    assert float(ar["g999", "x999"][0]) == value(999, 999)
-    shutil.rmtree(shm / "million")
+    assert float(ar["g999", "x999"][0]) == value(999, 999) and float(ar["g5", "added"][0]) == 0.0
+    del ar
+    os.unlink(shm / "million.tdz")
 
 
 def test_the_benchmark_runs_tiny(shm: Path) -> None:
