@@ -71,6 +71,7 @@ from ._tensordict import (
 )
 from ._tensordict_base import TensorDictBase
 from ._typed import TypedTensorDict
+from ._unbatched import UnbatchedTensor
 
 __version__ = "0.1.0"
 
@@ -110,6 +111,7 @@ __all__ = [
     "TensorDictParams",
     "TerminalProgress",
     "TypedTensorDict",
+    "UnbatchedTensor",
     "UnsupportedFormatError",
     "__version__",
     "assert_allclose_td",

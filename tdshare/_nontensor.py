@@ -14,12 +14,13 @@ saved as the reference saves it: a folder whose ``meta.json`` holds the list (or
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
+from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError, LockedError
 from ._format import NONTENSOR_STACK_TYPE, NONTENSOR_TYPE, VALUE, VALUE_STACK
 from ._indexing import as_size, check_dim, normalize_index
 from ._nodes import NodeKind, register
@@ -27,6 +28,7 @@ from ._settings import capture_non_tensor_stack
 
 __all__ = [
     "assign_elements",
+    "bind_owner",
     "flatten_values",
     "nest_values",
     "NonTensorData",
@@ -55,8 +57,9 @@ class NonTensorData:
     ['a', 'a']
     """
 
-    __slots__ = ("_batch_size", "_device", "data")
+    __slots__ = ("__dict__", "__weakref__", "_batch_size", "_device", "_owner", "data")
     data: Any
+    _keeps_whole = False  # True: the batch operations carry the value whole (an unbatched tensor's holder)
 
     def __init__(
         self,
@@ -95,6 +98,107 @@ class NonTensorData:
         """The value, broadcast over ``batch_size`` as nested lists (the value itself without a batch)."""
         return nest_values([self.data] * self.batch_size.numel(), self.batch_size)
 
+    # -- the tensordict holding the value ---------------------------------------------------
+    def _holder(self) -> tuple[Any, tuple[str, ...]] | None:
+        """The tensordict this value was last read from while locked, and its key there (or None)."""
+        owner = getattr(self, "_owner", None)
+        if owner is None:
+            return None
+        td = owner[0]()
+        return None if td is None else (td, owner[1])
+
+    def _flag(self, name: str) -> bool:
+        held = self._holder()
+        if held is not None:
+            return bool(getattr(held[0], name, False))
+        return bool(self.__dict__.get(name, False))
+
+    @property
+    def _is_shared(self) -> bool:
+        """Whether the value lives in a shared tensordict (or was shared on its own)."""
+        return self._flag("_is_shared")
+
+    @property
+    def _is_memmap(self) -> bool:
+        """Whether the value lives in a memory-mapped tensordict (or was memory-mapped on its own)."""
+        return self._flag("_is_memmap")
+
+    @property
+    def _is_locked(self) -> bool:
+        """Whether the value lives in a locked tensordict (or was locked on its own)."""
+        return self._flag("_is_locked")
+
+    @property
+    def is_locked(self) -> bool:
+        """Whether the value can be replaced only in place (``update_``): its tensordict is locked."""
+        return self._is_locked
+
+    def is_shared(self) -> bool:
+        """Whether the value lives in a shared tensordict (``share_memory_``)."""
+        return self._is_shared
+
+    def is_memmap(self) -> bool:
+        """Whether the value lives in a memory-mapped tensordict (its folder holds it)."""
+        return self._is_memmap
+
+    @property
+    def _tensordict(self) -> Any:
+        """An empty tensordict of the value's batch size carrying its shared/memory-mapped flags
+        (the reference's tensorclass layout, read by code written against it)."""
+        host = _SHAPE_HOST[0]({}, batch_size=self.batch_size)
+        host._is_shared, host._is_memmap = self._is_shared, self._is_memmap
+        return host
+
+    def update_(self, input_dict_or_td: Any, *args: Any, non_blocking: bool = False, **kwargs: Any) -> NonTensorData:
+        """Replace the value in place, where its tensordict keeps it (its folder when memory-mapped).
+
+        Args:
+            input_dict_or_td: the new value: a ``NonTensorData`` (its value is taken) or a plain value.
+            non_blocking: accepted for the reference's signature.
+
+        Returns:
+            ``self``.
+
+        >>> v = NonTensorData("a")
+        >>> v.update_(NonTensorData("b")).data
+        'b'
+        """
+        value = input_dict_or_td.data if isinstance(input_dict_or_td, NonTensorData) else input_dict_or_td
+        held = self._holder()
+        if held is not None and held[0]._get_leaf(held[1], None) is self:
+            held[0].set_(held[1], value)  # written where the tensordict keeps it (and persisted)
+            if self.data is not value and not isinstance(self, NonTensorStack):
+                self.data = value
+        else:
+            self.data = value
+        return self
+
+    def update(self, input_dict_or_td: Any, *args: Any, inplace: bool = False, **kwargs: Any) -> NonTensorData:
+        """Replace the value: in place with ``inplace=True`` (as :meth:`update_`).
+
+        Args:
+            input_dict_or_td: the new value (a ``NonTensorData`` or a plain value).
+            inplace: write where the value's tensordict keeps it; needed when that tensordict is locked.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            LockedError: the value's tensordict is locked and ``inplace`` is False.
+
+        >>> NonTensorData(1).update(NonTensorData(2)).data
+        2
+        """
+        if inplace:
+            return self.update_(input_dict_or_td)
+        if self._is_locked:
+            raise LockedError(
+                "Cannot update a non-tensor value of a locked tensordict: it is locked (memory-mapped, shared "
+                "or lock_()). Use update(..., inplace=True) or update_() to replace it in place."
+            )
+        self.data = input_dict_or_td.data if isinstance(input_dict_or_td, NonTensorData) else input_dict_or_td
+        return self
+
     def clone(self) -> NonTensorData:
         """A new, unshared ``NonTensorData`` with the same value and batch size."""
         return NonTensorData(self.data, batch_size=self.batch_size, device=self.device)
@@ -102,6 +206,10 @@ class NonTensorData:
     def _index(self, idx: Any) -> NonTensorData:
         """Indexing a tensordict keeps its non-tensor values (the same object)."""
         return self
+
+    def _mapped(self, fn: Any) -> NonTensorData:
+        """This value in a tensordict whose tensors ``fn`` maps (``to``, ``clone``...): an own copy."""
+        return self.clone()
 
     def __eq__(self, other: object) -> bool:
         other_data = other.data if isinstance(other, NonTensorData) else other
@@ -342,10 +450,21 @@ def stack_non_tensor(values: Sequence[NonTensorData], batches: Sequence[torch.Si
     Equal plain values stay one ``NonTensorData``; values that differ (or stacks) become a
     :class:`NonTensorStack` of the combined batch shape."""
     first = values[0]
+    own = getattr(type(first), "_stack_values", None)
+    if own is not None:  # a value kind with its own stacking rule (an unbatched tensor's holder)
+        return own(values, batches, dim, new_dim)
     plain = all(type(v) is not NonTensorStack and not isinstance(v, NonTensorStack) for v in values)
     if plain and capture_non_tensor_stack() and all(first == v for v in values[1:]):
         return NonTensorData(first.data)
     return NonTensorStack._combine(list(values), list(batches), dim, new_dim)
+
+
+def bind_owner(td: Any, key: tuple[str, ...], leaf: Any) -> Any:
+    """Record, on a non-tensor ``leaf`` of the locked tensordict ``td`` at ``key``, where it lives
+    (a weak reference): its ``update_`` then writes through ``td``.  Returns ``leaf``."""
+    if isinstance(leaf, NonTensorData) and td._is_locked:
+        leaf._owner = (weakref.ref(td), key)  # type: ignore[attr-defined]
+    return leaf
 
 
 def assign_elements(leaf: NonTensorData, batch: torch.Size, idx: Any, value: Any) -> NonTensorStack | None:

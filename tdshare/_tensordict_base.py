@@ -47,6 +47,7 @@ from ._reductions import decode_level, encode_level
 from ._setters import SetOps
 from ._shape_ops import ShapeOps
 from ._surface_ops import SurfaceOps
+from ._unbatched import surface_leaf
 from ._updates import UpdateOps
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
@@ -317,7 +318,7 @@ class TensorDictBase(
         """
         parts = unravel_key(key)
         try:
-            return self._get_leaf(parts)
+            return surface_leaf(self, parts, self._get_leaf(parts))
         except MissingKeyError:
             if default is NO_DEFAULT:
                 self._raise_through_leaf(parts)
@@ -338,7 +339,8 @@ class TensorDictBase(
 
     def get_non_tensor(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
         """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``)."""
-        leaf = self._get_leaf(unravel_key(key)) if default is NO_DEFAULT else self.get(key, default)
+        parts = unravel_key(key)
+        leaf = surface_leaf(self, parts, self._get_leaf(parts)) if default is NO_DEFAULT else self.get(key, default)
         return leaf.data if isinstance(leaf, NonTensorData) else leaf
 
     def __getitem__(self, idx: Any) -> Any:
@@ -452,7 +454,7 @@ class TensorDictBase(
                     leaves[key]._batch_size = batch_size + leaf._batch_size[self.batch_dims :]
             elif isinstance(leaf, NonTensorData):
                 if keep_non_tensor:
-                    leaves[key] = leaf.clone()
+                    leaves[key] = leaf._mapped(fn)
             elif (kind := kind_of(leaf)) is not None and kind.unwrap is not None and kind.wrap is not None:
                 inner, fields = kind.unwrap(leaf)  # a tensorclass: map its tensordict, wrap the result again
                 mapped = inner._map(fn, batch_size, device, keep_non_tensor)

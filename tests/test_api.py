@@ -50,6 +50,7 @@ PUBLIC = [
     "TensorDictParams",
     "TerminalProgress",
     "TypedTensorDict",
+    "UnbatchedTensor",
     "UnsupportedFormatError",
     "__version__",
     "assert_allclose_td",

@@ -61,6 +61,7 @@ LAYERS: dict[str, list[str]] = {
     "model": [
         "_nontensor",
         "_shared_nontensor",
+        "_unbatched",
         "_metadata",
         "_reductions",
         "_combine",
