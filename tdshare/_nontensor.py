@@ -24,6 +24,7 @@ from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError, Lo
 from ._format import NONTENSOR_STACK_TYPE, NONTENSOR_TYPE, VALUE, VALUE_STACK
 from ._indexing import as_size, check_dim, normalize_index
 from ._nodes import NodeKind, register
+from ._nontensor_io import NonTensorFiles
 from ._settings import capture_non_tensor_stack
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
 _SCALAR = torch.Size([])
 
 
-class NonTensorData:
+class NonTensorData(NonTensorFiles):
     """A non-tensor leaf of a TensorDict: holds ``data``, shared by the views of its tensordict.
 
     Args:
@@ -99,6 +100,20 @@ class NonTensorData:
         return nest_values([self.data] * self.batch_size.numel(), self.batch_size)
 
     # -- the tensordict holding the value ---------------------------------------------------
+    @classmethod
+    def _tensordict_host(cls) -> Any:
+        return _SHAPE_HOST[0]
+
+    def _is_stack(self) -> bool:
+        return isinstance(self, NonTensorStack)
+
+    def _take(self, other: NonTensorData) -> None:
+        """Hold ``other``'s value (and, for a stack, its batch size)."""
+        if isinstance(self, NonTensorStack) and isinstance(other, NonTensorStack):
+            self._values, self._batch_size = list(other._values), other.batch_size
+        else:
+            self.data = other.data
+
     def _holder(self) -> tuple[Any, tuple[str, ...]] | None:
         """The tensordict this value was last read from while locked, and its key there (or None)."""
         owner = getattr(self, "_owner", None)
@@ -163,14 +178,25 @@ class NonTensorData:
         >>> v.update_(NonTensorData("b")).data
         'b'
         """
-        value = input_dict_or_td.data if isinstance(input_dict_or_td, NonTensorData) else input_dict_or_td
+        new = input_dict_or_td
+        if isinstance(self, NonTensorStack):
+            if not isinstance(new, NonTensorStack):  # one value for every element
+                plain = new.data if isinstance(new, NonTensorData) else new
+                new = NonTensorStack._make([plain] * self.batch_size.numel(), self.batch_size)
+            value: Any = new.tolist()
+        elif isinstance(new, NonTensorStack):
+            raise InvalidArgumentError(
+                "Cannot update a NonTensorData with a NonTensorStack (one value per element): turn this value "
+                "into a stack first, e.g. NonTensorStack.from_list(data.tolist(), data.batch_size)."
+            )
+        else:
+            value = new.data if isinstance(new, NonTensorData) else new
         held = self._holder()
         if held is not None and held[0]._get_leaf(held[1], None) is self:
             held[0].set_(held[1], value)  # written where the tensordict keeps it (and persisted)
-            if self.data is not value and not isinstance(self, NonTensorStack):
-                self.data = value
         else:
             self.data = value
+            self._persist()  # a value memory-mapped on its own rewrites its folder
         return self
 
     def update(self, input_dict_or_td: Any, *args: Any, inplace: bool = False, **kwargs: Any) -> NonTensorData:

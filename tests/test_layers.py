@@ -60,6 +60,7 @@ LAYERS: dict[str, list[str]] = {
     ],
     "model": [
         "_nontensor",
+        "_nontensor_io",
         "_shared_nontensor",
         "_unbatched",
         "_metadata",
