@@ -47,6 +47,7 @@ from ._mapping_limits import max_mapped_leaves, set_max_mapped_leaves
 from ._memmap import MemoryMappedTensor
 from ._metadata import MetaData
 from ._nontensor import NonTensorData, NonTensorStack
+from ._nontensor_ops import LinkedList
 from ._params import TensorDictParams
 from ._progress import TerminalProgress
 from ._settings import (
@@ -88,6 +89,7 @@ __all__ = [
     "InvalidArgumentError",
     "KeyTypeError",
     "LazyStackedTensorDict",
+    "LinkedList",
     "LockedError",
     "MemmapError",
     "MemoryMappedTensor",

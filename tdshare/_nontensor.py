@@ -14,22 +14,21 @@ saved as the reference saves it: a folder whose ``meta.json`` holds the list (or
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError, LockedError
+from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._format import NONTENSOR_STACK_TYPE, NONTENSOR_TYPE, VALUE, VALUE_STACK
 from ._indexing import as_size, check_dim, normalize_index
 from ._nodes import NodeKind, register
 from ._nontensor_io import NonTensorFiles
+from ._nontensor_ops import NonTensorOps, set_value_classes
 from ._settings import capture_non_tensor_stack
 
 __all__ = [
     "assign_elements",
-    "bind_owner",
     "flatten_values",
     "nest_values",
     "NonTensorData",
@@ -44,7 +43,7 @@ __all__ = [
 _SCALAR = torch.Size([])
 
 
-class NonTensorData(NonTensorFiles):
+class NonTensorData(NonTensorOps, NonTensorFiles):
     """A non-tensor leaf of a TensorDict: holds ``data``, shared by the views of its tensordict.
 
     Args:
@@ -60,7 +59,8 @@ class NonTensorData(NonTensorFiles):
 
     __slots__ = ("__dict__", "__weakref__", "_batch_size", "_device", "_owner", "data")
     data: Any
-    _keeps_whole = False  # True: the batch operations carry the value whole (an unbatched tensor's holder)
+    _keeps_whole = False  # True: the batch operations carry the value whole (MetaData, an unbatched tensor)
+    _tensor_payload = False  # True: the value is a tensor that element-wise operations apply to (not saved)
 
     def __init__(
         self,
@@ -113,117 +113,6 @@ class NonTensorData(NonTensorFiles):
             self._values, self._batch_size = list(other._values), other.batch_size
         else:
             self.data = other.data
-
-    def _holder(self) -> tuple[Any, tuple[str, ...]] | None:
-        """The tensordict this value was last read from while locked, and its key there (or None)."""
-        owner = getattr(self, "_owner", None)
-        if owner is None:
-            return None
-        td = owner[0]()
-        return None if td is None else (td, owner[1])
-
-    def _flag(self, name: str) -> bool:
-        held = self._holder()
-        if held is not None:
-            return bool(getattr(held[0], name, False))
-        return bool(self.__dict__.get(name, False))
-
-    @property
-    def _is_shared(self) -> bool:
-        """Whether the value lives in a shared tensordict (or was shared on its own)."""
-        return self._flag("_is_shared")
-
-    @property
-    def _is_memmap(self) -> bool:
-        """Whether the value lives in a memory-mapped tensordict (or was memory-mapped on its own)."""
-        return self._flag("_is_memmap")
-
-    @property
-    def _is_locked(self) -> bool:
-        """Whether the value lives in a locked tensordict (or was locked on its own)."""
-        return self._flag("_is_locked")
-
-    @property
-    def is_locked(self) -> bool:
-        """Whether the value can be replaced only in place (``update_``): its tensordict is locked."""
-        return self._is_locked
-
-    def is_shared(self) -> bool:
-        """Whether the value lives in a shared tensordict (``share_memory_``)."""
-        return self._is_shared
-
-    def is_memmap(self) -> bool:
-        """Whether the value lives in a memory-mapped tensordict (its folder holds it)."""
-        return self._is_memmap
-
-    @property
-    def _tensordict(self) -> Any:
-        """An empty tensordict of the value's batch size carrying its shared/memory-mapped flags
-        (the reference's tensorclass layout, read by code written against it)."""
-        host = _SHAPE_HOST[0]({}, batch_size=self.batch_size)
-        host._is_shared, host._is_memmap = self._is_shared, self._is_memmap
-        return host
-
-    def update_(self, input_dict_or_td: Any, *args: Any, non_blocking: bool = False, **kwargs: Any) -> NonTensorData:
-        """Replace the value in place, where its tensordict keeps it (its folder when memory-mapped).
-
-        Args:
-            input_dict_or_td: the new value: a ``NonTensorData`` (its value is taken) or a plain value.
-            non_blocking: accepted for the reference's signature.
-
-        Returns:
-            ``self``.
-
-        >>> v = NonTensorData("a")
-        >>> v.update_(NonTensorData("b")).data
-        'b'
-        """
-        new = input_dict_or_td
-        if isinstance(self, NonTensorStack):
-            if not isinstance(new, NonTensorStack):  # one value for every element
-                plain = new.data if isinstance(new, NonTensorData) else new
-                new = NonTensorStack._make([plain] * self.batch_size.numel(), self.batch_size)
-            value: Any = new.tolist()
-        elif isinstance(new, NonTensorStack):
-            raise InvalidArgumentError(
-                "Cannot update a NonTensorData with a NonTensorStack (one value per element): turn this value "
-                "into a stack first, e.g. NonTensorStack.from_list(data.tolist(), data.batch_size)."
-            )
-        else:
-            value = new.data if isinstance(new, NonTensorData) else new
-        held = self._holder()
-        if held is not None and held[0]._get_leaf(held[1], None) is self:
-            held[0].set_(held[1], value)  # written where the tensordict keeps it (and persisted)
-        else:
-            self.data = value
-            self._persist()  # a value memory-mapped on its own rewrites its folder
-        return self
-
-    def update(self, input_dict_or_td: Any, *args: Any, inplace: bool = False, **kwargs: Any) -> NonTensorData:
-        """Replace the value: in place with ``inplace=True`` (as :meth:`update_`).
-
-        Args:
-            input_dict_or_td: the new value (a ``NonTensorData`` or a plain value).
-            inplace: write where the value's tensordict keeps it; needed when that tensordict is locked.
-
-        Returns:
-            ``self``.
-
-        Raises:
-            LockedError: the value's tensordict is locked and ``inplace`` is False.
-
-        >>> NonTensorData(1).update(NonTensorData(2)).data
-        2
-        """
-        if inplace:
-            return self.update_(input_dict_or_td)
-        if self._is_locked:
-            raise LockedError(
-                "Cannot update a non-tensor value of a locked tensordict: it is locked (memory-mapped, shared "
-                "or lock_()). Use update(..., inplace=True) or update_() to replace it in place."
-            )
-        self.data = input_dict_or_td.data if isinstance(input_dict_or_td, NonTensorData) else input_dict_or_td
-        return self
 
     def clone(self) -> NonTensorData:
         """A new, unshared ``NonTensorData`` with the same value and batch size."""
@@ -278,8 +167,9 @@ def set_shape_host(cls: type) -> None:
 
 def _borrowed(name: str) -> Any:
     def op(self: NonTensorData, *args: Any, **kwargs: Any) -> Any:
-        host = _SHAPE_HOST[0]({"value": self}, batch_size=self.batch_size)
-        return getattr(host, name)(*args, **kwargs)._get_leaf(("value",))
+        value = self.clone() if self._keeps_whole else self  # kept whole: the result takes a batch size of its own
+        host = _SHAPE_HOST[0]({"value": value}, batch_size=self.batch_size)
+        return getattr(host, name)(*args, **kwargs).get("value")
 
     op.__name__ = name
     op.__doc__ = f"""``{name}`` of the value's batch shape, as ``TensorDict.{name}`` does for its entries.
@@ -339,7 +229,7 @@ class NonTensorStack(NonTensorData):
     __slots__ = ("_values",)
     _values: list[Any]
 
-    def __init__(self, *values: Any, stack_dim: int = 0) -> None:
+    def __init__(self, *values: Any, stack_dim: int = 0, batch_size: Sequence[int] | torch.Size | None = None) -> None:
         if not values:
             raise InvalidArgumentError("NonTensorStack needs at least one value.")
         members = [v if isinstance(v, NonTensorData) else NonTensorData(v) for v in values]
@@ -351,6 +241,11 @@ class NonTensorStack(NonTensorData):
                     f"batch size {list(first)}: every member must have the same batch size."
                 )
         built = NonTensorStack._combine(members, [first] * len(members), stack_dim, True)
+        if batch_size is not None and as_size(batch_size) != built.batch_size:
+            raise BatchSizeError(
+                f"NonTensorStack: batch_size={list(as_size(batch_size))} does not match the {len(members)} stacked "
+                f"values (batch size {list(built.batch_size)}); leave batch_size out or fix it."
+            )
         self._values, self._batch_size, self._device = built._values, built._batch_size, None
 
     @classmethod
@@ -403,6 +298,35 @@ class NonTensorStack(NonTensorData):
 
     def __getitem__(self, idx: Any) -> NonTensorData:
         return self._index(idx)
+
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        """Set the elements at ``idx``: a ``NonTensorStack`` gives one value per element (broadcast
+        to the indexed shape), a list one per row, anything else one value for all of them.
+
+        The stack of a memory-mapped or shared tensordict is written where that tensordict keeps it.
+
+        Raises:
+            BatchSizeError: a list or stack whose length does not match the indexed elements.
+        """
+        positions = torch.arange(len(self._values)).reshape(self._batch_size)[normalize_index(idx, self.batch_dims)]
+        shape, at = positions.shape, positions.reshape(-1).tolist()
+        if isinstance(value, NonTensorStack):
+            new = value._flat_values(shape)
+        elif isinstance(value, NonTensorData):
+            new = [value.data] * len(at)
+        elif isinstance(value, list) and shape:
+            new = flatten_values(value, shape, "the assigned list")
+        else:
+            new = [value] * len(at)
+        values = list(self._values)
+        for i, v in zip(at, new, strict=True):
+            values[i] = v
+        held = self._holder()
+        if held is not None and held[0]._get_leaf(held[1], None) is self:
+            held[0].set_(held[1], nest_values(values, self._batch_size))
+        else:
+            self._values = values
+            self._persist()
 
     def __len__(self) -> int:
         return self._batch_size[0] if self._batch_size else 0
@@ -485,14 +409,6 @@ def stack_non_tensor(values: Sequence[NonTensorData], batches: Sequence[torch.Si
     return NonTensorStack._combine(list(values), list(batches), dim, new_dim)
 
 
-def bind_owner(td: Any, key: tuple[str, ...], leaf: Any) -> Any:
-    """Record, on a non-tensor ``leaf`` of the locked tensordict ``td`` at ``key``, where it lives
-    (a weak reference): its ``update_`` then writes through ``td``.  Returns ``leaf``."""
-    if isinstance(leaf, NonTensorData) and td._is_locked:
-        leaf._owner = (weakref.ref(td), key)  # type: ignore[attr-defined]
-    return leaf
-
-
 def assign_elements(leaf: NonTensorData, batch: torch.Size, idx: Any, value: Any) -> NonTensorStack | None:
     """``leaf`` with the elements at ``idx`` (of a tensordict of batch ``batch``) set to ``value``.
 
@@ -567,6 +483,7 @@ def flatten_values(data: Any, batch: torch.Size, what: str) -> list[Any]:
     return [v for item in data for v in flatten_values(item, batch[1:], what)]
 
 
+set_value_classes(NonTensorData, NonTensorStack)
 NONTENSOR = register(NodeKind("NonTensorData", VALUE, "NonTensorData", NonTensorData, NONTENSOR_TYPE))
 NONTENSOR_STACK = register(
     NodeKind("NonTensorStack", VALUE_STACK, "NonTensorStack", NonTensorStack, NONTENSOR_STACK_TYPE)

@@ -319,7 +319,7 @@ def encode_value(value: NonTensorData, where: str) -> tuple[bytes, bytes | None,
     Raises:
         NotSupportedError: an ``UnbatchedTensor`` entry (the reference cannot save one either).
     """
-    if value._keeps_whole:
+    if value._tensor_payload:
         raise NotSupportedError(
             f"The entry {where} is an UnbatchedTensor, which cannot be memory-mapped or saved (tensordict 0.15.3 "
             "refuses it too: it would load back as a batched tensor). Exclude it first (td.exclude(key)) and "

@@ -159,4 +159,3 @@ def capture_non_tensor_stack() -> bool:
     True
     """
     return _STATE["capture_non_tensor_stack"]
-

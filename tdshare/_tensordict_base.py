@@ -341,7 +341,7 @@ class TensorDictBase(
         """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``)."""
         parts = unravel_key(key)
         leaf = surface_leaf(self, parts, self._get_leaf(parts)) if default is NO_DEFAULT else self.get(key, default)
-        return leaf.data if isinstance(leaf, NonTensorData) else leaf
+        return leaf._read_value() if isinstance(leaf, NonTensorData) else leaf
 
     def __getitem__(self, idx: Any) -> Any:
         if is_key(idx):

@@ -23,7 +23,8 @@ import torch
 
 from ._errors import BatchSizeError
 from ._indexing import as_size
-from ._nontensor import NonTensorData, bind_owner
+from ._nontensor import NonTensorData
+from ._nontensor_ops import bind_owner
 
 __all__ = ["UnbatchedEntry", "UnbatchedTensor", "is_unbatched", "surface_leaf"]
 
@@ -201,6 +202,7 @@ class UnbatchedEntry(NonTensorData):
 
     __slots__ = ("_aliases",)
     _keeps_whole = True
+    _tensor_payload = True
 
     def __init__(self, data: Any, *args: Any, **kwargs: Any) -> None:
         tensor = data if isinstance(data, UnbatchedTensor) else UnbatchedTensor(data)
@@ -264,8 +266,13 @@ class UnbatchedEntry(NonTensorData):
 def surface_leaf(td: Any, key: tuple[str, ...], leaf: Any) -> Any:
     """What reading ``leaf`` (at ``key`` of ``td``) gives: an unbatched holder's tensor, with the
     batch size of the level that holds it; a non-tensor value of a locked tensordict learns where
-    it lives (:func:`tdshare._nontensor.bind_owner`); any other leaf unchanged."""
-    if not isinstance(leaf, UnbatchedEntry):
+    it lives (:func:`tdshare._nontensor_ops.bind_owner`); any other leaf unchanged."""
+    if not isinstance(leaf, NonTensorData):
+        return leaf
+    if not leaf._keeps_whole:
         return bind_owner(td, key, leaf)
     level = td if len(key) == 1 else td._get_leaf(key[:-1])
-    return leaf.for_batch(level.batch_size)
+    if isinstance(leaf, UnbatchedEntry):
+        return leaf.for_batch(level.batch_size)
+    leaf._batch_size = level.batch_size  # MetaData: one value for the batch of the tensordict read from
+    return bind_owner(td, key, leaf)

@@ -27,6 +27,7 @@ PUBLIC = [
     "InvalidArgumentError",
     "KeyTypeError",
     "LazyStackedTensorDict",
+    "LinkedList",
     "LockedError",
     "MemmapError",
     "MemoryMappedTensor",

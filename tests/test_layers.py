@@ -61,6 +61,7 @@ LAYERS: dict[str, list[str]] = {
     "model": [
         "_nontensor",
         "_nontensor_io",
+        "_nontensor_ops",
         "_shared_nontensor",
         "_unbatched",
         "_metadata",
