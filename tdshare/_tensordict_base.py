@@ -47,7 +47,7 @@ from ._reductions import decode_level, encode_level
 from ._setters import SetOps
 from ._shape_ops import ShapeOps
 from ._surface_ops import SurfaceOps
-from ._unbatched import surface_leaf
+from ._unbatched import share_unbatched, surface_leaf
 from ._updates import UpdateOps
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
@@ -543,6 +543,7 @@ class TensorDictBase(
             raise MemmapError("memmap and shared memory are mutually exclusive features.")
         for leaf in self._stored_tensors():
             leaf.share_memory_()
+        share_unbatched(self)
         self._propagate(lambda td: setattr(td, "_is_shared", True))
         return self.lock_()
 

@@ -26,7 +26,7 @@ from ._indexing import as_size
 from ._nontensor import NonTensorData
 from ._nontensor_ops import bind_owner
 
-__all__ = ["UnbatchedEntry", "UnbatchedTensor", "is_unbatched", "surface_leaf"]
+__all__ = ["UnbatchedEntry", "UnbatchedTensor", "is_unbatched", "share_unbatched", "surface_leaf"]
 
 _EMPTY = torch.Size([])
 _BASE_GETTER: Any = getattr(torch.Tensor._base, "__get__", None)  # reading ``._base`` is not rewrapped
@@ -261,6 +261,26 @@ class UnbatchedEntry(NonTensorData):
                 stacklevel=3,
             )
         return first
+
+
+def share_unbatched(node: Any) -> None:
+    """Move the payload of every unbatched entry under the collection ``node`` to shared memory
+    (what ``share_memory_`` does for its tensors), through nested levels, lazy stacks and tensorclasses."""
+    members = node._lazy_members() if hasattr(node, "_lazy_members") else None
+    if members is not None:
+        for member in members:
+            share_unbatched(member)
+        return
+    store = getattr(node, "_tensordict", None)
+    if store is not None and not isinstance(store, dict):  # a tensorclass: its tensordict
+        share_unbatched(store)
+        return
+    for leaf in (store or {}).values():
+        if isinstance(leaf, UnbatchedEntry):
+            for alias in leaf._aliases.values():
+                alias.share_memory_()
+        elif not isinstance(leaf, (NonTensorData, torch.Tensor)) and hasattr(leaf, "_tensordict"):
+            share_unbatched(leaf)
 
 
 def surface_leaf(td: Any, key: tuple[str, ...], leaf: Any) -> Any:
