@@ -249,7 +249,7 @@ def test_updates_of_a_value_mapped_alone_rewrite_its_folder(tmp_path: Any) -> No
 
 def test_load_memmap_of_the_wrong_class_is_refused(tmp_path: Any) -> None:
     NonTensorData("x").memmap(tmp_path)
-    with pytest.raises(TypeError, match="TensorDict.load_memmap"):
+    with pytest.raises(TypeError, match=r"TensorDict\.load_memmap"):
         NonTensorStack.load_memmap(tmp_path)
     NonTensorData(1 + 2j).memmap(tmp_path / "p")
     with pytest.raises(PickleRefusedError):
