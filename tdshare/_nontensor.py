@@ -14,6 +14,7 @@ saved as the reference saves it: a folder whose ``meta.json`` holds the list (or
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -291,9 +292,12 @@ class NonTensorStack(NonTensorData):
     # -- indexing and shape -----------------------------------------------------------------
     def _index(self, idx: Any) -> NonTensorData:
         positions = torch.arange(len(self._values)).reshape(self._batch_size)[normalize_index(idx, self.batch_dims)]
-        picked = [self._values[i] for i in positions.reshape(-1).tolist()]
+        flat = positions.reshape(-1).tolist()
+        picked = [self._values[i] for i in flat]
         if positions.dim() == 0:
-            return NonTensorData(picked[0])
+            element = NonTensorData(picked[0])
+            element.__dict__["_element_of"] = (weakref.ref(self), flat[0])  # item assignment writes back
+            return element
         return NonTensorStack._make(picked, positions.shape)
 
     def __getitem__(self, idx: Any) -> NonTensorData:
@@ -308,7 +312,11 @@ class NonTensorStack(NonTensorData):
         Raises:
             BatchSizeError: a list or stack whose length does not match the indexed elements.
         """
-        positions = torch.arange(len(self._values)).reshape(self._batch_size)[normalize_index(idx, self.batch_dims)]
+        grid = torch.arange(len(self._values)).reshape(self._batch_size)
+        try:
+            positions = grid[idx]  # as a tensor of the batch shape indexes (None and True add a dim of 1)
+        except (IndexError, TypeError):
+            positions = grid[normalize_index(idx, self.batch_dims)]
         shape, at = positions.shape, positions.reshape(-1).tolist()
         if isinstance(value, NonTensorStack):
             new = value._flat_values(shape)
@@ -318,6 +326,10 @@ class NonTensorStack(NonTensorData):
             new = flatten_values(value, shape, "the assigned list")
         else:
             new = [value] * len(at)
+        self._set_flat(at, new)
+
+    def _set_flat(self, at: list[int], new: list[Any]) -> None:
+        """Set the elements at the row-major positions ``at`` to ``new`` (written where the stack lives)."""
         values = list(self._values)
         for i, v in zip(at, new, strict=True):
             values[i] = v

@@ -179,6 +179,29 @@ class NonTensorOps:
         self.data = input_dict_or_td.data if isinstance(input_dict_or_td, _data()) else input_dict_or_td
         return self
 
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        """Give the indexed elements ``value``: a single value has one value for all its elements, so the
+        whole value becomes ``value`` (an element read from a stack, ``stack[i]``, writes back to it).
+
+        Raises:
+            BatchSizeError: ``value`` is a ``NonTensorStack`` of values that differ (store a stack instead).
+        """
+        new = value
+        if isinstance(new, _stack()):
+            values = new._flat_values(new.batch_size)
+            if any(_data()(v) != values[0] for v in values[1:]):
+                raise BatchSizeError(
+                    "Cannot give one non-tensor value several values: assign them to a NonTensorStack "
+                    "(NonTensorStack.from_list(values)) instead."
+                )
+            new = values[0]
+        elif isinstance(new, _data()):
+            new = new.data
+        self.update_(new)
+        link = self.__dict__.get("_element_of")
+        if link is not None and (stack := link[0]()) is not None:
+            stack._set_flat([link[1]], [new])
+
     def _flat_values(self, batch: torch.Size) -> list[Any]:
         """The values of the elements of ``batch`` (row-major), this value broadcast over it."""
         if self._is_stack():
