@@ -233,14 +233,34 @@ class SetOps:
             items = sorted(_items_of(value), key=lambda kv: not isinstance(self._tensordict.get(kv[0]), NonTensorData))
             for key, sub in items:
                 if key not in self._tensordict:
-                    raise MissingKeyError(
-                        f"td[index] = value: key {key!r} of the value is not in the tensordict; add it first."
-                    )
+                    self._add_for_index(key, sub, value)  # as the reference: a new entry, zeros elsewhere
                 self._assign_at(key, idx, sub)
         else:  # a scalar or tensor goes into every tensor leaf; non-tensor values are left alone
             for key, leaf in self._tensordict.items():
                 if not isinstance(leaf, NonTensorData):
                     self._assign_at(key, idx, value)
+
+    def _add_for_index(self, key: str, sub: Any, value: Any) -> None:
+        """Create the entry ``key`` that ``td[index] = value`` writes into: zeros of the batch shape
+        and ``sub``'s own dims for a tensor, an empty nested level, or the non-tensor value itself.
+
+        Raises:
+            LockedError: the tensordict is locked (no entry can be added).
+        """
+        host: Any = self
+        host._check_unlocked(key)
+        value_dims = len(value.batch_size) if isinstance(value, SetOps) else 0  # type: ignore[attr-defined]
+        if isinstance(sub, (SetOps, Mapping)):
+            cls: Any = type(self)
+            new: Any = cls({}, batch_size=self._batch_size, device=self._device)
+        elif isinstance(sub, NonTensorData) or not isinstance(sub, (torch.Tensor, bool, int, float, complex)):
+            new = NonTensorData(sub.data if isinstance(sub, NonTensorData) else sub, batch_size=self._batch_size)
+        else:
+            tensor = torch.as_tensor(sub)
+            new = torch.zeros(
+                self._batch_size + tensor.shape[value_dims:], dtype=tensor.dtype, device=self._device or tensor.device
+            )
+        self._tensordict[key] = new
 
     def _assign_at(self, key: str, idx: Any, value: Any) -> None:
         leaf = self._tensordict[key]
