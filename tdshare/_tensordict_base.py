@@ -36,6 +36,7 @@ from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
 from ._lazy_leaves import raw_values
+from ._new_ops import NewOps
 from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData
@@ -79,6 +80,7 @@ class TensorDictBase(
     PrivateCompatOps,
     SurfaceOps,
     AnyConversions,
+    NewOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 

@@ -62,6 +62,7 @@ LAYERS: dict[str, list[str]] = {
         "_nontensor",
         "_nontensor_io",
         "_nontensor_ops",
+        "_new_ops",
         "_shared_nontensor",
         "_unbatched",
         "_metadata",

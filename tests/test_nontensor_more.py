@@ -349,3 +349,38 @@ def test_where_matches_the_reference() -> None:
     assert ours.tolist() == ref.tolist() == ["a", "y", "c"]
     out = NonTensorStack("_", "_", "_")
     assert NonTensorStack("a", "b", "c").where(cond, "q", out=out) is out and out.tolist() == ["a", "q", "c"]
+
+
+# -- new_* and to_lazystack ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["new_zeros", "new_ones", "new_empty"])
+def test_new_tensordicts_match_the_reference(name: str) -> None:
+    def content(lib: Any) -> Any:
+        return lib.TensorDict(x=torch.ones(2, 3), s="q", n={"y": torch.ones(2, 4, dtype=torch.long)}, batch_size=[2])
+
+    ours, theirs = getattr(content(tdshare_lib), name)(4, 5), getattr(content(tensordict), name)(4, 5)
+    assert ours.batch_size == theirs.batch_size == (4, 5) and ours["n"].batch_size == theirs["n"].batch_size
+    for key in ("x", ("n", "y")):
+        assert ours[key].shape == theirs[key].shape and ours[key].dtype == theirs[key].dtype
+        if name != "new_empty":
+            assert torch.equal(ours[key], theirs[key])
+    assert ours["s"] == theirs["s"] == "q"
+    full = content(tdshare_lib).new_full((3,), 7)
+    assert torch.equal(full["x"], content(tensordict).new_full((3,), 7)["x"])
+
+
+def test_new_zeros_of_a_lazy_stack_keeps_its_non_tensor_values() -> None:
+    ours = TensorDict(a=TensorDict(b=NonTensorStack("a", "b", "c").unsqueeze(-1), batch_size=(3,)), batch_size=(3,))
+    theirs = tensordict.TensorDict(
+        a=tensordict.TensorDict(
+            b=torch.stack([tensordict.NonTensorData(v) for v in "abc"]).unsqueeze(-1), batch_size=(3,)
+        ),
+        batch_size=(3,),
+    )
+    lazy_ours, lazy_theirs = ours.to_lazystack(), theirs.to_lazystack()
+    assert type(lazy_ours).__name__ == type(lazy_theirs).__name__ == "LazyStackedTensorDict"
+    zeros_ours, zeros_theirs = lazy_ours.new_zeros((4,), empty_lazy=True), lazy_theirs.new_zeros((4,), empty_lazy=True)
+    assert len(zeros_ours.tensordicts) == len(zeros_theirs.tensordicts) == 4
+    mask = torch.tensor([True, True, False, True])
+    zeros_ours[mask] = lazy_ours
+    zeros_theirs[mask] = lazy_theirs
+    assert zeros_ours.get(("a", "b")).tolist() == zeros_theirs.get(("a", "b")).tolist() == [["a"], ["b"], ["a"], ["c"]]
