@@ -118,6 +118,11 @@ class NonTensorOps:
         host._is_shared, host._is_memmap = self._is_shared, self._is_memmap
         return host
 
+    @property
+    def _non_tensordict(self) -> dict[str, Any]:
+        """The value's fields as the reference's tensorclass layout holds them (``data`` first)."""
+        return {"data": self.data, "_metadata": None, "_is_non_tensor": True}
+
     def update_(self, input_dict_or_td: Any, *args: Any, non_blocking: bool = False, **kwargs: Any) -> Any:
         """Replace the value in place, where its tensordict keeps it (its folder when memory-mapped).
 

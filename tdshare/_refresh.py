@@ -17,7 +17,7 @@ import torch
 
 from ._coordination import level_in_tree, registry_of, unchanged_since
 from ._entries import insert_entry
-from ._errors import CorruptDataError, MemmapError, NotMemmapError, PickleRefusedError
+from ._errors import CorruptDataError, MemmapError, NotMemmapError
 from ._format import (
     JOURNAL_FILE,
     LEVEL,
@@ -25,7 +25,6 @@ from ._format import (
     RESERVED_KEYS,
     VALUE,
     VALUE_STACK,
-    is_json_value,
     layout_of,
     parse_level,
     str_to_dtype,
@@ -36,7 +35,7 @@ from ._lazy_leaves import PendingLeaf, is_pending, raw_get, raw_items, raw_value
 from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
-from ._nontensor import NONTENSOR, NONTENSOR_STACK, NonTensorData, NonTensorStack
+from ._nontensor import NONTENSOR, NONTENSOR_STACK, NonTensorStack
 from ._read import check_load_args, load_level, open_checked_leaf, read_meta
 from ._runtime import read_manifest, register_user
 from ._segments import Segment
@@ -49,8 +48,6 @@ __all__ = ["refresh"]
 
 def refresh(td: TensorDictBase, allow_pickle: bool | None = None) -> TensorDictBase:
     check_load_args(None, allow_pickle)
-    if allow_pickle is False:
-        _refuse_pickled(td)
     prefix = td._memmap_prefix
     if td._is_memmap and prefix is None and td._anon_store is not None:
         return _refresh_anonymous(td, td._anon_store)
@@ -77,19 +74,6 @@ def refresh(td: TensorDictBase, allow_pickle: bool | None = None) -> TensorDictB
         _refresh_level(type(td), store, td, prefix, same_files)
     td._generation = state
     return td
-
-
-def _refuse_pickled(td: TensorDictBase) -> None:
-    """``allow_pickle=False`` refuses a tree that holds pickled non-tensor values, as a load would
-    (the reference reads every value again on a refresh; tdshare reads only what changed)."""
-    for key, leaf in td.items(True, True):
-        if isinstance(leaf, NonTensorData) and not leaf._tensor_payload:
-            value = leaf.tolist() if isinstance(leaf, NonTensorStack) else leaf.data
-            if not is_json_value(value):
-                raise PickleRefusedError(
-                    f"memmap_refresh_: the non-tensor entry {key!r} is stored pickled; pass allow_pickle=True to "
-                    "refresh a tree that holds pickled values (pickle can execute arbitrary code)."
-                )
 
 
 def _refresh_changed(cls: Any, store: DirectoryStore, td: TensorDictBase, here: str | None, paths: list[str]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+import tensordict
 import torch
 
 import tdshare
@@ -297,9 +298,15 @@ def test_setitem_index_2d_ellipsis() -> None:
 
 
 def test_setitem_index_unknown_key() -> None:
+    # as tensordict 0.15.3: the entry is created (zeros elsewhere), a locked tensordict refuses it
     td = make()
-    with pytest.raises(tdshare.MissingKeyError, match="zz"):
-        td[0] = {"zz": torch.zeros(())}
+    td[0] = {"zz": torch.ones(())}
+    ref = tensordict.TensorDict(a=torch.zeros(td.batch_size), batch_size=td.batch_size)
+    ref[0] = {"zz": torch.ones(())}
+    assert td["zz"].tolist() == ref["zz"].tolist() and td["zz"].dtype == ref["zz"].dtype
+    td.lock_()
+    with pytest.raises(tdshare.LockedError, match="yy"):
+        td[0] = {"yy": torch.zeros(()), "zz": torch.zeros(())}
 
 
 # -- derived tensordicts -------------------------------------------------------------------------
