@@ -343,6 +343,12 @@ class LinkedList(list):
     def __repr__(self) -> str:
         return f"LinkedList({list.__repr__(self)})"
 
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return (LinkedList, (list(self),))  # a copy travels unlinked (the stack stays in this process)
+
+    def __copy__(self) -> LinkedList:
+        return LinkedList(self)  # unlinked, as a pickled copy
+
     __str__ = __repr__
 
 

@@ -338,6 +338,10 @@ def test_linked_list_writes_back_as_the_reference() -> None:
             values[0] = "unlinked"
             assert td.get("a").tolist() == ["x", "y", "z"]
         assert repr(ours["a"]) == repr(theirs["a"]) == "LinkedList(['x', 'y', 'z'])"
+    copied = pickle.loads(pickle.dumps(ours["a"]))  # travels as an unlinked copy
+    assert isinstance(copied, LinkedList) and copied == ["x", "y", "z"]
+    copied[0] = "elsewhere"
+    assert ours.get("a").tolist() == ["x", "y", "z"]
 
 
 def test_where_matches_the_reference() -> None:
