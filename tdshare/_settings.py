@@ -159,3 +159,4 @@ def capture_non_tensor_stack() -> bool:
     True
     """
     return _STATE["capture_non_tensor_stack"]
+
