@@ -320,12 +320,13 @@ class TensorDictBase(
         """
         parts = unravel_key(key)
         try:
-            return surface_leaf(self, parts, self._get_leaf(parts))
+            leaf = self._get_leaf(parts)
         except MissingKeyError:
             if default is NO_DEFAULT:
                 self._raise_through_leaf(parts)
                 return None
             return default
+        return surface_leaf(self, parts, leaf) if isinstance(leaf, NonTensorData) else leaf  # tensors: no call
 
     def _raise_through_leaf(self, parts: tuple[str, ...]) -> None:
         """Raise if a prefix of the nested key ``parts`` is a leaf (``get`` without a default)."""
@@ -341,8 +342,14 @@ class TensorDictBase(
 
     def get_non_tensor(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
         """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``)."""
-        parts = unravel_key(key)
-        leaf = surface_leaf(self, parts, self._get_leaf(parts)) if default is NO_DEFAULT else self.get(key, default)
+        if default is not NO_DEFAULT:
+            leaf = self.get(key, default)
+        else:
+            parts = unravel_key(key)
+            leaf = self._get_leaf(parts)
+            if not isinstance(leaf, NonTensorData):
+                return leaf  # a tensor or a collection: as stored
+            leaf = surface_leaf(self, parts, leaf)
         return leaf._read_value() if isinstance(leaf, NonTensorData) else leaf
 
     def __getitem__(self, idx: Any) -> Any:
