@@ -49,6 +49,7 @@ from ._mapping_limits import max_mapped_leaves, set_max_mapped_leaves
 from ._memmap import MemoryMappedTensor
 from ._metadata import MetaData
 from ._nontensor import NonTensorData, NonTensorStack
+from ._nontensor_ops import LinkedList
 from ._params import TensorDictParams
 from ._progress import TerminalProgress
 from ._settings import (
@@ -73,6 +74,7 @@ from ._tensordict import (
 )
 from ._tensordict_base import TensorDictBase
 from ._typed import TypedTensorDict
+from ._unbatched import UnbatchedTensor
 
 __version__ = "0.1.0"
 
@@ -90,6 +92,7 @@ __all__ = [
     "KeyTypeError",
     "ContainsKeyTypeError",
     "LazyStackedTensorDict",
+    "LinkedList",
     "LockedError",
     "MemmapError",
     "MemoryMappedTensor",
@@ -113,6 +116,7 @@ __all__ = [
     "TensorDictParams",
     "TerminalProgress",
     "TypedTensorDict",
+    "UnbatchedTensor",
     "UnsupportedFormatError",
     "__version__",
     "assert_allclose_td",

@@ -264,6 +264,13 @@ def _walk(job: _Job, td: Any, others: list[Any], prefix: tuple[str, ...]) -> dic
                 continue
             if job.filter_empty and not any(True for _ in result.keys(True, True)):
                 continue
+        elif isinstance(leaf, NonTensorData) and leaf._tensor_payload:  # an unbatched tensor: fn applies to it
+            result = _call(job, name, leaf.data, theirs)
+            if job.inplace:
+                if result is not None and result is not leaf.data:
+                    leaf.data.copy_(result)
+                continue
+            result = None if result is None else type(leaf)(result)
         elif isinstance(leaf, NonTensorData):
             result = leaf.clone()
         elif wrapped:

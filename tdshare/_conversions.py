@@ -15,7 +15,7 @@ from ._errors import ArgumentTypeError, InvalidArgumentError, NotSupportedError
 from ._indexing import as_size
 from ._key_ops import inner_collection, is_node
 from ._keys import NestedKey, unravel_key
-from ._nontensor import NonTensorData
+from ._nontensor import NonTensorData, NonTensorStack
 
 __all__ = ["ConversionOps"]
 
@@ -62,16 +62,19 @@ class ConversionOps:
         return out
 
     def auto_batch_size_(self, batch_dims: int | None = None) -> Any:
-        """Set the batch size (here and in every nested level) to the longest one the entries share.
+        """Set the batch size to the longest one the entries share, in place (nested levels first).
+
+        Tensors and ``NonTensorStack`` entries count; single non-tensor values (``NonTensorData``,
+        ``MetaData``) and ``UnbatchedTensor`` entries have no batch and do not constrain it.
 
         Args:
-            batch_dims: the most batch dims to keep.
+            batch_dims: keep at most this many batch dimensions (None: as many as shared).
 
         Returns:
-            This tensordict.
+            ``self``.
 
         >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.zeros(3, 4), b=torch.zeros(3, 5)).auto_batch_size_().batch_size
+        >>> TensorDict(a=torch.zeros(3, 4), b=torch.zeros(3)).auto_batch_size_().batch_size
         torch.Size([3])
         """
         _auto_batch(self, batch_dims)
@@ -332,6 +335,8 @@ def _auto_batch(td: Any, batch_dims: int | None) -> None:
             shapes.append(list(value.batch_size))
         elif isinstance(value, torch.Tensor) and not value.is_nested:
             shapes.append(list(value.shape))
+        elif isinstance(value, NonTensorStack):  # one value per element: its batch counts
+            shapes.append(list(value.batch_size))
     if not shapes:
         return
     common: list[int] = []

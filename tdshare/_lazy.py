@@ -370,6 +370,8 @@ class LazyStackedTensorDict(MemmapFamily):
     def _pieces(self, key: Any, value: Any) -> list[Any]:
         """``value`` split into one piece per member along the stack dimension."""
         n, d = len(self._members), self._stack_dim
+        if getattr(value, "_pass_through", False):
+            return [value] * n  # an UnbatchedTensor: every member holds it whole
         if isinstance(value, (torch.Tensor, TensorDictBase, NonTensorStack)):
             if tuple(value.shape[: self.batch_dims]) != tuple(self.batch_size):
                 raise BatchSizeError(

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 
 from ._errors import ArgumentTypeError
-from ._nontensor import NonTensorData
+from ._nontensor import NonTensorData, NonTensorStack
 
 __all__ = ["MetaData"]
 
@@ -45,6 +45,7 @@ class MetaData(NonTensorData):
 
     __slots__ = ()
     _expected_type: ClassVar[Any] = None
+    _keeps_whole = True  # the batch operations keep the one value (its batch size is the tensordict's)
 
     def __init__(self, data: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(data, *args, **kwargs)
@@ -72,6 +73,15 @@ class MetaData(NonTensorData):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(data={self.data!r}, batch_size={self.batch_size})"
+
+    @classmethod
+    def _stack_values(cls, values: Any, batches: Any, dim: int, new_dim: bool) -> NonTensorData:
+        """Stacking tensordicts keeps one ``MetaData`` when every member holds the same value;
+        values that differ give a ``NonTensorStack`` (one value per element)."""
+        first = values[0]
+        if all(isinstance(v, MetaData) and (v is first or first == v) for v in values[1:]):
+            return first
+        return NonTensorStack._combine(list(values), list(batches), dim, new_dim)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_metadata, (type(self)._expected_type, self.data, tuple(self.batch_size), self.device))

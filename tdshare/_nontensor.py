@@ -14,6 +14,7 @@ saved as the reference saves it: a folder whose ``meta.json`` holds the list (or
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -23,6 +24,8 @@ from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._format import NONTENSOR_STACK_TYPE, NONTENSOR_TYPE, VALUE, VALUE_STACK
 from ._indexing import as_size, check_dim, normalize_index
 from ._nodes import NodeKind, register
+from ._nontensor_io import NonTensorFiles
+from ._nontensor_ops import NonTensorOps, set_value_classes
 from ._settings import capture_non_tensor_stack
 
 __all__ = [
@@ -41,7 +44,7 @@ __all__ = [
 _SCALAR = torch.Size([])
 
 
-class NonTensorData:
+class NonTensorData(NonTensorOps, NonTensorFiles):
     """A non-tensor leaf of a TensorDict: holds ``data``, shared by the views of its tensordict.
 
     Args:
@@ -55,8 +58,10 @@ class NonTensorData:
     ['a', 'a']
     """
 
-    __slots__ = ("_batch_size", "_device", "data")
+    __slots__ = ("__dict__", "__weakref__", "_batch_size", "_device", "_owner", "data")
     data: Any
+    _keeps_whole = False  # True: the batch operations carry the value whole (MetaData, an unbatched tensor)
+    _tensor_payload = False  # True: the value is a tensor that element-wise operations apply to (not saved)
 
     def __init__(
         self,
@@ -95,6 +100,21 @@ class NonTensorData:
         """The value, broadcast over ``batch_size`` as nested lists (the value itself without a batch)."""
         return nest_values([self.data] * self.batch_size.numel(), self.batch_size)
 
+    # -- the tensordict holding the value ---------------------------------------------------
+    @classmethod
+    def _tensordict_host(cls) -> Any:
+        return _SHAPE_HOST[0]
+
+    def _is_stack(self) -> bool:
+        return isinstance(self, NonTensorStack)
+
+    def _take(self, other: NonTensorData) -> None:
+        """Hold ``other``'s value (and, for a stack, its batch size)."""
+        if isinstance(self, NonTensorStack) and isinstance(other, NonTensorStack):
+            self._values, self._batch_size = list(other._values), other.batch_size
+        else:
+            self.data = other.data
+
     def clone(self) -> NonTensorData:
         """A new, unshared ``NonTensorData`` with the same value and batch size."""
         return NonTensorData(self.data, batch_size=self.batch_size, device=self.device)
@@ -102,6 +122,10 @@ class NonTensorData:
     def _index(self, idx: Any) -> NonTensorData:
         """Indexing a tensordict keeps its non-tensor values (the same object)."""
         return self
+
+    def _mapped(self, fn: Any) -> NonTensorData:
+        """This value in a tensordict whose tensors ``fn`` maps (``to``, ``clone``...): an own copy."""
+        return self.clone()
 
     def __eq__(self, other: object) -> bool:
         other_data = other.data if isinstance(other, NonTensorData) else other
@@ -144,8 +168,9 @@ def set_shape_host(cls: type) -> None:
 
 def _borrowed(name: str) -> Any:
     def op(self: NonTensorData, *args: Any, **kwargs: Any) -> Any:
-        host = _SHAPE_HOST[0]({"value": self}, batch_size=self.batch_size)
-        return getattr(host, name)(*args, **kwargs)._get_leaf(("value",))
+        value = self.clone() if self._keeps_whole else self  # kept whole: the result takes a batch size of its own
+        host = _SHAPE_HOST[0]({"value": value}, batch_size=self.batch_size)
+        return getattr(host, name)(*args, **kwargs).get("value")
 
     op.__name__ = name
     op.__doc__ = f"""``{name}`` of the value's batch shape, as ``TensorDict.{name}`` does for its entries.
@@ -205,7 +230,7 @@ class NonTensorStack(NonTensorData):
     __slots__ = ("_values",)
     _values: list[Any]
 
-    def __init__(self, *values: Any, stack_dim: int = 0) -> None:
+    def __init__(self, *values: Any, stack_dim: int = 0, batch_size: Sequence[int] | torch.Size | None = None) -> None:
         if not values:
             raise InvalidArgumentError("NonTensorStack needs at least one value.")
         members = [v if isinstance(v, NonTensorData) else NonTensorData(v) for v in values]
@@ -217,6 +242,11 @@ class NonTensorStack(NonTensorData):
                     f"batch size {list(first)}: every member must have the same batch size."
                 )
         built = NonTensorStack._combine(members, [first] * len(members), stack_dim, True)
+        if batch_size is not None and as_size(batch_size) != built.batch_size:
+            raise BatchSizeError(
+                f"NonTensorStack: batch_size={list(as_size(batch_size))} does not match the {len(members)} stacked "
+                f"values (batch size {list(built.batch_size)}); leave batch_size out or fix it."
+            )
         self._values, self._batch_size, self._device = built._values, built._batch_size, None
 
     @classmethod
@@ -262,13 +292,53 @@ class NonTensorStack(NonTensorData):
     # -- indexing and shape -----------------------------------------------------------------
     def _index(self, idx: Any) -> NonTensorData:
         positions = torch.arange(len(self._values)).reshape(self._batch_size)[normalize_index(idx, self.batch_dims)]
-        picked = [self._values[i] for i in positions.reshape(-1).tolist()]
+        flat = positions.reshape(-1).tolist()
+        picked = [self._values[i] for i in flat]
         if positions.dim() == 0:
-            return NonTensorData(picked[0])
+            element = NonTensorData(picked[0])
+            element.__dict__["_element_of"] = (weakref.ref(self), flat[0])  # item assignment writes back
+            return element
         return NonTensorStack._make(picked, positions.shape)
 
     def __getitem__(self, idx: Any) -> NonTensorData:
         return self._index(idx)
+
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        """Set the elements at ``idx``: a ``NonTensorStack`` gives one value per element (broadcast
+        to the indexed shape), a list one per row, anything else one value for all of them.
+
+        The stack of a memory-mapped or shared tensordict is written where that tensordict keeps it.
+
+        Raises:
+            BatchSizeError: a list or stack whose length does not match the indexed elements.
+        """
+        grid = torch.arange(len(self._values)).reshape(self._batch_size)
+        try:
+            positions = grid[idx]  # as a tensor of the batch shape indexes (None and True add a dim of 1)
+        except (IndexError, TypeError):
+            positions = grid[normalize_index(idx, self.batch_dims)]
+        shape, at = positions.shape, positions.reshape(-1).tolist()
+        if isinstance(value, NonTensorStack):
+            new = value._flat_values(shape)
+        elif isinstance(value, NonTensorData):
+            new = [value.data] * len(at)
+        elif isinstance(value, list) and shape:
+            new = flatten_values(value, shape, "the assigned list")
+        else:
+            new = [value] * len(at)
+        self._set_flat(at, new)
+
+    def _set_flat(self, at: list[int], new: list[Any]) -> None:
+        """Set the elements at the row-major positions ``at`` to ``new`` (written where the stack lives)."""
+        values = list(self._values)
+        for i, v in zip(at, new, strict=True):
+            values[i] = v
+        held = self._holder()
+        if held is not None and held[0]._get_leaf(held[1], None) is self:
+            held[0].set_(held[1], nest_values(values, self._batch_size))
+        else:
+            self._values = values
+            self._persist()
 
     def __len__(self) -> int:
         return self._batch_size[0] if self._batch_size else 0
@@ -342,6 +412,9 @@ def stack_non_tensor(values: Sequence[NonTensorData], batches: Sequence[torch.Si
     Equal plain values stay one ``NonTensorData``; values that differ (or stacks) become a
     :class:`NonTensorStack` of the combined batch shape."""
     first = values[0]
+    own = getattr(type(first), "_stack_values", None)
+    if own is not None:  # a value kind with its own stacking rule (an unbatched tensor's holder)
+        return own(values, batches, dim, new_dim)
     plain = all(type(v) is not NonTensorStack and not isinstance(v, NonTensorStack) for v in values)
     if plain and capture_non_tensor_stack() and all(first == v for v in values[1:]):
         return NonTensorData(first.data)
@@ -422,6 +495,7 @@ def flatten_values(data: Any, batch: torch.Size, what: str) -> list[Any]:
     return [v for item in data for v in flatten_values(item, batch[1:], what)]
 
 
+set_value_classes(NonTensorData, NonTensorStack)
 NONTENSOR = register(NodeKind("NonTensorData", VALUE, "NonTensorData", NonTensorData, NONTENSOR_TYPE))
 NONTENSOR_STACK = register(
     NodeKind("NonTensorStack", VALUE_STACK, "NonTensorStack", NonTensorStack, NONTENSOR_STACK_TYPE)

@@ -314,7 +314,17 @@ def _plan_stack(
 
 
 def encode_value(value: NonTensorData, where: str) -> tuple[bytes, bytes | None, str]:
-    """The ``meta.json`` bytes, the pickle (or None) and the pickle's file name of a non-tensor node."""
+    """The ``meta.json`` bytes, the pickle (or None) and the pickle's file name of a non-tensor node.
+
+    Raises:
+        NotSupportedError: an ``UnbatchedTensor`` entry (the reference cannot save one either).
+    """
+    if value._tensor_payload:
+        raise NotSupportedError(
+            f"The entry {where} is an UnbatchedTensor, which cannot be memory-mapped or saved (tensordict 0.15.3 "
+            "refuses it too: it would load back as a batched tensor). Exclude it first (td.exclude(key)) and "
+            "store it beside the folder, or memory-map without a prefix (memmap_() keeps it in memory)."
+        )
     kind = kind_of(value)
     if kind is not None and kind.layout == VALUE_STACK:
         meta, pickled = encode_nontensor_stack(value.tolist(), where)

@@ -24,6 +24,7 @@ from ._nodes import kind_of
 from ._nontensor import NonTensorData, NonTensorStack, assign_elements
 from ._settings import list_to_stack
 from ._sub_views import sub_view_entry
+from ._unbatched import UnbatchedEntry, UnbatchedTensor
 
 __all__ = ["SetOps", "is_level"]
 
@@ -64,6 +65,8 @@ class SetOps:
             )
 
     def _convert(self, key: str, value: Any) -> Any:
+        if isinstance(value, UnbatchedTensor):
+            return UnbatchedEntry(value)  # no batch dimensions: never checked against the batch
         if isinstance(value, SetOps):
             pass
         elif isinstance(value, Mapping):

@@ -120,7 +120,8 @@ class MoveOps:
             elif isinstance(value, NonTensorStack):
                 leaves[key] = move_values(value, leaf, collapse)
             elif isinstance(value, NonTensorData):
-                leaves[key] = spread_value(value.data, batch) if spread else value.clone() if copy else value
+                spread_it = spread and not value._keeps_whole
+                leaves[key] = spread_value(value.data, batch) if spread_it else value.clone() if copy else value
             elif isinstance(value, torch.Tensor):
                 leaves[key] = leaf(torch.Tensor.as_subclass(value, torch.Tensor))
             elif (kind := kind_of(value)) is not None and kind.unwrap is not None and kind.wrap is not None:

@@ -37,6 +37,7 @@ from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
 from ._lazy_leaves import PendingLeaf, raw_items, raw_values
+from ._new_ops import NewOps
 from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData
@@ -50,6 +51,7 @@ from ._setters import SetOps
 from ._shape_ops import ShapeOps
 from ._sub_views import SubViewOps, pull_from_parent
 from ._surface_ops import SurfaceOps
+from ._unbatched import share_unbatched, surface_leaf
 from ._updates import UpdateOps
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
@@ -88,6 +90,7 @@ class TensorDictBase(
     GenericOps,
     SubViewOps,
     PytreeOps,
+    NewOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
 
@@ -329,12 +332,13 @@ class TensorDictBase(
         """
         parts = unravel_key(key)
         try:
-            return self._get_leaf(parts)
+            leaf = self._get_leaf(parts)
         except MissingKeyError:
             if default is NO_DEFAULT:
                 self._raise_through_leaf(parts)
                 return None
             return default
+        return surface_leaf(self, parts, leaf) if isinstance(leaf, NonTensorData) else leaf  # tensors: no call
 
     def _raise_through_leaf(self, parts: tuple[str, ...]) -> None:
         """Raise if a prefix of the nested key ``parts`` is a leaf (``get`` without a default)."""
@@ -350,8 +354,15 @@ class TensorDictBase(
 
     def get_non_tensor(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
         """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``)."""
-        leaf = self._get_leaf(unravel_key(key)) if default is NO_DEFAULT else self.get(key, default)
-        return leaf.data if isinstance(leaf, NonTensorData) else leaf
+        if default is not NO_DEFAULT:
+            leaf = self.get(key, default)
+        else:
+            parts = unravel_key(key)
+            leaf = self._get_leaf(parts)
+            if not isinstance(leaf, NonTensorData):
+                return leaf  # a tensor or a collection: as stored
+            leaf = surface_leaf(self, parts, leaf)
+        return leaf._read_value() if isinstance(leaf, NonTensorData) else leaf
 
     def __getitem__(self, idx: Any) -> Any:
         if is_key(idx):
@@ -467,7 +478,7 @@ class TensorDictBase(
                     leaves[key]._batch_size = batch_size + leaf._batch_size[self.batch_dims :]
             elif isinstance(leaf, NonTensorData):
                 if keep_non_tensor:
-                    leaves[key] = leaf.clone()
+                    leaves[key] = leaf._mapped(fn)
             elif (kind := kind_of(leaf)) is not None and kind.unwrap is not None and kind.wrap is not None:
                 inner, fields = kind.unwrap(leaf)  # a tensorclass: map its tensordict, wrap the result again
                 mapped = inner._map(fn, batch_size, device, keep_non_tensor)
@@ -556,6 +567,7 @@ class TensorDictBase(
             raise MemmapError("memmap and shared memory are mutually exclusive features.")
         for leaf in self._stored_tensors():
             leaf.share_memory_()
+        share_unbatched(self)
         self._propagate(lambda td: setattr(td, "_is_shared", True))
         return self.lock_()
 

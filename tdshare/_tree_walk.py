@@ -14,6 +14,7 @@ of tensors, :func:`foreach_leaves` and :func:`binary` make one ``torch._foreach_
 from __future__ import annotations
 
 import numbers
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,7 +23,7 @@ import torch
 from ._errors import ArgumentTypeError, BatchSizeError, MissingKeyError
 from ._format import LEVEL, STACK, WRAPPED
 from ._nodes import kind_of
-from ._nontensor import NonTensorData
+from ._nontensor import NonTensorData, NonTensorStack
 
 __all__ = [
     "binary",
@@ -208,7 +209,7 @@ def walk(
         kind = node_layout(leaf)
         if kind == "value":
             if not inplace:
-                leaves[key] = leaf.clone()
+                leaves[key] = _value_result(fn, leaf, others, key, td._batch_size)
             continue
         theirs = tuple(_child(o, key) for o in others)
         if kind == "tensor":
@@ -226,6 +227,23 @@ def walk(
     out = type(td)._from_leaves(leaves, td._batch_size, td._device, td._names if keep_names else None)
     out._is_locked = keep_lock and td._is_locked
     return out
+
+
+_VALUE_OPS: dict[Any, Callable[[Any, Any], Any]] = {torch.bitwise_or: operator.or_, torch.bitwise_xor: operator.xor}
+
+
+def _value_result(fn: Any, leaf: NonTensorData, others: tuple[Any, ...], key: str, batch: torch.Size) -> Any:
+    """A non-tensor value under ``fn``: ``|`` and ``^`` of two values give the truth of ``a | b`` /
+    ``a ^ b`` over the batch (as the reference); any other operation keeps a copy of the value."""
+    op = _VALUE_OPS.get(fn)
+    if op is not None and len(others) == 1 and node_layout(others[0]) in (LEVEL, STACK):
+        theirs = others[0]._get_leaf((key,), None)
+        if isinstance(theirs, NonTensorData) and not isinstance(theirs, NonTensorStack):
+            try:
+                return torch.full(batch, bool(op(leaf.data, theirs.data)))
+            except TypeError:  # values without the operator: kept, as any other operation keeps them
+                pass
+    return leaf.clone()
 
 
 # -- the fast path: one torch._foreach_* call over every leaf of a dense tree --------------------

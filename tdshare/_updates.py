@@ -220,7 +220,11 @@ class UpdateOps:
             target = td._get_leaf(key, None)
             if target is None:
                 raise MissingKeyError(f"update_at_: key {key!r} is not in the tensordict; add it first.")
-            if isinstance(target, NonTensorData):
+            if isinstance(target, NonTensorData):  # as td[idx] = value: one value per element where they differ
+                nested: Any = value
+                for part in reversed(key):
+                    nested = {part: nested}
+                td._set_at(idx, nested)
                 continue
             target[idx] = value
         return self

@@ -60,7 +60,11 @@ LAYERS: dict[str, list[str]] = {
     ],
     "model": [
         "_nontensor",
+        "_nontensor_io",
+        "_nontensor_ops",
+        "_new_ops",
         "_shared_nontensor",
+        "_unbatched",
         "_metadata",
         "_reductions",
         "_combine",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+import tensordict
 import torch
 
 import tdshare
@@ -297,12 +298,18 @@ def test_setitem_index_2d_ellipsis() -> None:
 
 
 def test_setitem_index_unknown_key() -> None:
+    # as tensordict 0.15.3: the entry is created (zeros elsewhere), a locked tensordict refuses it
     td = make()
-    td[0] = {"zz": torch.ones(())}  # a tensor: the entry is added (zeros elsewhere), as in the reference
-    assert td["zz"].tolist() == [1.0, 0.0, 0.0]
+    td[0] = {"zz": torch.ones(())}
+    ref = tensordict.TensorDict(a=torch.zeros(td.batch_size), batch_size=td.batch_size)
+    ref[0] = {"zz": torch.ones(())}
+    assert td["zz"].tolist() == ref["zz"].tolist() and td["zz"].dtype == ref["zz"].dtype
     del td["zz"]
     with pytest.raises(tdshare.MissingKeyError, match="zz"):
         td[0] = {"zz": object()}  # a value that cannot be added row by row (zz is new again)
+    td.lock_()
+    with pytest.raises(tdshare.LockedError, match="yy"):
+        td[0] = {"yy": torch.zeros(()), "zz": torch.zeros(())}
 
 
 # -- derived tensordicts -------------------------------------------------------------------------

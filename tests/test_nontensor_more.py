@@ -1,0 +1,390 @@
+"""UnbatchedTensor, NonTensorData/NonTensorStack memory-mapped on their own, and the leaf-side
+behaviour of non-tensor values (update_ through a locked tensordict, MetaData, LinkedList,
+auto_batch_size_, where), compared with tensordict 0.15.3 where it has the operation."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import operator
+import os
+import pickle
+from typing import Any
+
+import pytest
+import tensordict
+import torch
+from _kinds import KINDS, build
+
+import tdshare as tdshare_lib
+from tdshare import (
+    LinkedList,
+    LockedError,
+    MetaData,
+    NonTensorData,
+    NonTensorStack,
+    NotSupportedError,
+    PickleRefusedError,
+    TensorDict,
+    UnbatchedTensor,
+)
+
+METHODS = ["spawn", "fork", "forkserver"]
+TIMEOUT = 60
+
+
+# -- UnbatchedTensor on its own ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "data", [torch.tensor(3), torch.tensor([3]), torch.tensor(1.25), torch.tensor(1 + 2j), torch.tensor([1, 2])]
+)
+def test_unbatched_python_conversions_are_the_payloads(data: torch.Tensor) -> None:
+    ours, theirs = UnbatchedTensor(data), tensordict.UnbatchedTensor(data)
+    for fun in (str, format, bool, int, float, complex, operator.index, round, math.trunc, math.floor, math.ceil):
+
+        def outcome(x: Any, fun: Any = fun) -> Any:
+            try:
+                return fun(x)
+            except Exception as err:  # the payload's own error, type and text
+                return type(err), str(err)
+
+        assert outcome(ours) == outcome(theirs) == outcome(data)
+    assert repr(ours) == repr(theirs) == f"UnbatchedTensor({data!r})"
+    assert ours.tolist() == theirs.tolist() == data.tolist()
+
+
+def test_unbatched_is_a_tensor_sharing_the_payload() -> None:
+    data = torch.arange(6.0).reshape(2, 3)
+    ours = UnbatchedTensor(data, batch_size=[4])
+    assert isinstance(ours, torch.Tensor) and ours.data_ptr() == data.data_ptr()
+    assert ours.shape == (2, 3) and ours.batch_size == (4,)
+    doubled = ours * 2  # an operation on it stays unbatched, with its batch size
+    assert isinstance(doubled, UnbatchedTensor) and doubled.batch_size == (4,)
+    assert doubled.tolist() == (tensordict.UnbatchedTensor(data, batch_size=[4]) * 2).tolist()
+    back = pickle.loads(pickle.dumps(ours))
+    assert isinstance(back, UnbatchedTensor) and back.batch_size == (4,) and back.tolist() == data.tolist()
+
+
+# -- UnbatchedTensor in a tensordict -------------------------------------------------------------
+def _pair() -> tuple[Any, Any, torch.Tensor]:
+    data = torch.randn(10)
+    b = torch.randn(2, 3)
+    ours = TensorDict(a=UnbatchedTensor(data), b=b, batch_size=[2, 3])
+    theirs = tensordict.TensorDict(a=tensordict.UnbatchedTensor(data), b=b, batch_size=[2, 3])
+    return ours, theirs, data
+
+
+OPS = {
+    "index": lambda td: td[0],
+    "slice": lambda td: td[:, :2],
+    "mask": lambda td: td[torch.tensor([True, False])],
+    "reshape": lambda td: td.reshape(6),
+    "view": lambda td: td.view(3, 2),
+    "unsqueeze": lambda td: td.unsqueeze(0),
+    "expand": lambda td: td.unsqueeze(0).expand(4, 2, 3),
+    "permute": lambda td: td.permute(1, 0),
+    "transpose": lambda td: td.transpose(0, 1),
+    "flatten": lambda td: td.flatten(0, 1),
+    "unflatten": lambda td: td.flatten(0, 1).unflatten(0, (3, 2)),
+    "squeeze": lambda td: td.unsqueeze(1).squeeze(1),
+    "gather": lambda td: td.gather(0, torch.zeros(1, 3, dtype=torch.long)),
+    "split": lambda td: td.split(1, 0)[1],
+    "chunk": lambda td: td.chunk(3, 1)[2],
+    "unbind": lambda td: td.unbind(1)[2],
+    "stack": lambda td: torch.stack([td, td], 1),
+    "cat": lambda td: torch.cat([td, td], 0),
+    "copy": lambda td: td.copy(),
+    "select": lambda td: td.select("a", "b"),
+    "exclude": lambda td: td.exclude("b"),
+}
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_batch_operations_leave_the_unbatched_entry_whole(op: str) -> None:
+    ours, theirs, data = _pair()
+    mine, ref = OPS[op](ours), OPS[op](theirs)
+    assert mine.batch_size == ref.batch_size
+    got = mine["a"]
+    assert isinstance(got, UnbatchedTensor) and isinstance(ref["a"], tensordict.UnbatchedTensor)
+    assert got.shape == ref["a"].shape == (10,)
+    assert got.batch_size == ref["a"].batch_size == mine.batch_size
+    assert got.data_ptr() == data.data_ptr()
+    assert sorted(mine.keys()) == sorted(ref.keys())
+    if "b" in ref.keys():
+        assert torch.equal(mine["b"], ref["b"])
+
+
+def test_unbatched_entry_is_never_checked_against_the_batch() -> None:
+    td = TensorDict(a=UnbatchedTensor(torch.zeros(7, 11)), b=torch.zeros(3), batch_size=[3])
+    assert td["a"].shape == (7, 11) and td.get("a").batch_size == (3,)
+    assert td.copy()["a"] is td["a"] and td.select("a")["a"] is td["a"]  # the same object for the same batch
+
+
+def test_elementwise_operations_apply_to_the_unbatched_tensor() -> None:
+    ours, theirs, _ = _pair()
+    for fn in (lambda td: td.int(), lambda td: td.apply(lambda t: t + 1), lambda td: td.clone()):
+        mine, ref = fn(ours), fn(theirs)
+        assert isinstance(mine["a"], UnbatchedTensor)
+        assert mine["a"].dtype == ref["a"].dtype and mine["a"].tolist() == ref["a"].tolist()
+
+
+def test_stacking_different_unbatched_tensors_warns_and_keeps_the_first() -> None:
+    first, second = torch.zeros(5), torch.ones(5)
+    tds = [TensorDict(x=torch.ones(3), u=UnbatchedTensor(t), batch_size=[3]) for t in (first, second)]
+    with pytest.warns(UserWarning, match="different data storage"):
+        stacked = torch.stack(tds)
+    assert stacked["u"].data_ptr() == first.data_ptr() and stacked["u"].batch_size == (2, 3)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unbatched_entry_in_every_kind(kind: str) -> None:
+    payload = torch.arange(5.0)
+    obj = build(kind)
+    obj.set(("n", "u"), UnbatchedTensor(payload))
+    for result, batch in (
+        (obj, (4,)),
+        (obj[1], ()),
+        (obj[1:3], (2,)),
+        (obj.reshape(2, 2), (2, 2)),
+        (obj.unsqueeze(0), (1, 4)),
+        (torch.stack([obj, obj]), (2, 4)),
+    ):
+        got = result.get(("n", "u"))
+        assert isinstance(got, UnbatchedTensor)
+        assert got.batch_size == batch and got.data_ptr() == payload.data_ptr() and got.tolist() == payload.tolist()
+
+
+def test_unbatched_entry_refuses_to_be_saved_as_the_reference(tmp_path: Any) -> None:
+    ours, theirs, _ = _pair()
+    with pytest.raises(NotImplementedError):
+        theirs.memmap_(tmp_path / "ref")
+    with pytest.raises(NotSupportedError, match="UnbatchedTensor"):
+        ours.memmap_(tmp_path / "ours")
+    with pytest.raises(NotSupportedError, match="exclude"):
+        ours.save(tmp_path / "ours.tdz")
+    assert not os.path.exists(tmp_path / "ours" / "meta.json")
+    mapped = ours.exclude("a").memmap_(tmp_path / "excluded")
+    assert tensordict.TensorDict.load_memmap(tmp_path / "excluded")["b"].tolist() == mapped["b"].tolist()
+    anonymous = ours.memmap_()  # no folder: the unbatched tensor stays in memory
+    assert isinstance(anonymous["a"], UnbatchedTensor)
+
+
+def _child_reads_and_bumps(td: Any, results: Any) -> None:
+    entry = td.get("u")
+    results.put((type(entry).__name__, tuple(entry.batch_size), entry.tolist()))
+    entry.add_(1)
+    results.put("done")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_unbatched_entry_crosses_processes_shared(method: str) -> None:
+    td = TensorDict(u=UnbatchedTensor(torch.zeros(4)), x=torch.zeros(3), batch_size=[3]).share_memory_()
+    ctx = mp.get_context(method)
+    results = ctx.Queue()
+    child = ctx.Process(target=_child_reads_and_bumps, args=(td, results))
+    child.start()
+    try:
+        seen = results.get(timeout=TIMEOUT)
+        assert results.get(timeout=TIMEOUT) == "done"
+    finally:
+        child.join(TIMEOUT)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    assert seen == ("UnbatchedTensor", (3,), [0.0] * 4)
+    assert td["u"].tolist() == [1.0] * 4  # written in place by the child
+
+
+# -- NonTensorData / NonTensorStack memory-mapped on their own -------------------------------------
+VALUES = ["cat", 3, 2.5, [1, "a"], {"k": [1, 2]}, 1 + 2j, {1: "int key"}]
+
+
+@pytest.mark.parametrize("value", VALUES, ids=[type(v).__name__ + str(i) for i, v in enumerate(VALUES)])
+def test_value_saved_alone_loads_in_either_library(value: Any, tmp_path: Any) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    mapped = NonTensorData(value).memmap(ours)
+    assert mapped.is_memmap() and mapped._is_memmap and mapped.is_locked
+    tensordict.NonTensorData(value).memmap(theirs)
+    assert sorted(os.listdir(ours)) == sorted(os.listdir(theirs))
+    assert tensordict.NonTensorData.load_memmap(ours).data == value
+    back = NonTensorData.load_memmap(theirs, allow_pickle=True)
+    assert type(back) is NonTensorData and back.data == value and back.is_memmap()
+
+
+@pytest.mark.parametrize("values", [["a", "b", "c"], [1 + 2j, 3j, 4j]], ids=["json", "pickle"])
+def test_stack_saved_alone_loads_in_either_library(values: list, tmp_path: Any) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    NonTensorStack(*values).memmap(ours)
+    torch.stack([tensordict.NonTensorData(v) for v in values]).memmap(theirs)
+    for folder in (ours, theirs):
+        assert (folder / "meta.json").read_bytes() == (theirs / "meta.json").read_bytes()
+        assert tensordict.TensorDict.load_memmap(folder).tolist() == values
+        loaded = NonTensorStack.load_memmap(folder, allow_pickle=True)
+        assert isinstance(loaded, NonTensorStack) and loaded.tolist() == values
+
+
+def test_stack_rewritten_as_json_drops_its_stale_pickle(tmp_path: Any) -> None:
+    NonTensorStack(1 + 2j, 3 + 4j).memmap(tmp_path)
+    assert (tmp_path / "pickle.pkl").exists()
+    NonTensorStack("a", "b").memmap(tmp_path)
+    assert not (tmp_path / "pickle.pkl").exists()
+    assert tensordict.TensorDict.load_memmap(tmp_path, allow_pickle=False).tolist() == ["a", "b"]
+
+
+def test_updates_of_a_value_mapped_alone_rewrite_its_folder(tmp_path: Any) -> None:
+    stack = NonTensorStack("a", "b").memmap_(tmp_path)
+    with pytest.raises(LockedError, match="inplace=True"):
+        stack.update(NonTensorStack("x", "y"))
+    stack.update(NonTensorStack("c", "d"), inplace=True)
+    assert tensordict.TensorDict.load_memmap(tmp_path).tolist() == ["c", "d"]
+    stack.update_(NonTensorData("z"))  # one value for every element
+    assert stack.tolist() == ["z", "z"] == tensordict.TensorDict.load_memmap(tmp_path).tolist()
+    stack[1] = "q"
+    assert tensordict.TensorDict.load_memmap(tmp_path).tolist() == ["z", "q"]
+    other = tmp_path / "value"
+    value = NonTensorData(1).memmap_(other)
+    value.update_(NonTensorData(1 + 1j))  # now pickled
+    assert tensordict.NonTensorData.load_memmap(other).data == 1 + 1j
+    assert NonTensorData(0).load_memmap_(other, allow_pickle=True).data == 1 + 1j
+
+
+def test_load_memmap_of_the_wrong_class_is_refused(tmp_path: Any) -> None:
+    NonTensorData("x").memmap(tmp_path)
+    with pytest.raises(TypeError, match=r"TensorDict\.load_memmap"):
+        NonTensorStack.load_memmap(tmp_path)
+    NonTensorData(1 + 2j).memmap(tmp_path / "p")
+    with pytest.raises(PickleRefusedError):
+        NonTensorData.load_memmap(tmp_path / "p", allow_pickle=False)
+
+
+# -- a value of a locked tensordict ----------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["shared", "memmap"])
+def test_value_of_a_locked_tensordict_updates_in_place(strategy: str, tmp_path: Any) -> None:
+    td = TensorDict(val=NonTensorData("old"), batch_size=[])
+    td.share_memory_() if strategy == "shared" else td.memmap_(tmp_path)
+    leaf = td.get("val")
+    assert "data" not in leaf.__dict__
+    assert leaf._is_shared == (strategy == "shared") and leaf._is_memmap == (strategy == "memmap")
+    assert leaf._tensordict._is_memmap == (strategy == "memmap")
+    with pytest.raises(RuntimeError, match="lock"):
+        leaf.update(NonTensorData("new"))
+    leaf.update(NonTensorData("new"), inplace=True)
+    assert td["val"] == "new" and td.get("val").data == "new"
+    if strategy == "memmap":
+        assert tensordict.TensorDict.load_memmap(tmp_path)["val"] == "new"
+    leaf.update_(NonTensorData([1, 2]))
+    assert td["val"] == [1, 2]
+
+
+# -- MetaData, auto_batch_size_, LinkedList, where ----------------------------------------------
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda td: td.expand(2, 3),
+        lambda td: td.unsqueeze(0),
+        lambda td: td.unsqueeze(0).squeeze(0),
+        lambda td: td[1],
+        lambda td: torch.stack([td, td]),
+    ],
+)
+def test_metadata_stays_one_value_as_the_reference(op: Any) -> None:
+    ours = op(TensorDict(foo=MetaData(7, batch_size=[3]), batch_size=[3]))
+    theirs = op(tensordict.TensorDict(foo=tensordict.MetaData(7, batch_size=[3]), batch_size=[3]))
+    mine, ref = ours.get("foo"), theirs.get("foo")
+    assert isinstance(mine, MetaData) and isinstance(ref, tensordict.MetaData)
+    assert mine.data == ref.data == 7 and mine.batch_size == ref.batch_size == ours.batch_size
+    assert mine.tolist() == ref.tolist()
+
+
+def test_metadata_that_differ_stack_into_values() -> None:
+    ours = torch.stack([TensorDict(foo=MetaData("a")), TensorDict(foo=MetaData("b"))]).get("foo")
+    ref = torch.stack(
+        [tensordict.TensorDict(foo=tensordict.MetaData("a")), tensordict.TensorDict(foo=tensordict.MetaData("b"))]
+    )
+    assert isinstance(ours, NonTensorStack) and ours.tolist() == ref.get("foo").tolist() == ["a", "b"]
+
+
+@pytest.mark.parametrize("batch_dims", [None, 1, 2])
+def test_auto_batch_size_matches_the_reference(batch_dims: int | None) -> None:
+    def content(lib: Any) -> dict:
+        return {
+            "x": torch.zeros(4, 3, 2),
+            "m": lib.MetaData("scalar"),
+            "u": lib.UnbatchedTensor(torch.zeros(9)),
+            "n": {"y": torch.zeros(4, 3)},
+        }
+
+    ours = TensorDict(content(tdshare_lib)).auto_batch_size_(batch_dims)
+    theirs = tensordict.TensorDict(content(tensordict)).auto_batch_size_(batch_dims)
+    assert ours.batch_size == theirs.batch_size and ours["n"].batch_size == theirs["n"].batch_size
+    strings = TensorDict.from_dict({"q": ["a", "b", "c", "d"]}, auto_batch_size=True, batch_dims=1)
+    assert (
+        strings.batch_size
+        == (4,)
+        == tensordict.TensorDict.from_dict({"q": ["a", "b", "c", "d"]}, auto_batch_size=True, batch_dims=1).batch_size
+    )
+
+
+def test_linked_list_writes_back_as_the_reference() -> None:
+    ours = TensorDict(a=["foo", "bar", "baz"], batch_size=[3])
+    with tensordict.set_list_to_stack(True):
+        theirs = tensordict.TensorDict(a=["foo", "bar", "baz"], batch_size=[3])
+        for td, cls in ((ours, LinkedList), (theirs, tensordict.utils.LinkedList)):
+            values = td["a"]
+            assert isinstance(values, cls)
+            values[0] = "x"
+            values[1:] = ["y", "z"]
+            assert td.get("a").tolist() == ["x", "y", "z"]
+            values.append("w")  # unlinks
+            values[0] = "unlinked"
+            assert td.get("a").tolist() == ["x", "y", "z"]
+        assert repr(ours["a"]) == repr(theirs["a"]) == "LinkedList(['x', 'y', 'z'])"
+    copied = pickle.loads(pickle.dumps(ours["a"]))  # travels as an unlinked copy
+    assert isinstance(copied, LinkedList) and copied == ["x", "y", "z"]
+    copied[0] = "elsewhere"
+    assert ours.get("a").tolist() == ["x", "y", "z"]
+
+
+def test_where_matches_the_reference() -> None:
+    cond = torch.tensor([True, False, True])
+    ours = NonTensorStack("a", "b", "c").where(cond, NonTensorStack("x", "y", "z"))
+    ref = torch.stack([tensordict.NonTensorData(v) for v in "abc"]).where(
+        cond, torch.stack([tensordict.NonTensorData(v) for v in "xyz"]), pad=0
+    )
+    assert ours.tolist() == ref.tolist() == ["a", "y", "c"]
+    out = NonTensorStack("_", "_", "_")
+    assert NonTensorStack("a", "b", "c").where(cond, "q", out=out) is out and out.tolist() == ["a", "q", "c"]
+
+
+# -- new_* and to_lazystack ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["new_zeros", "new_ones", "new_empty"])
+def test_new_tensordicts_match_the_reference(name: str) -> None:
+    def content(lib: Any) -> Any:
+        return lib.TensorDict(x=torch.ones(2, 3), s="q", n={"y": torch.ones(2, 4, dtype=torch.long)}, batch_size=[2])
+
+    ours, theirs = getattr(content(tdshare_lib), name)(4, 5), getattr(content(tensordict), name)(4, 5)
+    assert ours.batch_size == theirs.batch_size == (4, 5) and ours["n"].batch_size == theirs["n"].batch_size
+    for key in ("x", ("n", "y")):
+        assert ours[key].shape == theirs[key].shape and ours[key].dtype == theirs[key].dtype
+        if name != "new_empty":
+            assert torch.equal(ours[key], theirs[key])
+    assert ours["s"] == theirs["s"] == "q"
+    full = content(tdshare_lib).new_full((3,), 7)
+    assert torch.equal(full["x"], content(tensordict).new_full((3,), 7)["x"])
+
+
+def test_new_zeros_of_a_lazy_stack_keeps_its_non_tensor_values() -> None:
+    ours = TensorDict(a=TensorDict(b=NonTensorStack("a", "b", "c").unsqueeze(-1), batch_size=(3,)), batch_size=(3,))
+    theirs = tensordict.TensorDict(
+        a=tensordict.TensorDict(
+            b=torch.stack([tensordict.NonTensorData(v) for v in "abc"]).unsqueeze(-1), batch_size=(3,)
+        ),
+        batch_size=(3,),
+    )
+    lazy_ours, lazy_theirs = ours.to_lazystack(), theirs.to_lazystack()
+    assert type(lazy_ours).__name__ == type(lazy_theirs).__name__ == "LazyStackedTensorDict"
+    zeros_ours, zeros_theirs = lazy_ours.new_zeros((4,), empty_lazy=True), lazy_theirs.new_zeros((4,), empty_lazy=True)
+    assert len(zeros_ours.tensordicts) == len(zeros_theirs.tensordicts) == 4
+    mask = torch.tensor([True, True, False, True])
+    zeros_ours[mask] = lazy_ours
+    zeros_theirs[mask] = lazy_theirs
+    assert zeros_ours.get(("a", "b")).tolist() == zeros_theirs.get(("a", "b")).tolist() == [["a"], ["b"], ["a"], ["c"]]
