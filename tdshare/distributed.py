@@ -21,7 +21,6 @@ Works with gloo (CPU tensors) and NCCL (CUDA tensors: the buffers live on the cu
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -31,8 +30,18 @@ from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._nodes import kind_of
 from ._schema import Schema, build_tree, describe, leaves_of, schema_of, value_of
 from ._sync import sync_tree
-from ._transport import DistributedError, Header, PeerError, Transport, raw, require_group
-from ._wire_plan import Plan, plan_for
+from ._transport import (
+    HEADER_BYTES,
+    DistributedError,
+    Header,
+    PeerError,
+    Transport,
+    data_layout,
+    inline,
+    raw,
+    require_group,
+)
+from ._wire_plan import Plan, kept_plan, plan_for
 
 __all__ = [
     "DistributedError",
@@ -75,7 +84,7 @@ _SCATTER_TAG = 0x7D5C  # scatter's own tag, away from the small tags users pick
 # what each side of a stream (process group, peer, tag) knows: the schemas last sent / received,
 # most recent last; the text is sent only for a schema the peer lacks, and both sides evict alike
 _Stream = tuple[int, int, Any]
-_SENT: dict[_Stream, OrderedDict[int, None]] = {}
+_SENT: dict[_Stream, OrderedDict[int, tuple[bool, int]]] = {}  # digest: (inline, data message size)
 _SEEN: dict[_Stream, OrderedDict[int, Schema]] = {}
 _KNOWN = 8
 
@@ -114,18 +123,57 @@ def _check_rank(rank: Any, what: str, group: Any) -> None:
         raise InvalidArgumentError(f"{what}: rank {rank} is outside the group of {world} ranks (0..{world - 1}).")
 
 
-class _Outgoing:
-    """A tree packed for sending: its schema, header and one flat buffer per dtype group (a
-    consolidated tree: its one storage).  ``reuse``: pack into the tree's kept buffers (the
-    caller waits for the send to complete before it returns)."""
+def _opening(known: OrderedDict[int, tuple[bool, int]] | None) -> tuple[int | None, int, bool]:
+    """The stream's last schema digest (sender side), the size of the first message its receiver
+    posts (the header, with that schema's data where it travels inline) and whether the
+    receiver posted that schema's separate data message with it."""
+    if not known:
+        return None, HEADER_BYTES, False
+    last = next(reversed(known))
+    rides, size = known[last]
+    return last, HEADER_BYTES + size if rides else HEADER_BYTES, not rides
 
-    def __init__(self, td: Any, transport: Transport, allow_pickle: bool, known: Collection[int], reuse: bool) -> None:
+
+class _Outgoing:
+    """A tree's messages on a stream whose sender knows ``known`` (the schemas it sent, the last
+    one last).  The last schema again: the header with the data after it in one message where
+    it travels :func:`inline`, else the header, the data message and the big leaves.  Another
+    schema: a first message of the size the receiver posted (the header, zero-padded where the
+    last schema's data was to come inline), an empty notice where the receiver posted the last
+    schema's data message with the header (``notice``: point to point), the schema text where
+    the peer lacks it, then the data message and the big leaves.  ``reuse``: pack into the
+    tree's kept buffers (the caller waits for the send to complete before it returns)."""
+
+    def __init__(
+        self,
+        td: Any,
+        transport: Transport,
+        allow_pickle: bool,
+        known: OrderedDict[int, tuple[bool, int]] | None,
+        reuse: bool,
+        collective: bool,
+    ) -> None:
         self.td = td
         plan = plan_for(td, allow_pickle)
-        self.schema = plan.schema
-        self.text = b"" if self.schema.digest in known else self.schema.to_json().encode()
-        self.header = Header(self.schema.digest, self.schema.layout_digest, len(self.text))
-        self.buffers = plan.buffers(transport, reuse)
+        schema = self.schema = plan.schema
+        self.wire = (inline(schema, collective), data_layout(schema)[0])
+        last, opening, split = _opening(known)
+        self.notice: list[torch.Tensor] = []
+        if schema.digest == last and self.wire[0]:
+            first, *direct = plan.buffers(transport, reuse, HEADER_BYTES)
+            self.msgs = [Header(schema.digest, schema.layout_digest, 0, True).write(first), *direct]
+            return
+        text = b"" if known and schema.digest in known else schema.to_json().encode()
+        self.msgs = [transport.opening(Header(schema.digest, schema.layout_digest, len(text)), opening)]
+        if schema.digest != last and split and not collective:
+            self.notice.append(torch.empty(0, dtype=torch.uint8, device=transport.device))
+        if text:
+            self.msgs.append(transport.text(text))
+        self.msgs.extend(b for b in plan.buffers(transport, reuse) if b.numel())
+
+    def remember(self, key: _Stream) -> None:
+        """Record the schema as the stream's last one sent."""
+        _remember(_SENT, key, self.schema.digest, self.wire)
 
 
 class Transfer:
@@ -166,11 +214,10 @@ def _post_send(
     _check_rank(dst, "send", group)
     transport = Transport(group, timeout)
     key = (_group_key(group), dst, tag)
-    known = _SENT.get(key, OrderedDict())
-    last = next(reversed(known)) if known else None
-    out = _Outgoing(td, transport, allow_pickle, known, reuse)
-    works = transport.post_send(out.header, out.text, out.buffers, dst, tag, notice=out.schema.digest != last)
-    _remember(_SENT, key, out.schema.digest, None)
+    out = _Outgoing(td, transport, allow_pickle, _SENT.get(key), reuse, False)
+    first, *rest = out.msgs
+    works = transport.post_send([first, *out.notice, *rest], dst, tag)
+    out.remember(key)
     return out, transport, works
 
 
@@ -240,17 +287,25 @@ def _target_plan(target: Any) -> Plan | None:
     return None if target is None or isinstance(target, Schema) else plan_for(target, True)
 
 
+def _out_of_step(peer: str) -> SchemaMismatchError:
+    return SchemaMismatchError(
+        f"The transfer from {peer} does not follow the last one this rank received on the stream: the two sides' "
+        "transfers are out of step (every send needs its recv, in order, with the same tag)."
+    )
+
+
 class _Landing:
     """Where the buffers of ``schema`` go on this rank: ``target``'s memory (through its plan)
-    when its layout is the schema's, else new buffers that become a new tree."""
+    when its layout is the schema's, else new buffers that become a new tree.  ``prefix``: the
+    data message starts with a header of that many bytes."""
 
-    def __init__(self, target: Any, plan: Plan | None, schema: Schema, transport: Transport) -> None:
-        self.target, self.plan, self.schema, self.transport = target, plan, schema, transport
+    def __init__(self, target: Any, plan: Plan | None, schema: Schema, transport: Transport, prefix: int = 0) -> None:
+        self.target, self.plan, self.schema, self.transport, self.prefix = target, plan, schema, transport, prefix
         self.fits = plan is not None and plan.schema.layout_digest == schema.layout_digest
         if plan is not None and self.fits:
-            self.msgs, self._copy = plan.receiver(schema, transport.device)
+            self.msgs, self._copy = plan.receiver(schema, transport.device, prefix)
         else:
-            self.msgs = transport.allocate(schema)
+            self.msgs = transport.allocate(schema, prefix)
 
     def complete(self, allow_pickle: bool, peer: str) -> Any:
         """The received tree, once every message has arrived (the target, filled; or a new tree)."""
@@ -260,7 +315,8 @@ class _Landing:
             if self.plan.schema.content_digest != schema.content_digest:
                 _assign_values(target, schema.tree, allow_pickle)
             return target
-        tree = build_tree(schema, self.transport.unpack(schema, self.msgs), allow_pickle=allow_pickle)
+        msgs = [self.msgs[0][self.prefix :], *self.msgs[1:]]
+        tree = build_tree(schema, self.transport.unpack(schema, msgs), allow_pickle=allow_pickle)
         if self.plan is not None or (isinstance(target, Schema) and target.layout_digest != schema.layout_digest):
             raise SchemaMismatchError(
                 f"The tree from {peer} has another layout (keys, dtypes or shapes) than the target: the target is "
@@ -268,6 +324,58 @@ class _Landing:
                 tree,
             )
         return tree
+
+
+class _Receipt:
+    """One receipt on the stream ``key``: the first message to post, and reading its header.
+
+    The first message is the header, with room after it for the data of the stream's last
+    schema where that travels inline (:func:`inline`): a staging buffer, the target's kept one,
+    posted before the target is checked (:meth:`check`), so that the check runs while the
+    message travels; a target found changed gets a new landing and the message copied over."""
+
+    def __init__(self, td: Any, key: _Stream, peer: str, transport: Transport, collective: bool) -> None:
+        self.td, self.key, self.peer, self.transport = td, key, peer, transport
+        self.last: Schema | None = _last(_SEEN, key)
+        self.inline = self.last is not None and inline(self.last, collective)
+        self.plan: Plan | None = None
+        self.early: _Landing | None = None
+        if self.inline and self.last is not None:
+            kept = None if td is None or isinstance(td, Schema) else kept_plan(td, True) or plan_for(td, True)
+            self.early = _Landing(td, kept, self.last, transport, HEADER_BYTES)
+            self.first = self.early.msgs[0]
+        else:
+            self.first = transport.header_buffer()
+
+    def check(self) -> None:
+        """Check the target's plan (see :func:`plan_for`)."""
+        self.plan = _target_plan(self.td)
+
+    def header(self) -> tuple[Header, bool]:
+        """The header that arrived, and whether it announces the stream's last schema again.
+
+        Raises:
+            SchemaMismatchError: the sender is out of step with this rank.
+        """
+        header = Header.from_tensor(self.first)
+        last = self.last
+        steady = last is not None and header.digest == last.digest and not header.schema_len
+        if header.inline != (steady and self.inline):
+            raise _out_of_step(self.peer)
+        if steady:
+            _resolve_schema(header, None, self.key, self.peer)
+        return header, steady
+
+    def inline_landing(self) -> _Landing:
+        """The landing of the data that came with the header: the early one, or, where the target
+        changed since its plan was kept, a new one with the message copied into it."""
+        early = self.early
+        assert early is not None and self.last is not None
+        if early.plan is self.plan:
+            return early
+        landing = _Landing(self.td, self.plan, self.last, self.transport, HEADER_BYTES)
+        landing.msgs[0].copy_(early.msgs[0])
+        return landing
 
 
 def _assign_values(target: Any, node: dict[str, Any], allow_pickle: bool) -> None:
@@ -291,39 +399,39 @@ def _assign_values(target: Any, node: dict[str, Any], allow_pickle: bool) -> Non
 
 
 def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, timeout: float | None) -> tuple[Any, Any]:
-    """Post the receipt of a transfer from ``src``: the header and, when this rank knows the
-    sender's last schema, that schema's data message at once (into the target where it fits),
-    so an unchanged tree costs no round trip.  Returns the header's work and ``finish(timeout)``."""
+    """Post the receipt of a transfer from ``src``: the first message (see :class:`_Receipt`) and,
+    when the last schema's data message travels on its own, that message at once (into the
+    target where it fits), so an unchanged tree costs no round trip.  Returns the first
+    message's work and ``finish(timeout)``."""
     transport = Transport(group, timeout)
     key = (_group_key(group), src, tag)
     peer = f"rank {src}"
-    plan = _target_plan(td)
-    last: Schema | None = _last(_SEEN, key)
-    early = _Landing(td, plan, last, transport) if last is not None else None
-    raw, header_work = transport.post_header_recv(src, tag)
-    early_works = transport.post_recv(early.msgs[:1], src, tag) if early is not None else []
+    what = f"recv from {peer}"
+    receipt = _Receipt(td, key, peer, transport, False)
+    split: _Landing | None = None
+    if receipt.last is not None and not receipt.inline:
+        receipt.check()
+        split = _Landing(td, receipt.plan, receipt.last, transport)
+    first = transport.post_recv([receipt.first], src, tag)
+    split_works = transport.post_recv(split.msgs[:1], src, tag) if split is not None else []
+    if split is None:
+        receipt.check()  # while the message travels
 
     def finish(t: float | None) -> Any:
-        what = f"recv from {peer}"
-        transport.wait_all([header_work], what, t)
-        header = Header.from_tensor(raw)
-        if early is not None and last is not None and header.digest == last.digest and not header.schema_len:
-            transport.wait_all(early_works, what, t)  # the last schema again: its data is here already
-            _resolve_schema(header, None, key, peer)
-            transport.wait_all(transport.post_recv(early.msgs[1:], src, tag), what, t)
-            return early.complete(allow_pickle, peer)
-        # another schema than the last one: the sender's empty notice comes first
-        if early_works:
-            transport.wait_all(early_works, what, t)  # it landed in the data buffer: nothing was written
-        else:
-            transport.recv_notice(src, tag, peer)
+        # with the header, the last schema's data message, or the empty notice of another schema
+        transport.wait_all(first + split_works, what, t)
+        header, steady = receipt.header()
+        if steady:
+            landing = receipt.inline_landing() if split is None else split
+            transport.wait_all(transport.post_recv(landing.msgs[1:], src, tag), what, t)
+            return landing.complete(allow_pickle, peer)
         text = transport.recv_bytes(header.schema_len, src, tag, peer) if header.schema_len else None
         schema = _resolve_schema(header, text, key, peer)
-        landing = _Landing(td, plan, schema, transport)
+        landing = _Landing(td, receipt.plan, schema, transport)
         transport.wait_all(transport.post_recv(landing.msgs, src, tag), what, t)
         return landing.complete(allow_pickle, peer)
 
-    return header_work, finish
+    return first[0], finish
 
 
 def _check_target(target: Any, what: str) -> None:
@@ -397,18 +505,27 @@ def broadcast(td: Any, src: int, *, group: Any = None, allow_pickle: bool = Fals
     peer = f"rank {src} (broadcast)"
     if transport.rank == src:
         _check_collection(td, "broadcast")
-        out = _Outgoing(td, transport, allow_pickle, _SENT.get(key, OrderedDict()), True)
-        transport.broadcast_header(out.header, src, peer)
-        if out.text:
-            transport.broadcast_bytes(out.text, src, peer)
-        transport.broadcast_all(out.buffers, src, peer)
-        _remember(_SENT, key, out.schema.digest, None)
+        out = _Outgoing(td, transport, allow_pickle, _SENT.get(key), True, True)
+        works = [transport.broadcast_one(m, src, peer) for m in out.msgs]
+        transport.wait_all(works, f"broadcast from {peer}")
+        out.remember(key)
         return td
     _check_target(td, "broadcast")
-    plan = _target_plan(td)
-    header = transport.broadcast_header(None, src, peer)
-    text = transport.broadcast_bytes(header.schema_len, src, peer) if header.schema_len else None
-    landing = _Landing(td, plan, _resolve_schema(header, text, key, peer), transport)
+    receipt = _Receipt(td, key, peer, transport, True)
+    work = transport.broadcast_one(receipt.first, src, peer)
+    receipt.check()  # while the message travels
+    transport.wait_all([work], f"broadcast from {peer}")
+    header, steady = receipt.header()
+    if steady and receipt.inline:
+        landing = receipt.inline_landing()
+        transport.broadcast_all(landing.msgs[1:], src, peer)
+        return landing.complete(allow_pickle, peer)
+    if steady and receipt.last is not None:
+        schema = receipt.last
+    else:
+        text = transport.broadcast_bytes(header.schema_len, src, peer) if header.schema_len else None
+        schema = _resolve_schema(header, text, key, peer)
+    landing = _Landing(td, receipt.plan, schema, transport)
     transport.broadcast_all(landing.msgs, src, peer)
     return landing.complete(allow_pickle, peer)
 
