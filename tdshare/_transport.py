@@ -161,6 +161,7 @@ class Header:
 
 _HEAD = struct.Struct("<8q")
 _CPU = torch.device("cpu")
+_OPENINGS: dict[tuple[Header, torch.device], torch.Tensor] = {}
 _GROUPS: dict[int, tuple[weakref.ref[Any], int, int, bool]] = {}  # id(group): (group, rank, world, nccl)
 
 
@@ -417,8 +418,18 @@ class Transport:
             raise peer_error(exc, f"send to rank {dst}") from exc
 
     def opening(self, header: Header, size: int) -> torch.Tensor:
-        """A first message of ``size`` bytes (what the peer posted for it) holding only ``header``."""
-        return header.write(torch.zeros(size, dtype=torch.uint8, device=self.device))
+        """A first message of ``size`` bytes (what the peer posted for it) holding only ``header``
+        (a header alone: kept for the next transfer of the same schema, never written again)."""
+        if size != HEADER_BYTES:
+            return header.write(torch.zeros(size, dtype=torch.uint8, device=self.device))
+        key = (header, self.device)
+        message = _OPENINGS.pop(key, None)
+        if message is None:
+            message = header.write(torch.zeros(size, dtype=torch.uint8, device=self.device))
+        _OPENINGS[key] = message  # most recent last
+        while len(_OPENINGS) > 64:
+            del _OPENINGS[next(iter(_OPENINGS))]
+        return message
 
     def text(self, text: bytes) -> torch.Tensor:
         """A schema text as a message."""

@@ -20,7 +20,6 @@ Works with gloo (CPU tensors) and NCCL (CUDA tensors: the buffers live on the cu
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -28,20 +27,10 @@ import torch.distributed as dist
 
 from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._nodes import kind_of
-from ._schema import Schema, build_tree, describe, leaves_of, schema_of, value_of
+from ._schema import Schema, build_tree, describe, leaves_of, schema_of
 from ._sync import sync_tree
-from ._transport import (
-    HEADER_BYTES,
-    DistributedError,
-    Header,
-    PeerError,
-    Transport,
-    data_layout,
-    inline,
-    raw,
-    require_group,
-)
-from ._wire_plan import Plan, kept_plan, plan_for
+from ._transport import DistributedError, Header, PeerError, Transport, raw, require_group
+from ._wire_streams import Landing, Outgoing, Receipt, SchemaMismatchError, resolve_schema
 
 __all__ = [
     "DistributedError",
@@ -62,47 +51,7 @@ __all__ = [
 ]
 
 
-class SchemaMismatchError(DistributedError):
-    """The tree that arrived has another layout than the one it was to be written into.
-
-    Attributes:
-        received: the tree that arrived (a new tensordict of the sender's schema), so that nothing
-            sent is lost; the target was left untouched.
-    """
-
-    def __init__(self, message: str, received: Any = None) -> None:
-        super().__init__(message)
-        self.received = received
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.received))
-
-
 _SCATTER_TAG = 0x7D5C  # scatter's own tag, away from the small tags users pick
-
-# what each side last sent / received, per (process group, peer, tag): the schema is resent on change
-# what each side of a stream (process group, peer, tag) knows: the schemas last sent / received,
-# most recent last; the text is sent only for a schema the peer lacks, and both sides evict alike
-_Stream = tuple[int, int, Any]
-_SENT: dict[_Stream, OrderedDict[int, tuple[bool, int]]] = {}  # digest: (inline, data message size)
-_SEEN: dict[_Stream, OrderedDict[int, Schema]] = {}
-_KNOWN = 8
-
-
-def _remember(
-    book: dict[tuple[int, int, Any], OrderedDict[int, Any]], key: tuple[int, int, Any], digest: int, value: Any
-) -> None:
-    known = book.setdefault(key, OrderedDict())
-    known[digest] = value
-    known.move_to_end(digest)
-    while len(known) > _KNOWN:
-        known.popitem(last=False)
-
-
-def _last(book: dict[_Stream, OrderedDict[int, Any]], key: _Stream) -> Any:
-    """The digest (sender) or schema (receiver) of the stream's last transfer, or None."""
-    known = book.get(key)
-    return known[next(reversed(known))] if known else None
 
 
 def _group_key(group: Any) -> int:
@@ -121,59 +70,6 @@ def _check_rank(rank: Any, what: str, group: Any) -> None:
     world = dist.get_world_size(group)
     if not 0 <= rank < world:
         raise InvalidArgumentError(f"{what}: rank {rank} is outside the group of {world} ranks (0..{world - 1}).")
-
-
-def _opening(known: OrderedDict[int, tuple[bool, int]] | None) -> tuple[int | None, int, bool]:
-    """The stream's last schema digest (sender side), the size of the first message its receiver
-    posts (the header, with that schema's data where it travels inline) and whether the
-    receiver posted that schema's separate data message with it."""
-    if not known:
-        return None, HEADER_BYTES, False
-    last = next(reversed(known))
-    rides, size = known[last]
-    return last, HEADER_BYTES + size if rides else HEADER_BYTES, not rides
-
-
-class _Outgoing:
-    """A tree's messages on a stream whose sender knows ``known`` (the schemas it sent, the last
-    one last).  The last schema again: the header with the data after it in one message where
-    it travels :func:`inline`, else the header, the data message and the big leaves.  Another
-    schema: a first message of the size the receiver posted (the header, zero-padded where the
-    last schema's data was to come inline), an empty notice where the receiver posted the last
-    schema's data message with the header (``notice``: point to point), the schema text where
-    the peer lacks it, then the data message and the big leaves.  ``reuse``: pack into the
-    tree's kept buffers (the caller waits for the send to complete before it returns)."""
-
-    def __init__(
-        self,
-        td: Any,
-        transport: Transport,
-        allow_pickle: bool,
-        known: OrderedDict[int, tuple[bool, int]] | None,
-        reuse: bool,
-        collective: bool,
-    ) -> None:
-        self.td = td
-        plan = plan_for(td, allow_pickle)
-        schema = self.schema = plan.schema
-        self.wire = (inline(schema, collective), data_layout(schema)[0])
-        last, opening, split = _opening(known)
-        self.notice: list[torch.Tensor] = []
-        if schema.digest == last and self.wire[0]:
-            first, *direct = plan.buffers(transport, reuse, HEADER_BYTES)
-            self.msgs = [Header(schema.digest, schema.layout_digest, 0, True).write(first), *direct]
-            return
-        text = b"" if known and schema.digest in known else schema.to_json().encode()
-        self.msgs = [transport.opening(Header(schema.digest, schema.layout_digest, len(text)), opening)]
-        if schema.digest != last and split and not collective:
-            self.notice.append(torch.empty(0, dtype=torch.uint8, device=transport.device))
-        if text:
-            self.msgs.append(transport.text(text))
-        self.msgs.extend(b for b in plan.buffers(transport, reuse) if b.numel())
-
-    def remember(self, key: _Stream) -> None:
-        """Record the schema as the stream's last one sent."""
-        _remember(_SENT, key, self.schema.digest, self.wire)
 
 
 class Transfer:
@@ -209,15 +105,15 @@ class Transfer:
 
 def _post_send(
     td: Any, dst: int, group: Any, tag: int, allow_pickle: bool, timeout: float | None, reuse: bool
-) -> tuple[_Outgoing, Transport, list[Any]]:
+) -> tuple[Outgoing, Transport, list[Any]]:
     _check_collection(td, "send")
     _check_rank(dst, "send", group)
     transport = Transport(group, timeout)
     key = (_group_key(group), dst, tag)
-    out = _Outgoing(td, transport, allow_pickle, _SENT.get(key), reuse, False)
+    out = Outgoing(td, transport, allow_pickle, key, reuse, False)
     first, *rest = out.msgs
     works = transport.post_send([first, *out.notice, *rest], dst, tag)
-    out.remember(key)
+    out.remember()
     return out, transport, works
 
 
@@ -262,144 +158,8 @@ def isend(
     return Transfer(finish, works)
 
 
-def _resolve_schema(header: Header, text: bytes | None, cache_key: tuple[int, int, Any], peer: str) -> Schema:
-    """The schema of ``header``: from its ``text``, else one this rank received before on the stream."""
-    if text is not None:
-        schema = Schema.from_json(text)
-        if schema.digest != header.digest:
-            raise SchemaMismatchError(f"The schema from {peer} does not match its own hash: a corrupt transfer.")
-    else:
-        known = _SEEN.get(cache_key)
-        cached = known.get(header.digest) if known else None
-        if cached is None:
-            raise SchemaMismatchError(
-                f"{peer} sent a tree without its schema, believing this rank has it, but this rank "
-                f"{'received nothing' if not known else 'does not know that schema'} from it: the two sides' "
-                "transfers are out of step (every send needs its recv, in order, with the same tag)."
-            )
-        schema = cached
-    _remember(_SEEN, cache_key, header.digest, schema)
-    return schema
-
-
-def _target_plan(target: Any) -> Plan | None:
-    """The plan of a receiving tree (None for no tree or a bare :class:`Schema`)."""
-    return None if target is None or isinstance(target, Schema) else plan_for(target, True)
-
-
-def _out_of_step(peer: str) -> SchemaMismatchError:
-    return SchemaMismatchError(
-        f"The transfer from {peer} does not follow the last one this rank received on the stream: the two sides' "
-        "transfers are out of step (every send needs its recv, in order, with the same tag)."
-    )
-
-
-class _Landing:
-    """Where the buffers of ``schema`` go on this rank: ``target``'s memory (through its plan)
-    when its layout is the schema's, else new buffers that become a new tree.  ``prefix``: the
-    data message starts with a header of that many bytes."""
-
-    def __init__(self, target: Any, plan: Plan | None, schema: Schema, transport: Transport, prefix: int = 0) -> None:
-        self.target, self.plan, self.schema, self.transport, self.prefix = target, plan, schema, transport, prefix
-        self.fits = plan is not None and plan.schema.layout_digest == schema.layout_digest
-        if plan is not None and self.fits:
-            self.msgs, self._copy = plan.receiver(schema, transport.device, prefix)
-        else:
-            self.msgs = transport.allocate(schema, prefix)
-
-    def complete(self, allow_pickle: bool, peer: str) -> Any:
-        """The received tree, once every message has arrived (the target, filled; or a new tree)."""
-        schema, target = self.schema, self.target
-        if self.fits and self.plan is not None:
-            self._copy()
-            if self.plan.schema.content_digest != schema.content_digest:
-                _assign_values(target, schema.tree, allow_pickle)
-            return target
-        msgs = [self.msgs[0][self.prefix :], *self.msgs[1:]]
-        tree = build_tree(schema, self.transport.unpack(schema, msgs), allow_pickle=allow_pickle)
-        if self.plan is not None or (isinstance(target, Schema) and target.layout_digest != schema.layout_digest):
-            raise SchemaMismatchError(
-                f"The tree from {peer} has another layout (keys, dtypes or shapes) than the target: the target is "
-                "untouched; the tree that arrived is this error's .received (receive with None to take any tree).",
-                tree,
-            )
-        return tree
-
-
-class _Receipt:
-    """One receipt on the stream ``key``: the first message to post, and reading its header.
-
-    The first message is the header, with room after it for the data of the stream's last
-    schema where that travels inline (:func:`inline`): a staging buffer, the target's kept one,
-    posted before the target is checked (:meth:`check`), so that the check runs while the
-    message travels; a target found changed gets a new landing and the message copied over."""
-
-    def __init__(self, td: Any, key: _Stream, peer: str, transport: Transport, collective: bool) -> None:
-        self.td, self.key, self.peer, self.transport = td, key, peer, transport
-        self.last: Schema | None = _last(_SEEN, key)
-        self.inline = self.last is not None and inline(self.last, collective)
-        self.plan: Plan | None = None
-        self.early: _Landing | None = None
-        if self.inline and self.last is not None:
-            kept = None if td is None or isinstance(td, Schema) else kept_plan(td, True) or plan_for(td, True)
-            self.early = _Landing(td, kept, self.last, transport, HEADER_BYTES)
-            self.first = self.early.msgs[0]
-        else:
-            self.first = transport.header_buffer()
-
-    def check(self) -> None:
-        """Check the target's plan (see :func:`plan_for`)."""
-        self.plan = _target_plan(self.td)
-
-    def header(self) -> tuple[Header, bool]:
-        """The header that arrived, and whether it announces the stream's last schema again.
-
-        Raises:
-            SchemaMismatchError: the sender is out of step with this rank.
-        """
-        header = Header.from_tensor(self.first)
-        last = self.last
-        steady = last is not None and header.digest == last.digest and not header.schema_len
-        if header.inline != (steady and self.inline):
-            raise _out_of_step(self.peer)
-        if steady:
-            _resolve_schema(header, None, self.key, self.peer)
-        return header, steady
-
-    def inline_landing(self) -> _Landing:
-        """The landing of the data that came with the header: the early one, or, where the target
-        changed since its plan was kept, a new one with the message copied into it."""
-        early = self.early
-        assert early is not None and self.last is not None
-        if early.plan is self.plan:
-            return early
-        landing = _Landing(self.td, self.plan, self.last, self.transport, HEADER_BYTES)
-        landing.msgs[0].copy_(early.msgs[0])
-        return landing
-
-
-def _assign_values(target: Any, node: dict[str, Any], allow_pickle: bool) -> None:
-    """Write the non-tensor values of the schema ``node`` that differ into ``target`` (same layout)."""
-    t = node["t"]
-    if t == "level":
-        for key, child in node["items"]:
-            if child["t"] in ("value", "vstack"):
-                value = value_of(child, allow_pickle)
-                if target.get(key) != value:
-                    target.set_(key, value)
-            elif child["t"] != "tensor":
-                _assign_values(target._tensordict[key], child, allow_pickle)
-    elif t == "stack":
-        for member, child in zip(target.tensordicts, node["members"], strict=True):
-            _assign_values(member, child, allow_pickle)
-    elif t == "wrapped":
-        kind = kind_of(target)
-        assert kind is not None and kind.unwrap is not None
-        _assign_values(kind.unwrap(target)[0], node["inner"], allow_pickle)
-
-
 def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, timeout: float | None) -> tuple[Any, Any]:
-    """Post the receipt of a transfer from ``src``: the first message (see :class:`_Receipt`) and,
+    """Post the receipt of a transfer from ``src``: the first message (see :class:`Receipt`) and,
     when the last schema's data message travels on its own, that message at once (into the
     target where it fits), so an unchanged tree costs no round trip.  Returns the first
     message's work and ``finish(timeout)``."""
@@ -407,11 +167,11 @@ def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, tim
     key = (_group_key(group), src, tag)
     peer = f"rank {src}"
     what = f"recv from {peer}"
-    receipt = _Receipt(td, key, peer, transport, False)
-    split: _Landing | None = None
+    receipt = Receipt(td, key, peer, transport, False)
+    split: Landing | None = None
     if receipt.last is not None and not receipt.inline:
         receipt.check()
-        split = _Landing(td, receipt.plan, receipt.last, transport)
+        split = Landing(td, receipt.plan, receipt.last, transport)
     first = transport.post_recv([receipt.first], src, tag)
     split_works = transport.post_recv(split.msgs[:1], src, tag) if split is not None else []
     if split is None:
@@ -426,8 +186,8 @@ def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, tim
             transport.wait_all(transport.post_recv(landing.msgs[1:], src, tag), what, t)
             return landing.complete(allow_pickle, peer)
         text = transport.recv_bytes(header.schema_len, src, tag, peer) if header.schema_len else None
-        schema = _resolve_schema(header, text, key, peer)
-        landing = _Landing(td, receipt.plan, schema, transport)
+        schema = resolve_schema(header, text, key, peer)
+        landing = Landing(td, receipt.plan, schema, transport)
         transport.wait_all(transport.post_recv(landing.msgs, src, tag), what, t)
         return landing.complete(allow_pickle, peer)
 
@@ -505,13 +265,13 @@ def broadcast(td: Any, src: int, *, group: Any = None, allow_pickle: bool = Fals
     peer = f"rank {src} (broadcast)"
     if transport.rank == src:
         _check_collection(td, "broadcast")
-        out = _Outgoing(td, transport, allow_pickle, _SENT.get(key), True, True)
+        out = Outgoing(td, transport, allow_pickle, key, True, True)
         works = [transport.broadcast_one(m, src, peer) for m in out.msgs]
         transport.wait_all(works, f"broadcast from {peer}")
-        out.remember(key)
+        out.remember()
         return td
     _check_target(td, "broadcast")
-    receipt = _Receipt(td, key, peer, transport, True)
+    receipt = Receipt(td, key, peer, transport, True)
     work = transport.broadcast_one(receipt.first, src, peer)
     receipt.check()  # while the message travels
     transport.wait_all([work], f"broadcast from {peer}")
@@ -524,8 +284,8 @@ def broadcast(td: Any, src: int, *, group: Any = None, allow_pickle: bool = Fals
         schema = receipt.last
     else:
         text = transport.broadcast_bytes(header.schema_len, src, peer) if header.schema_len else None
-        schema = _resolve_schema(header, text, key, peer)
-    landing = _Landing(td, receipt.plan, schema, transport)
+        schema = resolve_schema(header, text, key, peer)
+    landing = Landing(td, receipt.plan, schema, transport)
     transport.broadcast_all(landing.msgs, src, peer)
     return landing.complete(allow_pickle, peer)
 
