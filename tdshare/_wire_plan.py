@@ -32,7 +32,7 @@ from ._consolidate import ConsolidateOps, consolidated_parts
 from ._format import LEVEL, STACK, VALUE, VALUE_STACK, WRAPPED
 from ._nodes import kind_of
 from ._schema import Schema, describe
-from ._transport import Transport, contiguous_run, data_layout, group_views, raw, staged_views
+from ._transport import GRAIN, Transport, contiguous_run, copier, copy_bytes, data_layout, group_views, staged_views
 
 __all__ = ["Plan", "kept_plan", "plan_for"]
 
@@ -146,7 +146,7 @@ class Plan:
             self.root = (fn, args[1:])
         self.checks = checks
         self._send: dict[tuple[torch.device, int], _SendLayout | None] = {}
-        self._recv: dict[tuple[int, int], tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], bool]] = {}
+        self._recv: dict[tuple[int, int], tuple[list[torch.Tensor], Callable[[], None] | None, bool]] = {}
 
     def valid(self, tree: Any) -> bool:
         """Whether ``tree`` is still what this plan was made of (nothing added, replaced, reshaped,
@@ -205,27 +205,31 @@ class Plan:
             return [data, *direct]  # the leaves' own memory
         if not reuse:
             data = torch.empty_like(data)
-            views = group_views(self.schema, data[prefix:])
+            views = _views(ops, group_views(self.schema, data[prefix:]))
         with torch.no_grad():
-            for op, view in zip(ops, views, strict=True):
-                if isinstance(op, torch.Tensor):
-                    raw(view).copy_(raw(op))  # a group's run (or the storage), bit for bit
-                elif op:
-                    torch.cat(op, out=view)
+            for (_, _, _, part), view in zip(ops, views, strict=True):
+                if isinstance(part, torch.Tensor):
+                    copy_bytes(view, part)  # a run, the storage or a big leaf, bit for bit
+                else:
+                    torch.cat(part, out=view)
         return [data, *direct]
 
     def _send_layout(self, transport: Transport, prefix: int) -> _SendLayout | None:
-        """``(ops, data, group views, direct leaves)``: per group its run (or the consolidated
-        storage) or the flat leaf views to concatenate (ops None: the data message is the one
-        group's run); None where a leaf is not a contiguous tensor on the transport's device."""
+        """``(ops, data, their views of data, direct leaves)``: each op ``(group, start, numel,
+        part)`` packs ``part`` (a group's run, the consolidated storage or a big leaf: copied; a
+        list of flat leaves: concatenated, under :data:`GRAIN` elements, so that ``cat`` runs
+        its serial kernel) into its group at element ``start`` (ops None: the data message is the
+        one group's run); None where a leaf is not a contiguous tensor on the transport's device."""
         device = transport.device
         schema = self.schema
         size = data_layout(schema)[0]
+        ops: list[_Op] = []
         if schema.storage is not None:
             if self.storage is None or self.storage.device != device:
                 return None
             data = torch.empty(prefix + size, dtype=torch.uint8, device=device)
-            return [self.storage], data, group_views(schema, data[prefix:]), []
+            ops = [(0, 0, size, self.storage)]
+            return ops, data, _views(ops, group_views(schema, data[prefix:])), []
         if any(t.device != device or not t.is_contiguous() for t in self.leaves):
             return None
         members: list[list[torch.Tensor]] = [[] for _ in schema.groups]
@@ -238,11 +242,9 @@ class Plan:
             data = runs[0].view(torch.uint8)
             return None, data, group_views(schema, data), direct
         data = torch.empty(prefix + size, dtype=torch.uint8, device=device)
-        ops: list[Any] = [
-            run if run is not None else [t.view(-1) for t in m if t.numel()]
-            for run, m in zip(runs, members, strict=True)
-        ]
-        return ops, data, group_views(schema, data[prefix:]), direct
+        for g, (run, m) in enumerate(zip(runs, members, strict=True)):
+            ops.extend([(g, 0, run.numel(), run)] if run is not None else _chunked(g, m))
+        return ops, data, _views(ops, group_views(schema, data[prefix:])), direct
 
     # -- receiving ----------------------------------------------------------------------------
     def receiver(
@@ -254,13 +256,13 @@ class Plan:
         key = (sent.wire_digest, prefix)
         if key not in self._recv:
             own = self.storage if self.schema.wire_digest == sent.wire_digest else None
-            self._recv[key] = staged_views(sent, self.leaves, device, own, prefix)
-        msgs, dst, src, leafwise = self._recv[key]
+            msgs, dst, src, leafwise = staged_views(sent, self.leaves, device, own, prefix)
+            self._recv[key] = (msgs, copier(dst, src) if dst else None, leafwise)
+        msgs, copy, leafwise = self._recv[key]
 
         def finish() -> None:
-            if dst:
-                with torch.no_grad():
-                    torch._foreach_copy_(dst, src)  # one fused copy (torch has no public name for it)
+            if copy is not None:
+                copy()
                 if leafwise:
                     self._wrote()
 
@@ -277,7 +279,39 @@ class Plan:
                 self.versions = list(map(_version, self.leaves))
 
 
-_SendLayout = tuple[list[Any] | None, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]
+_Op = tuple[int, int, int, Any]  # (group, element start, numel, a tensor to copy or a list to concatenate)
+_SendLayout = tuple[list[_Op] | None, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]
+
+
+def _views(ops: list[_Op], groups: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each op's slice of its group's view."""
+    return [groups[g][start : start + n] for g, start, n, _ in ops]
+
+
+def _chunked(g: int, members: list[torch.Tensor]) -> list[_Op]:
+    """The ops packing group ``g``'s ``members`` (back to back, in order): lists of flat leaves
+    under :data:`GRAIN` elements each, and each leaf of at least that many alone."""
+    ops: list[_Op] = []
+    batch: list[torch.Tensor] = []
+    start = n = 0
+    for leaf in members:
+        k = leaf.numel()
+        if not k:
+            continue
+        if batch and (k >= GRAIN or n + k >= GRAIN):
+            ops.append((g, start, n, batch))
+            start, batch, n = start + n, [], 0
+        if k >= GRAIN:
+            ops.append((g, start, k, leaf.view(-1)))
+            start += k
+        else:
+            batch.append(leaf.view(-1))
+            n += k
+    if batch:
+        ops.append((g, start, n, batch))
+    return ops
+
+
 _PLANS: dict[tuple[int, bool], Plan] = {}
 _PLANS_SIZE = 64
 

@@ -27,7 +27,7 @@ import torch
 
 from ._nodes import kind_of
 from ._schema import Schema, build_tree, value_of
-from ._transport import HEADER_BYTES, DistributedError, Header, Transport, data_layout, inline
+from ._transport import HEADER_BYTES, DistributedError, Header, Transport, copy_bytes, data_layout, inline
 from ._wire_plan import Plan, kept_plan, plan_for
 
 __all__ = [
@@ -245,7 +245,7 @@ class Receipt:
         if early.plan is self.plan:
             return early
         landing = Landing(self.td, self.plan, self.last, self.transport, HEADER_BYTES)
-        landing.msgs[0].copy_(early.msgs[0])
+        copy_bytes(landing.msgs[0], early.msgs[0])
         return landing
 
 

@@ -258,6 +258,27 @@ class _CpuTransport:
     device = torch.device("cpu")
 
 
+def test_packing_in_chunks_under_the_grain_keeps_every_byte() -> None:
+    from tdshare._transport import GRAIN, HEADER_BYTES, data_layout, group_views
+    from tdshare._wire_plan import plan_for
+
+    sizes = [100, 40_000, 30_000, 5_000, 2_000, 31_000, 0, 7]  # runs of cat under the grain, big ones alone
+    g = torch.Generator().manual_seed(3)
+    td = TensorDict(
+        {f"f{i}": torch.randn(n, generator=g) for i, n in enumerate(sizes)}, b=torch.ones(3, dtype=torch.bool)
+    )
+    plan = plan_for(td, False)
+    ops = plan._send_layout(_CpuTransport(), HEADER_BYTES)[0]  # type: ignore[arg-type,index]
+    assert all(n < GRAIN or isinstance(part, torch.Tensor) for _, _, n, part in ops)
+    assert sum(n for _, _, n, _ in ops) == sum(sizes) + 3
+    for reuse in (True, False):
+        message = plan.buffers(_CpuTransport(), reuse, HEADER_BYTES)[0]  # type: ignore[arg-type]
+        assert message.numel() == HEADER_BYTES + data_layout(plan.schema)[0]
+        f32, flags = group_views(plan.schema, message[HEADER_BYTES:])
+        assert _bits(f32) == b"".join(_bits(td[f"f{i}"]) for i in range(len(sizes)))
+        assert flags.tolist() == [True] * 3
+
+
 def _plans(rank: int, world: int) -> dict[str, Any]:
     report: dict[str, Any] = {}
     if rank == 0:
