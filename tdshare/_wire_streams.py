@@ -91,11 +91,12 @@ def _opening(known: OrderedDict[int, tuple[bool, int]] | None) -> tuple[int | No
 
 
 class Outgoing:
-    """A tree's messages on the stream ``key``.  The last schema again: the header with the data
-    after it in one message where it travels :func:`inline`, else the header, the data message
-    and the big leaves.  Another
-    schema: a first message of the size the receiver posted (the header, zero-padded where the
-    last schema's data was to come inline), an empty notice where the receiver posted the last
+    """A tree's messages on the stream ``key``.
+
+    The last schema again: the header with the data after it in one message where it travels
+    :func:`inline`, else the header, the data message and the big leaves.  Another schema: a
+    first message of the size the receiver posted (the header, zero-padded where the last
+    schema's data was to come inline), an empty notice where the receiver posted the last
     schema's data message with the header (``notice``: point to point), the schema text where
     the peer lacks it, then the data message and the big leaves.  ``reuse``: pack into the
     tree's kept buffers (the caller waits for the send to complete before it returns)."""

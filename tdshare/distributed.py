@@ -2,7 +2,8 @@
 
 A transfer sends a small header (the schema's hashes), the schema itself only when the peer has
 not seen it (the first transfer, or after a change: keys, dtypes, shapes or a non-tensor value),
-then one flat buffer per dtype (see :mod:`tdshare._schema`).  The receiver writes into the
+then one flat buffer per dtype (see :mod:`tdshare._schema`); an unchanged tree's header and
+small buffers go as one message (see :mod:`tdshare._wire_streams`).  The receiver writes into the
 tensordict it is given, in place (directly into the leaves' memory where a dtype's leaves are one
 contiguous run, as in an anonymous memory-mapped tree; through one staging buffer otherwise), or
 builds a new one from the schema.  A changed schema is always detected by its hash and never
