@@ -13,7 +13,10 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import ctypes
+import struct
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,15 +29,22 @@ from ._errors import FormatError, TdshareError
 from ._schema import Schema
 
 __all__ = [
+    "HEADER_BYTES",
+    "INLINE_BYTES",
     "DistributedError",
     "Header",
     "PeerError",
     "Transport",
+    "peer_error",
     "peer_errors",
     "staged_views",
+    "GRAIN",
     "contiguous_run",
+    "copier",
+    "copy_bytes",
     "data_layout",
     "group_views",
+    "inline",
     "raw",
     "require_group",
 ]
@@ -67,6 +77,17 @@ class PeerError(DistributedError):
         return (type(self), (str(self), self.peer))
 
 
+def peer_error(exc: RuntimeError, what: str, limit: float | None = None) -> PeerError:
+    """The :class:`PeerError` naming ``what`` for the backend's error ``exc``."""
+    late = f" within {limit} s" if limit is not None else ""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return PeerError(
+        f"{what} did not complete{late}: {first}. "
+        "The peer may have died, be stuck, or be waiting on another call; check it, or raise timeout=.",
+        what,
+    )
+
+
 @contextmanager
 def peer_errors(what: str, limit: float | None = None) -> Iterator[None]:
     """Turn the backend's ``RuntimeError`` inside the block into a :class:`PeerError` naming ``what``.
@@ -79,42 +100,72 @@ def peer_errors(what: str, limit: float | None = None) -> Iterator[None]:
     except TdshareError:
         raise
     except RuntimeError as exc:
-        late = f" within {limit} s" if limit is not None else ""
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise PeerError(
-            f"{what} did not complete{late}: {first}. "
-            "The peer may have died, be stuck, or be waiting on another call; check it, or raise timeout=.",
-            what,
-        ) from exc
+        raise peer_error(exc, what, limit) from exc
+
+
+HEADER_BYTES = 64  # a header: 8 int64; the data after it keeps every offset's alignment (mod 64)
+INLINE_BYTES = 1 << 20  # a data message up to this size travels inside its header's message
+
+
+def inline(schema: Schema, collective: bool) -> bool:
+    """Whether ``schema``'s data message rides in its header's message once the peer knows the
+    schema: up to :data:`INLINE_BYTES` (beyond, a copy costs more than a message), except a
+    consolidated tree's point to point, whose storage goes as it is and is received in place,
+    the header a message of its own that the receiver waits for together with it."""
+    return data_layout(schema)[0] <= INLINE_BYTES and (collective or schema.storage is None)
 
 
 @dataclass(frozen=True)
 class Header:
-    """What precedes every transfer: the schema's two hashes and the length of the schema text sent
-    with it (0: the peer has it already)."""
+    """What opens every transfer: the schema's two hashes, the length of the schema text sent
+    after it (0: the peer has it already) and whether the data follows inside this same message
+    (``inline``: at byte :data:`HEADER_BYTES`)."""
 
     digest: int
     layout_digest: int
     schema_len: int
+    inline: bool = False
+
+    def pack(self) -> bytes:
+        """The header as :data:`HEADER_BYTES` bytes (8 little-endian int64)."""
+        return _HEAD.pack(_MAGIC, self.digest, self.layout_digest, self.schema_len, int(self.inline), 0, 0, 0)
 
     def tensor(self) -> torch.Tensor:
-        """The header as a 4-element int64 tensor."""
-        return torch.tensor([_MAGIC, self.digest, self.layout_digest, self.schema_len], dtype=torch.int64)
+        """The header as a :data:`HEADER_BYTES`-byte ``uint8`` tensor."""
+        return torch.frombuffer(bytearray(self.pack()), dtype=torch.uint8)
+
+    def write(self, message: torch.Tensor) -> torch.Tensor:
+        """Write the header into the first :data:`HEADER_BYTES` of ``message`` (bytes); return it."""
+        if message.device.type == "cpu" and message.is_contiguous():
+            ctypes.memmove(message.data_ptr(), self.pack(), HEADER_BYTES)  # no tensor op: a few µs less
+        else:
+            message[:HEADER_BYTES].copy_(self.tensor())
+        return message
 
     @classmethod
     def from_tensor(cls, raw: torch.Tensor) -> Header:
-        """Read a header tensor.
+        """Read a header from the first :data:`HEADER_BYTES` of ``raw`` (bytes, at least that many).
 
         Raises:
             FormatError: not a tdshare header (another sender on the same tag).
         """
-        magic, digest, layout, length = (int(v) for v in raw.cpu().tolist())
+        if raw.device.type == "cpu" and raw.is_contiguous():
+            data = ctypes.string_at(raw.data_ptr(), HEADER_BYTES)
+        else:
+            data = raw[:HEADER_BYTES].cpu().numpy().tobytes()
+        magic, digest, layout, length, flags, *_ = _HEAD.unpack(data)
         if magic != _MAGIC:
             raise FormatError(
                 "The message is not a tdshare transfer header: another send on the same peer and tag was received "
                 "here; use a distinct tag for tdshare transfers."
             )
-        return cls(digest, layout, length)
+        return cls(digest, layout, length, bool(flags))
+
+
+_HEAD = struct.Struct("<8q")
+_CPU = torch.device("cpu")
+_OPENINGS: dict[tuple[Header, torch.device], torch.Tensor] = {}
+_GROUPS: dict[int, tuple[weakref.ref[Any], int, int, bool]] = {}  # id(group): (group, rank, world, nccl)
 
 
 def contiguous_run(leaves: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
@@ -181,38 +232,44 @@ def group_views(schema: Schema, data: torch.Tensor) -> list[torch.Tensor]:
 
 
 def staged_views(
-    schema: Schema, leaves: list[torch.Tensor], device: torch.device, storage: torch.Tensor | None = None
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    schema: Schema,
+    leaves: list[torch.Tensor],
+    device: torch.device,
+    storage: torch.Tensor | None = None,
+    prefix: int = 0,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], bool]:
     """The messages to receive ``leaves`` (of ``schema``'s layout) into, and the tensors that need
     a copy after receipt with the message views to copy from (``torch._foreach_copy_(dst, src)``).
 
     The messages are the data message (bytes: every dtype group, see :func:`data_layout`), then
-    one per direct (big) leaf.  The data message is the leaves' own memory where one group's
+    one per direct (big) leaf.  The data message is the leaves' own memory where the one group's
     leaves are one run of memory (an anonymous memory-mapped tree), or ``storage`` for a
     consolidated schema (pass the target's own storage only when its byte layout is the
-    schema's); else a staging buffer, copied from per group where a group's leaves are one run,
-    else per leaf.  A big leaf is received into its own memory where it is contiguous.
+    schema's); else a staging buffer, copied from per group where a group's leaves are one run
+    (or into ``storage``), else per leaf.  ``prefix``: the data message starts with that many
+    bytes of header (a staging buffer then, always).  A big leaf is received into its own memory
+    where it is contiguous.
 
     Returns:
-        ``(messages, dst, src)``.
+        ``(messages, dst, src, leafwise)``; ``leafwise``: the copy writes through the leaves
+        themselves (bumping their version counters), not only through views of their runs.
     """
     size, _ = data_layout(schema)
     runs: list[torch.Tensor | None]
     if schema.storage is not None:
-        runs = [None]
-        if storage is not None and storage.numel() == size and storage.device == device:
-            data = storage
-        else:
-            data = torch.empty(size, dtype=torch.uint8, device=device)
-        groups = [data]
+        fits = storage is not None and storage.numel() == size and storage.device == device
+        runs = [storage if fits else None]
     else:
         runs = [
             contiguous_run(members, group.dtype, device)
             for group, members in zip(schema.groups, _grouped(schema, leaves), strict=True)
         ]
-        only = runs[0] if len(runs) == 1 else None
-        data = _bytes(only) if only is not None else torch.empty(size, dtype=torch.uint8, device=device)
-        groups = group_views(schema, data)
+    only = runs[0] if len(runs) == 1 else None
+    if only is not None and not prefix:
+        message = data = _bytes(only)
+    else:
+        message = torch.empty(prefix + size, dtype=torch.uint8, device=device)
+        data = message[prefix:]
     msgs = [data]
     for i, _ in schema.direct:
         leaf = leaves[i]
@@ -220,10 +277,11 @@ def staged_views(
         msgs.append(own if own is not None else torch.empty(leaf.numel(), dtype=leaf.dtype, device=device))
     dst: list[torch.Tensor] = []
     src: list[torch.Tensor] = []
-    for run, view in zip(runs, groups, strict=True):
+    for run, view in zip(runs, group_views(schema, data), strict=True):
         if run is not None and run.data_ptr() != view.data_ptr() and run.numel():
             dst.append(raw(run))
             src.append(raw(view))
+    leafwise = schema.storage is not None and bool(dst)  # the storage: its views share its counter
     for (g, _, _), leaf, view in zip(schema.slots, leaves, Transport.unpack(schema, msgs), strict=True):
         if g >= 0 and runs[g] is not None:
             continue  # copied with its group
@@ -233,7 +291,39 @@ def staged_views(
         if not in_place:
             dst.append(raw(leaf))
             src.append(raw(view))
-    return msgs, dst, src
+            leafwise = True
+    msgs[0] = message
+    return msgs, dst, src, leafwise
+
+
+GRAIN = 32768  # torch's intra-op grain: a smaller ``cat`` runs its serial kernel, whatever the threads
+
+
+def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy ``src`` into ``dst`` bit for bit (the same number of bytes): one ``memmove`` on the
+    CPU, where torch would spread a big copy over its intra-op threads (on a busy machine their
+    hand-offs cost more than the copy), else ``copy_``."""
+    if dst.device.type == "cpu" and src.device.type == "cpu" and dst.is_contiguous() and src.is_contiguous():
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), dst.numel() * dst.element_size())
+    else:
+        raw(dst).copy_(raw(src))
+
+
+def copier(dst: list[torch.Tensor], src: list[torch.Tensor]) -> Callable[[], None]:
+    """The function copying each ``src`` into its ``dst`` (bit for bit): the small ones in one
+    fused ``torch._foreach_copy_``, each of at least :data:`GRAIN` elements with :func:`copy_bytes`."""
+    big = [(d, s) for d, s in zip(dst, src, strict=True) if d.numel() >= GRAIN]
+    small_dst = [d for d in dst if d.numel() < GRAIN]
+    small_src = [s for d, s in zip(dst, src, strict=True) if d.numel() < GRAIN]
+
+    def copy() -> None:
+        with torch.no_grad():
+            for d, s in big:
+                copy_bytes(d, s)
+            if small_dst:
+                torch._foreach_copy_(small_dst, small_src)  # one fused call (torch has no public name)
+
+    return copy
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -249,39 +339,65 @@ def raw(t: torch.Tensor) -> torch.Tensor:
 class Transport:
     """The process group, its device and timeout, and the messages of one transfer.
 
+    Messages go through the process group's own ``send``/``recv``/``broadcast`` (what
+    ``torch.distributed.isend`` and the others call after their checks, made once here).
+
     Args:
         group: the process group (None: the default one).
         timeout: seconds each wait may take (None: the group's own timeout).
+
+    Raises:
+        DistributedError: no process group, or this rank is not in ``group``.
     """
 
     def __init__(self, group: Any, timeout: float | None) -> None:
         if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialized: call torch.distributed.init_process_group first.")
+            raise DistributedError(
+                "torch.distributed is not initialized: call torch.distributed.init_process_group first."
+            )
+        pg: Any = group if group is not None else dist.group.WORLD
+        known = _GROUPS.get(id(pg))
+        if known is None or known[0]() is not pg:
+            rank = dist.get_rank(group)
+            if rank < 0:
+                raise DistributedError(
+                    "This rank is not in the process group it was given: call tdshare.distributed only on its ranks."
+                )
+            nccl = "nccl" in str(dist.get_backend(group)).lower()
+            known = (weakref.ref(pg), rank, dist.get_world_size(group), nccl)
+            _GROUPS[id(pg)] = known
         self.group = group
+        self.pg = pg
         self.timeout = timeout
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
-        backend = str(dist.get_backend(group)).lower()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
+        _, self.rank, self.world, nccl = known
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else _CPU
 
     # -- waiting ----------------------------------------------------------------------------
     def wait_all(self, works: list[Any], what: str, timeout: float | None = None) -> None:
         """Wait for ``works``; a failure or timeout is a :class:`PeerError` naming ``what`` (the peer)."""
         limit = self.timeout if timeout is None else timeout
-        for work in works:
-            with peer_errors(what, limit):
-                if limit is None:
+        try:
+            if limit is None:
+                for work in works:
                     work.wait()
-                else:
-                    work.wait(timedelta(seconds=limit))
+            else:
+                span = timedelta(seconds=limit)
+                for work in works:
+                    work.wait(span)
+        except TdshareError:
+            raise
+        except RuntimeError as exc:
+            raise peer_error(exc, what, limit) from exc
 
     # -- buffers ----------------------------------------------------------------------------
-    def pack(self, schema: Schema, leaves: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The messages of ``leaves`` (new buffers): the data message (every dtype group at its
-        offset, see :func:`data_layout`; a consolidated schema's storage), then each direct (big)
-        leaf, from its own memory where it is contiguous on this transport's device."""
+    def pack(self, schema: Schema, leaves: list[torch.Tensor], prefix: int = 0) -> list[torch.Tensor]:
+        """The messages of ``leaves`` (new buffers): the data message (``prefix`` bytes of room
+        for a header, then every dtype group at its offset, see :func:`data_layout`; a
+        consolidated schema's storage), then each direct (big) leaf, from its own memory where it
+        is contiguous on this transport's device."""
         size, _ = data_layout(schema)
-        msgs = [torch.zeros(size, dtype=torch.uint8, device=self.device)]
+        message = torch.zeros(prefix + size, dtype=torch.uint8, device=self.device)
+        msgs = [message[prefix:]]
         for i, _ in schema.direct:
             leaf = leaves[i].detach()
             own = _own_memory(leaf, self.device)
@@ -294,11 +410,13 @@ class Transport:
         if packed:
             with torch.no_grad():
                 torch._foreach_copy_([v for v, _ in packed], [t for _, t in packed])
+        msgs[0] = message
         return msgs
 
-    def allocate(self, schema: Schema) -> list[torch.Tensor]:
-        """Empty messages for ``schema``: its data message, then its direct leaves."""
-        msgs = [torch.empty(data_layout(schema)[0], dtype=torch.uint8, device=self.device)]
+    def allocate(self, schema: Schema, prefix: int = 0) -> list[torch.Tensor]:
+        """Empty messages for ``schema``: its data message (after ``prefix`` bytes of header),
+        then its direct leaves."""
+        msgs = [torch.empty(prefix + data_layout(schema)[0], dtype=torch.uint8, device=self.device)]
         for i, dtype in schema.direct:
             msgs.append(torch.empty(schema.slots[i][2], dtype=dtype, device=self.device).view(-1))
         return msgs
@@ -324,72 +442,64 @@ class Transport:
         return out
 
     # -- point to point ---------------------------------------------------------------------
-    def post_send(
-        self, header: Header, text: bytes, buffers: list[torch.Tensor], dst: int, tag: int, notice: bool
-    ) -> list[Any]:
-        """Post the header, then an empty notice (``notice``: another schema than the stream's
-        last one), then the schema text if any, then the non-empty buffers to ``dst``; return
-        the works.
+    def post_send(self, msgs: list[torch.Tensor], dst: int, tag: int) -> list[Any]:
+        """Post ``msgs`` (in order; as bytes) to ``dst``; return the works."""
+        send = self.pg.send
+        try:
+            return [send([_bytes(m)], dst, tag) for m in msgs]
+        except RuntimeError as exc:
+            raise peer_error(exc, f"send to rank {dst}") from exc
 
-        The notice lands in the data buffer a receiver posts with the header for the last schema
-        (an empty message writes nothing), so that its next receipt is the text or the data.
-        """
-        msgs = [header.tensor().to(self.device)]
-        if notice:
-            msgs.append(torch.empty(0, dtype=torch.uint8, device=self.device))
-        if text:
-            msgs.append(torch.frombuffer(bytearray(text), dtype=torch.uint8).to(self.device))
-        msgs.extend(_bytes(b) for b in buffers if b.numel())
-        with peer_errors(f"send to rank {dst}"):
-            return [dist.isend(m, group=self.group, tag=tag, group_dst=dst) for m in msgs]
+    def opening(self, header: Header, size: int) -> torch.Tensor:
+        """A first message of ``size`` bytes (what the peer posted for it) holding only ``header``
+        (a header alone: kept for the next transfer of the same schema, never written again)."""
+        if size != HEADER_BYTES:
+            return header.write(torch.zeros(size, dtype=torch.uint8, device=self.device))
+        key = (header, self.device)
+        message = _OPENINGS.pop(key, None)
+        if message is None:
+            message = header.write(torch.zeros(size, dtype=torch.uint8, device=self.device))
+        _OPENINGS[key] = message  # most recent last
+        while len(_OPENINGS) > 64:
+            del _OPENINGS[next(iter(_OPENINGS))]
+        return message
 
-    def recv_notice(self, src: int, tag: int, peer: str) -> None:
-        """Receive the empty notice that precedes a schema text (see :meth:`post_send`)."""
-        buf = torch.empty(1, dtype=torch.uint8, device=self.device)
-        with peer_errors(f"recv from {peer}"):
-            work = dist.irecv(buf, group=self.group, tag=tag, group_src=src)
-        self.wait_all([work], f"recv from {peer}")
+    def text(self, text: bytes) -> torch.Tensor:
+        """A schema text as a message."""
+        return torch.frombuffer(bytearray(text), dtype=torch.uint8).to(self.device)
 
-    def post_header_recv(self, src: int, tag: int) -> tuple[torch.Tensor, Any]:
-        """Post the receipt of a header from ``src``."""
-        raw = torch.empty(4, dtype=torch.int64, device=self.device)
-        with peer_errors(f"recv from rank {src}"):
-            return raw, dist.irecv(raw, group=self.group, tag=tag, group_src=src)
-
-    def recv_header(self, src: int, tag: int, peer: str) -> Header:
-        """Receive a header from ``src``."""
-        raw, work = self.post_header_recv(src, tag)
-        self.wait_all([work], f"recv from {peer}")
-        return Header.from_tensor(raw)
+    def header_buffer(self) -> torch.Tensor:
+        """An empty buffer for a header alone."""
+        return torch.empty(HEADER_BYTES, dtype=torch.uint8, device=self.device)
 
     def recv_bytes(self, n: int, src: int, tag: int, peer: str) -> bytes:
         """Receive ``n`` bytes (a schema's text) from ``src``."""
         buf = torch.empty(n, dtype=torch.uint8, device=self.device)
-        with peer_errors(f"recv from {peer}"):
-            work = dist.irecv(buf, group=self.group, tag=tag, group_src=src)
-        self.wait_all([work], f"recv from {peer}")
+        self.wait_all(self.post_recv([buf], src, tag), f"recv from {peer}")
         return bytes(buf.cpu().numpy().tobytes())
 
     def post_recv(self, flats: list[torch.Tensor], src: int, tag: int) -> list[Any]:
-        """Post the receipt of ``flats`` (in order) from ``src``."""
-        with peer_errors(f"recv from rank {src}"):
-            return [dist.irecv(_bytes(f), group=self.group, tag=tag, group_src=src) for f in flats if f.numel()]
+        """Post the receipt of ``flats`` (in order; the empty ones left out) from ``src``."""
+        recv = self.pg.recv
+        try:
+            return [recv([_bytes(f)], src, tag) for f in flats if f.numel()]
+        except RuntimeError as exc:
+            raise peer_error(exc, f"recv from rank {src}") from exc
 
     # -- collectives ------------------------------------------------------------------------
     def _broadcast(self, t: torch.Tensor, src: int, peer: str) -> None:
-        with peer_errors(f"broadcast from {peer}"):
-            work = dist.broadcast(t, group=self.group, async_op=True, group_src=src)
-        self.wait_all([work], f"broadcast from {peer}")
+        self.wait_all([self.broadcast_one(t, src, peer)], f"broadcast from {peer}")
 
-    def broadcast_header(self, header: Header | None, src: int, peer: str) -> Header:
-        """Broadcast ``header`` from ``src`` (None on the others); return it on every rank."""
-        raw = (
-            header.tensor().to(self.device)
-            if header is not None
-            else torch.empty(4, dtype=torch.int64, device=self.device)
-        )
-        self._broadcast(raw, src, peer)
-        return header if header is not None else Header.from_tensor(raw)
+    def broadcast_one(self, message: torch.Tensor, src: int, peer: str) -> Any:
+        """Start broadcasting ``message`` from ``src`` (elsewhere: into it); return the work."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        opts.rootTensor = 0
+        opts.asyncOp = True
+        try:
+            return self.pg.broadcast([_bytes(message)], opts)
+        except RuntimeError as exc:
+            raise peer_error(exc, f"broadcast from {peer}") from exc
 
     def broadcast_bytes(self, data: bytes | int, src: int, peer: str) -> bytes:
         """Broadcast bytes from ``src`` (elsewhere pass their length); return them on every rank."""
@@ -402,10 +512,7 @@ class Transport:
 
     def broadcast_all(self, flats: list[torch.Tensor], src: int, peer: str) -> None:
         """Broadcast every non-empty buffer from ``src``."""
-        with peer_errors(f"broadcast from {peer}"):
-            works = [
-                dist.broadcast(_bytes(f), group=self.group, async_op=True, group_src=src) for f in flats if f.numel()
-            ]
+        works = [self.broadcast_one(f, src, peer) for f in flats if f.numel()]
         self.wait_all(works, f"broadcast from {peer}")
 
     def all_gather_header(self, header: Header, what: str) -> list[Header]:

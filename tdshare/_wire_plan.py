@@ -32,9 +32,9 @@ from ._consolidate import ConsolidateOps, consolidated_parts
 from ._format import LEVEL, STACK, VALUE, VALUE_STACK, WRAPPED
 from ._nodes import kind_of
 from ._schema import Schema, describe
-from ._transport import Transport, contiguous_run, data_layout, group_views, raw, staged_views
+from ._transport import GRAIN, Transport, contiguous_run, copier, copy_bytes, data_layout, group_views, staged_views
 
-__all__ = ["Plan", "plan_for"]
+__all__ = ["Plan", "kept_plan", "plan_for"]
 
 _shape = attrgetter("shape")
 _dtype = attrgetter("dtype")
@@ -145,9 +145,8 @@ class Plan:
             fn, args = checks.pop(0)
             self.root = (fn, args[1:])
         self.checks = checks
-        self._send: tuple[list[Any] | None, torch.Tensor, list[torch.Tensor], list[torch.Tensor]] | None = None
-        self._send_device: torch.device | None = None
-        self._recv: tuple[int, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None
+        self._send: dict[tuple[torch.device, int], _SendLayout | None] = {}
+        self._recv: dict[tuple[int, int], tuple[list[torch.Tensor], Callable[[], None] | None, bool]] = {}
 
     def valid(self, tree: Any) -> bool:
         """Whether ``tree`` is still what this plan was made of (nothing added, replaced, reshaped,
@@ -186,41 +185,52 @@ class Plan:
         return True
 
     # -- sending ------------------------------------------------------------------------------
-    def buffers(self, transport: Transport, reuse: bool) -> list[torch.Tensor]:
-        """The messages to send: the data message (the consolidated storage itself; a group's
-        leaves where they are its one run; else every group packed with one ``torch.cat`` each),
-        then each big leaf's own memory.  ``reuse``: pack into the plan's buffer (the caller
+    def buffers(self, transport: Transport, reuse: bool, prefix: int = 0) -> list[torch.Tensor]:
+        """The messages to send: the data message (the consolidated storage itself; the one
+        group's leaves where they are its one run; else every group packed with one
+        ``torch.cat`` each), then each big leaf's own memory.  ``prefix``: the data message
+        starts with that many bytes of room for a header (then always a packed buffer: the
+        storage or the run copied in once).  ``reuse``: pack into the plan's buffer (the caller
         waits for the send before the next one), else into a new one."""
-        if self.storage is not None and self.storage.device == transport.device:
+        if not prefix and self.storage is not None and self.storage.device == transport.device:
             return [self.storage]
-        if self._send is None or self._send_device != transport.device:
-            self._send = self._send_layout(transport)
-            self._send_device = transport.device
-        if self._send is None:
-            return transport.pack(self.schema, self.leaves)
-        ops, data, views, direct = self._send
+        key = (transport.device, prefix)
+        if key not in self._send:
+            self._send[key] = self._send_layout(transport, prefix)
+        layout = self._send[key]
+        if layout is None:
+            return transport.pack(self.schema, self.leaves, prefix)
+        ops, data, views, direct = layout
         if ops is None:
             return [data, *direct]  # the leaves' own memory
         if not reuse:
             data = torch.empty_like(data)
-            views = group_views(self.schema, data)
+            views = _views(ops, group_views(self.schema, data[prefix:]))
         with torch.no_grad():
-            for op, view in zip(ops, views, strict=True):
-                if isinstance(op, torch.Tensor):
-                    raw(view).copy_(raw(op))  # a group's run, bit for bit
-                elif op:
-                    torch.cat(op, out=view)
+            for (_, _, _, part), view in zip(ops, views, strict=True):
+                if isinstance(part, torch.Tensor):
+                    copy_bytes(view, part)  # a run, the storage or a big leaf, bit for bit
+                else:
+                    torch.cat(part, out=view)
         return [data, *direct]
 
-    def _send_layout(
-        self, transport: Transport
-    ) -> tuple[list[Any] | None, torch.Tensor, list[torch.Tensor], list[torch.Tensor]] | None:
-        """``(ops, data, group views, direct leaves)``: per group its run or the flat leaf views
-        to concatenate (ops None: the data message is the one group's run); None where a leaf is
-        not a contiguous tensor on the transport's device."""
+    def _send_layout(self, transport: Transport, prefix: int) -> _SendLayout | None:
+        """``(ops, data, their views of data, direct leaves)``: each op ``(group, start, numel,
+        part)`` packs ``part`` (a group's run, the consolidated storage or a big leaf: copied; a
+        list of flat leaves: concatenated, under :data:`GRAIN` elements, so that ``cat`` runs
+        its serial kernel) into its group at element ``start`` (ops None: the data message is the
+        one group's run); None where a leaf is not a contiguous tensor on the transport's device."""
         device = transport.device
         schema = self.schema
-        if schema.storage is not None or any(t.device != device or not t.is_contiguous() for t in self.leaves):
+        size = data_layout(schema)[0]
+        ops: list[_Op] = []
+        if schema.storage is not None:
+            if self.storage is None or self.storage.device != device:
+                return None
+            data = torch.empty(prefix + size, dtype=torch.uint8, device=device)
+            ops = [(0, 0, size, self.storage)]
+            return ops, data, _views(ops, group_views(schema, data[prefix:])), []
+        if any(t.device != device or not t.is_contiguous() for t in self.leaves):
             return None
         members: list[list[torch.Tensor]] = [[] for _ in schema.groups]
         for (g, _, _), leaf in zip(schema.slots, self.leaves, strict=True):
@@ -228,33 +238,78 @@ class Plan:
                 members[g].append(leaf.detach())
         direct = [self.leaves[i].detach().view(-1) for i, _ in schema.direct]
         runs = [contiguous_run(m, g.dtype, device) for g, m in zip(schema.groups, members, strict=True)]
-        if len(runs) == 1 and runs[0] is not None:
+        if len(runs) == 1 and runs[0] is not None and not prefix:
             data = runs[0].view(torch.uint8)
             return None, data, group_views(schema, data), direct
-        data = torch.empty(data_layout(schema)[0], dtype=torch.uint8, device=device)
-        ops: list[Any] = [
-            run if run is not None else [t.view(-1) for t in m if t.numel()]
-            for run, m in zip(runs, members, strict=True)
-        ]
-        return ops, data, group_views(schema, data), direct
+        data = torch.empty(prefix + size, dtype=torch.uint8, device=device)
+        for g, (run, m) in enumerate(zip(runs, members, strict=True)):
+            ops.extend([(g, 0, run.numel(), run)] if run is not None else _chunked(g, m))
+        return ops, data, _views(ops, group_views(schema, data[prefix:])), direct
 
     # -- receiving ----------------------------------------------------------------------------
-    def receiver(self, sent: Schema, device: torch.device) -> tuple[list[torch.Tensor], Callable[[], None]]:
+    def receiver(
+        self, sent: Schema, device: torch.device, prefix: int = 0
+    ) -> tuple[list[torch.Tensor], Callable[[], None]]:
         """The messages to receive ``sent``'s buffers into (this tree's memory where it can be:
-        see ``staged_views``) and the function that copies what was staged into the leaves,
-        kept for the sender's layout."""
-        if self._recv is None or self._recv[0] != sent.wire_digest:
+        see ``staged_views``; ``prefix``: room for a header before the data) and the function
+        that copies what was staged into the leaves, kept for the sender's layout."""
+        key = (sent.wire_digest, prefix)
+        if key not in self._recv:
             own = self.storage if self.schema.wire_digest == sent.wire_digest else None
-            msgs, dst, src = staged_views(sent, self.leaves, device, own)
-            self._recv = (sent.wire_digest, msgs, dst, src)
-        _, msgs, dst, src = self._recv
+            msgs, dst, src, leafwise = staged_views(sent, self.leaves, device, own, prefix)
+            self._recv[key] = (msgs, copier(dst, src) if dst else None, leafwise)
+        msgs, copy, leafwise = self._recv[key]
 
         def finish() -> None:
-            if dst:
-                with torch.no_grad():
-                    torch._foreach_copy_(dst, src)  # one fused copy (torch has no public name for it)
+            if copy is not None:
+                copy()
+                if leafwise:
+                    self._wrote()
 
         return msgs, finish
+
+    def _wrote(self) -> None:
+        """Take the version counters the receipt's own copy just moved as the plan's (nothing
+        else ran since :meth:`valid`), so that the next check stays the quick one."""
+        storage = self.storage
+        if self.storage_version is not None and storage is not None:
+            self.storage_version = storage._version
+        else:
+            with torch._C.DisableTorchFunctionSubclass():
+                self.versions = list(map(_version, self.leaves))
+
+
+_Op = tuple[int, int, int, Any]  # (group, element start, numel, a tensor to copy or a list to concatenate)
+_SendLayout = tuple[list[_Op] | None, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]
+
+
+def _views(ops: list[_Op], groups: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each op's slice of its group's view."""
+    return [groups[g][start : start + n] for g, start, n, _ in ops]
+
+
+def _chunked(g: int, members: list[torch.Tensor]) -> list[_Op]:
+    """The ops packing group ``g``'s ``members`` (back to back, in order): lists of flat leaves
+    under :data:`GRAIN` elements each, and each leaf of at least that many alone."""
+    ops: list[_Op] = []
+    batch: list[torch.Tensor] = []
+    start = n = 0
+    for leaf in members:
+        k = leaf.numel()
+        if not k:
+            continue
+        if batch and (k >= GRAIN or n + k >= GRAIN):
+            ops.append((g, start, n, batch))
+            start, batch, n = start + n, [], 0
+        if k >= GRAIN:
+            ops.append((g, start, k, leaf.view(-1)))
+            start += k
+        else:
+            batch.append(leaf.view(-1))
+            n += k
+    if batch:
+        ops.append((g, start, n, batch))
+    return ops
 
 
 _PLANS: dict[tuple[int, bool], Plan] = {}
@@ -273,6 +328,15 @@ def _forget(key: tuple[int, bool], plan: Plan) -> Callable[[Any], None]:
             _REFS.pop(key, None)
 
     return drop
+
+
+def kept_plan(tree: Any, allow_pickle: bool) -> Plan | None:
+    """The plan kept for ``tree``, if any, without checking it is still valid (a receiver posts
+    into its staging buffer while the check runs)."""
+    key = (id(tree), allow_pickle)
+    plan = _PLANS.get(key)
+    ref = _REFS.get(key)
+    return plan if plan is not None and ref is not None and ref() is tree else None
 
 
 def plan_for(tree: Any, allow_pickle: bool) -> Plan:

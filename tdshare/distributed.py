@@ -2,7 +2,8 @@
 
 A transfer sends a small header (the schema's hashes), the schema itself only when the peer has
 not seen it (the first transfer, or after a change: keys, dtypes, shapes or a non-tensor value),
-then one flat buffer per dtype (see :mod:`tdshare._schema`).  The receiver writes into the
+then one flat buffer per dtype (see :mod:`tdshare._schema`); an unchanged tree's header and
+small buffers go as one message (see :mod:`tdshare._wire_streams`).  The receiver writes into the
 tensordict it is given, in place (directly into the leaves' memory where a dtype's leaves are one
 contiguous run, as in an anonymous memory-mapped tree; through one staging buffer otherwise), or
 builds a new one from the schema.  A changed schema is always detected by its hash and never
@@ -20,8 +21,6 @@ Works with gloo (CPU tensors) and NCCL (CUDA tensors: the buffers live on the cu
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -29,10 +28,10 @@ import torch.distributed as dist
 
 from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._nodes import kind_of
-from ._schema import Schema, build_tree, describe, leaves_of, schema_of, value_of
+from ._schema import Schema, build_tree, describe, leaves_of, schema_of
 from ._sync import sync_tree
 from ._transport import DistributedError, Header, PeerError, Transport, raw, require_group
-from ._wire_plan import Plan, plan_for
+from ._wire_streams import Landing, Outgoing, Receipt, SchemaMismatchError, resolve_schema
 
 __all__ = [
     "DistributedError",
@@ -53,47 +52,7 @@ __all__ = [
 ]
 
 
-class SchemaMismatchError(DistributedError):
-    """The tree that arrived has another layout than the one it was to be written into.
-
-    Attributes:
-        received: the tree that arrived (a new tensordict of the sender's schema), so that nothing
-            sent is lost; the target was left untouched.
-    """
-
-    def __init__(self, message: str, received: Any = None) -> None:
-        super().__init__(message)
-        self.received = received
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.received))
-
-
 _SCATTER_TAG = 0x7D5C  # scatter's own tag, away from the small tags users pick
-
-# what each side last sent / received, per (process group, peer, tag): the schema is resent on change
-# what each side of a stream (process group, peer, tag) knows: the schemas last sent / received,
-# most recent last; the text is sent only for a schema the peer lacks, and both sides evict alike
-_Stream = tuple[int, int, Any]
-_SENT: dict[_Stream, OrderedDict[int, None]] = {}
-_SEEN: dict[_Stream, OrderedDict[int, Schema]] = {}
-_KNOWN = 8
-
-
-def _remember(
-    book: dict[tuple[int, int, Any], OrderedDict[int, Any]], key: tuple[int, int, Any], digest: int, value: Any
-) -> None:
-    known = book.setdefault(key, OrderedDict())
-    known[digest] = value
-    known.move_to_end(digest)
-    while len(known) > _KNOWN:
-        known.popitem(last=False)
-
-
-def _last(book: dict[_Stream, OrderedDict[int, Any]], key: _Stream) -> Any:
-    """The digest (sender) or schema (receiver) of the stream's last transfer, or None."""
-    known = book.get(key)
-    return known[next(reversed(known))] if known else None
 
 
 def _group_key(group: Any) -> int:
@@ -112,20 +71,6 @@ def _check_rank(rank: Any, what: str, group: Any) -> None:
     world = dist.get_world_size(group)
     if not 0 <= rank < world:
         raise InvalidArgumentError(f"{what}: rank {rank} is outside the group of {world} ranks (0..{world - 1}).")
-
-
-class _Outgoing:
-    """A tree packed for sending: its schema, header and one flat buffer per dtype group (a
-    consolidated tree: its one storage).  ``reuse``: pack into the tree's kept buffers (the
-    caller waits for the send to complete before it returns)."""
-
-    def __init__(self, td: Any, transport: Transport, allow_pickle: bool, known: Collection[int], reuse: bool) -> None:
-        self.td = td
-        plan = plan_for(td, allow_pickle)
-        self.schema = plan.schema
-        self.text = b"" if self.schema.digest in known else self.schema.to_json().encode()
-        self.header = Header(self.schema.digest, self.schema.layout_digest, len(self.text))
-        self.buffers = plan.buffers(transport, reuse)
 
 
 class Transfer:
@@ -161,16 +106,15 @@ class Transfer:
 
 def _post_send(
     td: Any, dst: int, group: Any, tag: int, allow_pickle: bool, timeout: float | None, reuse: bool
-) -> tuple[_Outgoing, Transport, list[Any]]:
+) -> tuple[Outgoing, Transport, list[Any]]:
     _check_collection(td, "send")
     _check_rank(dst, "send", group)
     transport = Transport(group, timeout)
     key = (_group_key(group), dst, tag)
-    known = _SENT.get(key, OrderedDict())
-    last = next(reversed(known)) if known else None
-    out = _Outgoing(td, transport, allow_pickle, known, reuse)
-    works = transport.post_send(out.header, out.text, out.buffers, dst, tag, notice=out.schema.digest != last)
-    _remember(_SENT, key, out.schema.digest, None)
+    out = Outgoing(td, transport, allow_pickle, key, reuse, False)
+    first, *rest = out.msgs
+    works = transport.post_send([first, *out.notice, *rest], dst, tag)
+    out.remember()
     return out, transport, works
 
 
@@ -215,115 +159,40 @@ def isend(
     return Transfer(finish, works)
 
 
-def _resolve_schema(header: Header, text: bytes | None, cache_key: tuple[int, int, Any], peer: str) -> Schema:
-    """The schema of ``header``: from its ``text``, else one this rank received before on the stream."""
-    if text is not None:
-        schema = Schema.from_json(text)
-        if schema.digest != header.digest:
-            raise SchemaMismatchError(f"The schema from {peer} does not match its own hash: a corrupt transfer.")
-    else:
-        known = _SEEN.get(cache_key)
-        cached = known.get(header.digest) if known else None
-        if cached is None:
-            raise SchemaMismatchError(
-                f"{peer} sent a tree without its schema, believing this rank has it, but this rank "
-                f"{'received nothing' if not known else 'does not know that schema'} from it: the two sides' "
-                "transfers are out of step (every send needs its recv, in order, with the same tag)."
-            )
-        schema = cached
-    _remember(_SEEN, cache_key, header.digest, schema)
-    return schema
-
-
-def _target_plan(target: Any) -> Plan | None:
-    """The plan of a receiving tree (None for no tree or a bare :class:`Schema`)."""
-    return None if target is None or isinstance(target, Schema) else plan_for(target, True)
-
-
-class _Landing:
-    """Where the buffers of ``schema`` go on this rank: ``target``'s memory (through its plan)
-    when its layout is the schema's, else new buffers that become a new tree."""
-
-    def __init__(self, target: Any, plan: Plan | None, schema: Schema, transport: Transport) -> None:
-        self.target, self.plan, self.schema, self.transport = target, plan, schema, transport
-        self.fits = plan is not None and plan.schema.layout_digest == schema.layout_digest
-        if plan is not None and self.fits:
-            self.msgs, self._copy = plan.receiver(schema, transport.device)
-        else:
-            self.msgs = transport.allocate(schema)
-
-    def complete(self, allow_pickle: bool, peer: str) -> Any:
-        """The received tree, once every message has arrived (the target, filled; or a new tree)."""
-        schema, target = self.schema, self.target
-        if self.fits and self.plan is not None:
-            self._copy()
-            if self.plan.schema.content_digest != schema.content_digest:
-                _assign_values(target, schema.tree, allow_pickle)
-            return target
-        tree = build_tree(schema, self.transport.unpack(schema, self.msgs), allow_pickle=allow_pickle)
-        if self.plan is not None or (isinstance(target, Schema) and target.layout_digest != schema.layout_digest):
-            raise SchemaMismatchError(
-                f"The tree from {peer} has another layout (keys, dtypes or shapes) than the target: the target is "
-                "untouched; the tree that arrived is this error's .received (receive with None to take any tree).",
-                tree,
-            )
-        return tree
-
-
-def _assign_values(target: Any, node: dict[str, Any], allow_pickle: bool) -> None:
-    """Write the non-tensor values of the schema ``node`` that differ into ``target`` (same layout)."""
-    t = node["t"]
-    if t == "level":
-        for key, child in node["items"]:
-            if child["t"] in ("value", "vstack"):
-                value = value_of(child, allow_pickle)
-                if target.get(key) != value:
-                    target.set_(key, value)
-            elif child["t"] != "tensor":
-                _assign_values(target._tensordict[key], child, allow_pickle)
-    elif t == "stack":
-        for member, child in zip(target.tensordicts, node["members"], strict=True):
-            _assign_values(member, child, allow_pickle)
-    elif t == "wrapped":
-        kind = kind_of(target)
-        assert kind is not None and kind.unwrap is not None
-        _assign_values(kind.unwrap(target)[0], node["inner"], allow_pickle)
-
-
 def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, timeout: float | None) -> tuple[Any, Any]:
-    """Post the receipt of a transfer from ``src``: the header and, when this rank knows the
-    sender's last schema, that schema's data message at once (into the target where it fits),
-    so an unchanged tree costs no round trip.  Returns the header's work and ``finish(timeout)``."""
+    """Post the receipt of a transfer from ``src``: the first message (see :class:`Receipt`) and,
+    when the last schema's data message travels on its own, that message at once (into the
+    target where it fits), so an unchanged tree costs no round trip.  Returns the first
+    message's work and ``finish(timeout)``."""
     transport = Transport(group, timeout)
     key = (_group_key(group), src, tag)
     peer = f"rank {src}"
-    plan = _target_plan(td)
-    last: Schema | None = _last(_SEEN, key)
-    early = _Landing(td, plan, last, transport) if last is not None else None
-    raw, header_work = transport.post_header_recv(src, tag)
-    early_works = transport.post_recv(early.msgs[:1], src, tag) if early is not None else []
+    what = f"recv from {peer}"
+    receipt = Receipt(td, key, peer, transport, False)
+    split: Landing | None = None
+    if receipt.last is not None and not receipt.inline:
+        receipt.check()
+        split = Landing(td, receipt.plan, receipt.last, transport)
+    first = transport.post_recv([receipt.first], src, tag)
+    split_works = transport.post_recv(split.msgs[:1], src, tag) if split is not None else []
+    if split is None:
+        receipt.check()  # while the message travels
 
     def finish(t: float | None) -> Any:
-        what = f"recv from {peer}"
-        transport.wait_all([header_work], what, t)
-        header = Header.from_tensor(raw)
-        if early is not None and last is not None and header.digest == last.digest and not header.schema_len:
-            transport.wait_all(early_works, what, t)  # the last schema again: its data is here already
-            _resolve_schema(header, None, key, peer)
-            transport.wait_all(transport.post_recv(early.msgs[1:], src, tag), what, t)
-            return early.complete(allow_pickle, peer)
-        # another schema than the last one: the sender's empty notice comes first
-        if early_works:
-            transport.wait_all(early_works, what, t)  # it landed in the data buffer: nothing was written
-        else:
-            transport.recv_notice(src, tag, peer)
+        # with the header, the last schema's data message, or the empty notice of another schema
+        transport.wait_all(first + split_works, what, t)
+        header, steady = receipt.header()
+        if steady:
+            landing = receipt.inline_landing() if split is None else split
+            transport.wait_all(transport.post_recv(landing.msgs[1:], src, tag), what, t)
+            return landing.complete(allow_pickle, peer)
         text = transport.recv_bytes(header.schema_len, src, tag, peer) if header.schema_len else None
-        schema = _resolve_schema(header, text, key, peer)
-        landing = _Landing(td, plan, schema, transport)
+        schema = resolve_schema(header, text, key, peer)
+        landing = Landing(td, receipt.plan, schema, transport)
         transport.wait_all(transport.post_recv(landing.msgs, src, tag), what, t)
         return landing.complete(allow_pickle, peer)
 
-    return header_work, finish
+    return first[0], finish
 
 
 def _check_target(target: Any, what: str) -> None:
@@ -397,18 +266,27 @@ def broadcast(td: Any, src: int, *, group: Any = None, allow_pickle: bool = Fals
     peer = f"rank {src} (broadcast)"
     if transport.rank == src:
         _check_collection(td, "broadcast")
-        out = _Outgoing(td, transport, allow_pickle, _SENT.get(key, OrderedDict()), True)
-        transport.broadcast_header(out.header, src, peer)
-        if out.text:
-            transport.broadcast_bytes(out.text, src, peer)
-        transport.broadcast_all(out.buffers, src, peer)
-        _remember(_SENT, key, out.schema.digest, None)
+        out = Outgoing(td, transport, allow_pickle, key, True, True)
+        works = [transport.broadcast_one(m, src, peer) for m in out.msgs]
+        transport.wait_all(works, f"broadcast from {peer}")
+        out.remember()
         return td
     _check_target(td, "broadcast")
-    plan = _target_plan(td)
-    header = transport.broadcast_header(None, src, peer)
-    text = transport.broadcast_bytes(header.schema_len, src, peer) if header.schema_len else None
-    landing = _Landing(td, plan, _resolve_schema(header, text, key, peer), transport)
+    receipt = Receipt(td, key, peer, transport, True)
+    work = transport.broadcast_one(receipt.first, src, peer)
+    receipt.check()  # while the message travels
+    transport.wait_all([work], f"broadcast from {peer}")
+    header, steady = receipt.header()
+    if steady and receipt.inline:
+        landing = receipt.inline_landing()
+        transport.broadcast_all(landing.msgs[1:], src, peer)
+        return landing.complete(allow_pickle, peer)
+    if steady and receipt.last is not None:
+        schema = receipt.last
+    else:
+        text = transport.broadcast_bytes(header.schema_len, src, peer) if header.schema_len else None
+        schema = resolve_schema(header, text, key, peer)
+    landing = Landing(td, receipt.plan, schema, transport)
     transport.broadcast_all(landing.msgs, src, peer)
     return landing.complete(allow_pickle, peer)
 

@@ -258,6 +258,27 @@ class _CpuTransport:
     device = torch.device("cpu")
 
 
+def test_packing_in_chunks_under_the_grain_keeps_every_byte() -> None:
+    from tdshare._transport import GRAIN, HEADER_BYTES, data_layout, group_views
+    from tdshare._wire_plan import plan_for
+
+    sizes = [100, 40_000, 30_000, 5_000, 2_000, 31_000, 0, 7]  # runs of cat under the grain, big ones alone
+    g = torch.Generator().manual_seed(3)
+    td = TensorDict(
+        {f"f{i}": torch.randn(n, generator=g) for i, n in enumerate(sizes)}, b=torch.ones(3, dtype=torch.bool)
+    )
+    plan = plan_for(td, False)
+    ops = plan._send_layout(_CpuTransport(), HEADER_BYTES)[0]  # type: ignore[arg-type,index]
+    assert all(n < GRAIN or isinstance(part, torch.Tensor) for _, _, n, part in ops)
+    assert sum(n for _, _, n, _ in ops) == sum(sizes) + 3
+    for reuse in (True, False):
+        message = plan.buffers(_CpuTransport(), reuse, HEADER_BYTES)[0]  # type: ignore[arg-type]
+        assert message.numel() == HEADER_BYTES + data_layout(plan.schema)[0]
+        f32, flags = group_views(plan.schema, message[HEADER_BYTES:])
+        assert _bits(f32) == b"".join(_bits(td[f"f{i}"]) for i in range(len(sizes)))
+        assert flags.tolist() == [True] * 3
+
+
 def _plans(rank: int, world: int) -> dict[str, Any]:
     report: dict[str, Any] = {}
     if rank == 0:
@@ -334,6 +355,114 @@ def test_changed_trees_and_consolidated_trees_arrive_bitwise(tmp_path: Path) -> 
     sent = [_tree(float(i)) if i % 2 else TensorDict(b=torch.full((2,), i), batch_size=[2]) for i in range(5)]
     assert res["alternating"] == [[_bits(t) for t in tdd.leaves_of(td)] for td in sent]
     assert res["parsed"] == 2
+
+
+# -- steady streams: one message per unchanged transfer, every change seen ---------------------
+
+
+def _small(offset: float, note: str = "n") -> TensorDict:
+    return TensorDict(f=torch.arange(6.0) + offset, i=torch.arange(3) + int(offset), note=note, batch_size=[])
+
+
+def _whole(offset: float) -> TensorDict:
+    """A consolidated tree over the inline size (1 MiB): its storage travels as a message of its own."""
+    big = torch.arange(300_000, dtype=torch.float32) + offset
+    return TensorDict(big=big, i=torch.arange(3), batch_size=[]).consolidate()
+
+
+def _steady(rank: int, world: int) -> dict[str, Any]:
+    from tdshare._transport import Transport
+
+    counts: list[int] = []
+    post, bcast = Transport.post_send, Transport.broadcast_one
+
+    def counted_post(self: Transport, msgs: list[torch.Tensor], dst: int, tag: int) -> list[Any]:
+        counts.append(len(msgs))
+        return post(self, msgs, dst, tag)
+
+    def counted_bcast(self: Transport, message: torch.Tensor, src: int, peer: str) -> Any:
+        counts.append(1)
+        return bcast(self, message, src, peer)
+
+    Transport.post_send = counted_post  # type: ignore[method-assign]
+    Transport.broadcast_one = counted_bcast  # type: ignore[method-assign]
+    report: dict[str, Any] = {}
+    if rank == 0:
+        td = _small(1.0)
+        for _ in range(3):  # the schema once, then the header and the data in one message
+            td["f"].add_(1)
+            tdd.send(td, 1)
+        tdd.send(td, 1)  # the receiver's target changed meanwhile: still in its new leaf
+        td["note"] = "m"  # a changed value: the old-size first message, then the schema and the data
+        tdd.send(td, 1)
+        tdd.send(td, 1)
+        for i in range(3):  # a big consolidated tree: header and storage, then a small tree again
+            tdd.send(_whole(float(i)), 1, tag=1)
+        tdd.send(_small(9.0), 1, tag=1)
+        report["p2p"], report["broadcast"] = list(counts), []
+
+        def broadcast(tree: TensorDict) -> None:
+            before = len(counts)
+            tdd.broadcast(tree, 0)
+            report["broadcast"].append(len(counts) - before)  # collectives of this call
+
+        for _ in range(3):
+            td["f"].add_(1)
+            broadcast(td)
+        td["note"] = "o"
+        broadcast(td)
+        for i in range(2):
+            broadcast(_whole(float(i)))
+        broadcast(_small(5.0))
+        return report
+    target = _small(0.0)
+    ptrs = [t.data_ptr() for t in tdd.leaves_of(target)]
+    for i in range(3):
+        tdd.recv(target, 0)
+        assert [t.data_ptr() for t in tdd.leaves_of(target)] == ptrs
+        report[f"p2p {i}"] = target["f"].tolist()
+    target["f"] = torch.zeros(6)  # a replaced leaf: the kept plan is stale while the message travels
+    tdd.recv(target, 0)
+    report["replaced"] = target["f"].tolist()
+    with pytest.raises(tdd.SchemaMismatchError, match=r"another layout"):
+        tdd.recv(TensorDict(f=torch.zeros(7), i=torch.zeros(3, dtype=torch.int64), note="", batch_size=[]), 0)
+    tdd.recv(target, 0)
+    report["note"] = target["note"]
+    whole = _whole(-1.0)
+    storage = tdshare.consolidated_parts(whole)[0]
+    for i in range(2):
+        tdd.recv(whole, 0, tag=1)
+        assert tdshare.consolidated_parts(whole)[0].data_ptr() == storage.data_ptr()  # in place
+        report[f"whole {i}"] = _bits(whole["big"]) == _bits(_whole(float(i))["big"])
+    report["whole new"] = _bits(tdd.recv(None, 0, tag=1)["big"]) == _bits(_whole(2.0)["big"])
+    report["small after big"] = tdd.recv(None, 0, tag=1)["f"].tolist()
+    for i in range(3):
+        tdd.broadcast(target, 0)
+        report[f"broadcast {i}"] = target["f"].tolist()
+    tdd.broadcast(target, 0)
+    report["broadcast note"] = target["note"]
+    for i in range(2):
+        tdd.broadcast(whole, 0)
+        report[f"broadcast whole {i}"] = _bits(whole["big"]) == _bits(_whole(float(i))["big"])
+    report["broadcast small"] = tdd.broadcast(None, 0)["f"].tolist()
+    return report
+
+
+def test_unchanged_transfers_are_one_message_and_changes_are_never_misread(tmp_path: Path) -> None:
+    res = _run(2, _steady, tmp_path)
+    # first: the header, the schema, the data; then one message each; a change: first message,
+    # schema, data; the consolidated stream: header + storage (in place), then another schema
+    assert res[0]["p2p"] == [3, 1, 1, 1, 3, 1, 3, 2, 2, 4]
+    assert res[0]["broadcast"] == [3, 1, 1, 3, 3, 2, 3]
+    for i in range(3):
+        assert res[1][f"p2p {i}"] == (torch.arange(6.0) + 2 + i).tolist()
+        assert res[1][f"broadcast {i}"] == (torch.arange(6.0) + 5 + i).tolist()
+    assert res[1]["replaced"] == (torch.arange(6.0) + 4).tolist()
+    assert res[1]["note"] == "m" and res[1]["broadcast note"] == "o"
+    assert res[1]["whole 0"] and res[1]["whole 1"] and res[1]["whole new"]
+    assert res[1]["small after big"] == (torch.arange(6.0) + 9).tolist()
+    assert res[1]["broadcast whole 0"] and res[1]["broadcast whole 1"]
+    assert res[1]["broadcast small"] == (torch.arange(6.0) + 5).tolist()
 
 
 # -- collectives ------------------------------------------------------------------------------

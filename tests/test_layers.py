@@ -131,6 +131,7 @@ LAYERS: dict[str, list[str]] = {
         "_schema",
         "_transport",
         "_wire_plan",
+        "_wire_streams",
         "_sync",
         "distributed",
         "__init__",
