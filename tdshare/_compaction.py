@@ -82,8 +82,20 @@ def read_level(directory: str) -> dict:
         return read_meta(directory)  # raises the clear error
     stamp, jstamp = _stamp(st), _jstamp(directory)
     hit = _LEVELS.get(directory)
-    if hit is not None and hit.stamp == stamp and hit.jstamp == jstamp:
-        return hit.meta
+    if hit is not None and hit.stamp == stamp:
+        if hit.jstamp == jstamp:
+            return hit.meta
+        if jstamp is not None and (hit.jstamp is None or (hit.jstamp[0] == jstamp[0] and hit.jstamp[1] < jstamp[1])):
+            # another writer appended to the record this process knows: read its new lines only
+            # (re-reading the whole record at each of its additions made n additions cost O(n^2))
+            start = 0 if hit.jstamp is None else hit.jstamp[1]
+            tail = read_journal(directory, start)
+            if tail is not None and (hit.jstamp is None or tail.ino == hit.jstamp[0]):
+                added = parse_entries(tail.raw, directory + os.sep + JOURNAL_FILE)
+                hit.meta.update(added)
+                hit.n_journal += len(added)
+                hit.jstamp = (tail.ino, tail.end)
+                return hit.meta
     journal = read_journal(directory)
     with open(path, "rb") as f:
         raw = f.read()

@@ -16,6 +16,7 @@ import os
 import pickle
 import shutil
 import subprocess
+import tempfile
 import threading
 import uuid
 import warnings
@@ -757,8 +758,10 @@ def _soak_sampler(path: str, steps: int, go: Any) -> dict[str, Any]:
 
 
 def _decile_ratio(times: list[float]) -> float:
+    # the last decile against the third: the first steps of a level differ by design (its first 64
+    # entries rewrite meta.json, swapped in cheaply; later ones append to its record)
     n = max(1, len(times) // 10)
-    first, last = sorted(times[:n]), sorted(times[-n:])
+    first, last = sorted(times[2 * n : 3 * n]), sorted(times[-n:])
     return last[len(last) // 2] / max(first[len(first) // 2], 1e-9)
 
 
@@ -766,7 +769,19 @@ def _decile_ratio(times: list[float]) -> float:
 def test_soak_replay_buffer_stays_flat(tmp_path: Path) -> None:
     steps = 300 * SCALE
     ctx = _ctx("fork")
-    path = str(tmp_path / "buffer")
+    # on tmpfs: the steps' latency is the library's; on ext4 its journal commits and inode
+    # allocation (which drift with what other tests deleted) moved the last decile by 2-3x
+    shm = Path("/dev/shm")
+    root = Path(tempfile.mkdtemp(prefix="soak-test-", dir=shm)) if shm.is_dir() else tmp_path
+    path = str(root / "buffer")
+    try:
+        _soak(ctx, path, steps)
+    finally:
+        if root != tmp_path:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _soak(ctx: Any, path: str, steps: int) -> None:
     open_memmap(path, _storage)
     queue, go = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=_guard, args=(_soak_writer, queue, path, r, steps, go)) for r in range(2)]
