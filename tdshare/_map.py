@@ -110,12 +110,15 @@ def chunk_bounds(n: int, chunksize: int | None, num_chunks: int | None, num_work
     return [slice(start, min(start + size, n)) for start in range(0, n, size)]
 
 
-def _init_worker(base_seed: int, counter: Any, num_threads: int) -> None:
-    """A pool worker's initializer: a worker number from ``counter``, seeds, torch threads."""
+def _init_worker(base_seed: int, numbers: Any, workers: int, num_threads: int) -> None:
+    """A pool worker's initializer: a worker number from ``numbers``, seeds, torch threads.
+
+    ``numbers`` is a queue that holds the next free number of each of the pool's ``workers``
+    slots: a worker takes one and puts back the number its replacement will take.
+    """
     torch.set_num_threads(num_threads)  # first: a forked child must not enter the parent's OpenMP team
-    with counter.get_lock():
-        worker_id = counter.value
-        counter.value += 1
+    worker_id = numbers.get()
+    numbers.put(worker_id + workers)
     torch.manual_seed(base_seed + worker_id)
     from torch.utils.data._utils.worker import _generate_state  # the seed DataLoader workers give NumPy
 
@@ -357,8 +360,12 @@ class _PoolOptions:
             generator = torch.Generator()
         seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
         ctx = multiprocessing.get_context(self.method)
-        counter = ctx.Value("q", 0)  # worker numbers: 0..workers-1, then the replacements' numbers
-        return ctx.Pool(self.workers, _init_worker, (seed, counter, self.threads), self.limit)
+        # worker numbers 0..workers-1, then the replacements' (a queue, not a ctx.Value: that one
+        # maps a multiprocessing heap arena from /dev/shm into this process for good)
+        numbers = ctx.SimpleQueue()
+        for number in range(self.workers):
+            numbers.put(number)
+        return ctx.Pool(self.workers, _init_worker, (seed, numbers, self.workers, self.threads), self.limit)
 
 
 def _workers(pool: Any, options: _PoolOptions | None) -> int:

@@ -505,3 +505,29 @@ def test_locked_tensordict_through_a_pool_stays_locked_and_shared(where: str, po
 
 def _locked_flags(td: Any) -> tuple[bool, bool, bool, bool]:
     return td.is_locked, td.get("n").is_locked, td.is_memmap(), td.is_shared()
+
+
+_NO_ARENA_SCRIPT = """
+import torch, tdshare
+def add_one(chunk):
+    return chunk.apply(lambda t: t + 1)
+if __name__ == "__main__":
+    td = tdshare.TensorDict(x=torch.arange(8.0), batch_size=[8])
+    out = td.map(add_one, num_workers=2, generator=torch.Generator(), max_tasks_per_child=1, chunksize=2)
+    assert out["x"].tolist() == [float(i + 1) for i in range(8)], out["x"]
+    print([line.split()[-2] for line in open("/proc/self/maps") if "/dev/shm/pym-" in line])
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_pool_made_for_the_call_maps_no_shared_heap_into_the_caller(tmp_path: Any) -> None:
+    # a ctx.Value (the old worker counter) maps a multiprocessing heap arena from /dev/shm into the
+    # caller for the rest of its life; the worker numbers now travel through a queue
+    import subprocess
+    import sys
+
+    script = tmp_path / "map_no_arena.py"
+    script.write_text(_NO_ARENA_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
