@@ -513,3 +513,18 @@ def test_the_benchmark_runs_tiny(shm: Path) -> None:
     table = million.rows({200: {"tdshare": ours}})
     assert table[0] == "| **200 leaves in a folder** | | | | | |" and len(table) == 7
     assert "create + write 200 files of 16 B: " in table[1] and table[1].count("µs each") == 2
+
+
+def test_a_small_load_does_not_walk_the_frozen_objects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # gc.get_freeze_count() walks every frozen object (12 ms a call in a process that froze its
+    # heap before forking); only an operation that left many young objects may ask for it
+    import gc
+
+    TensorDict({"a": torch.zeros(3), "b": {"c": torch.ones(2)}}).memmap_(tmp_path / "small")
+    calls = []
+    real = gc.get_freeze_count
+    monkeypatch.setattr(gc, "get_freeze_count", lambda: calls.append(1) or real())
+    for _ in range(3):
+        td = TensorDict.load_memmap(tmp_path / "small")
+        assert td["b", "c"].tolist() == [1.0, 1.0]
+    assert calls == []
