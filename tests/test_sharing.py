@@ -109,7 +109,8 @@ def _finish(proc: Any, ok: bool) -> None:
 def _shm_usage() -> list[str]:
     """This process's descriptors and mappings in /dev/shm (tdshare needs none).
 
-    multiprocessing's own named semaphores (``sem.*``, the locks of a Queue) are not counted.
+    multiprocessing's own named semaphores (``sem.*``, the locks of a Queue) are not counted, nor
+    torch's own shared memory (see below).
     """
     out: list[str] = []
     for fd in os.listdir("/proc/self/fd"):
@@ -121,7 +122,9 @@ def _shm_usage() -> list[str]:
             out.append(target)
     with open("/proc/self/maps") as f:
         out.extend(line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line)
-    return [p for p in out if not p.startswith("/dev/shm/sem.")]
+    # torch's shared memory (``torch_<pid>_...``): share_memory_() of plain tensors in other tests of
+    # the same worker process may still hold some; tdshare's memory-mapping makes none
+    return [p for p in out if not p.startswith(("/dev/shm/sem.", "/dev/shm/torch_"))]
 
 
 @pytest.mark.timeout(120)
