@@ -298,6 +298,21 @@ def test_load_memmap_into_a_tensordict_and_refresh(saved: Path, shm: Path, bound
     assert len(reader["g3"].keys()) == L + 1
 
 
+def _hand_off(td: Any, method: str, timeout: float) -> tuple[int, float]:
+    """Send ``td`` to a new ``method`` process running :func:`_worker`: its mappings and its sum."""
+    ctx = mp.get_context(method)
+    q, done = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_worker, args=(td, q, done))
+    p.start()
+    try:
+        worker_maps, total = q.get(timeout=timeout)
+    finally:
+        done.set()
+        p.join(60)
+    assert p.exitcode == 0
+    return worker_maps, total
+
+
 def _worker(td: Any, q: Any, done: Any) -> None:
     total = 0.0
     for i in range(0, G, 10):
@@ -311,16 +326,7 @@ def _worker(td: Any, q: Any, done: Any) -> None:
 @pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
 def test_hand_off_to_a_worker(saved: Path, method: str) -> None:
     td = TensorDict.load_memmap(saved).memmap_(saved)
-    ctx = mp.get_context(method)
-    q, done = ctx.Queue(), ctx.Event()
-    p = ctx.Process(target=_worker, args=(td, q, done))
-    p.start()
-    try:
-        worker_maps, total = q.get(timeout=90)
-    finally:
-        done.set()
-        p.join(30)
-    assert p.exitcode == 0
+    worker_maps, total = _hand_off(td, method, 90)
     assert total == sum(value(i, j) for i in range(0, G, 10) for j in range(0, L, 70))
     if method != "fork":  # a fresh interpreter: the handles arrived, not 70,000 mappings
         assert worker_maps < 5000
@@ -472,16 +478,8 @@ def test_a_million_leaves(shm: Path) -> None:
     other.memmap_refresh_()
     assert other["g5", "added"].tolist() == [0.0, 0.0, 0.0]
     del other  # each tree of a million pending leaves holds about 0.8 GB: one at a time
-    ctx = mp.get_context("spawn")
-    q, done = ctx.Queue(), ctx.Event()
-    p = ctx.Process(target=_worker, args=(loaded, q, done))
-    p.start()
-    try:
-        worker_maps, total = q.get(timeout=600)
-    finally:
-        done.set()
-        p.join(60)
-    assert p.exitcode == 0 and worker_maps < 5000
+    worker_maps, total = _hand_off(loaded, "spawn", 600)
+    assert worker_maps < 5000
     assert total == sum(value(i, j) for i in range(0, G, 10) for j in range(0, L, 70))
     loaded.memmap(shm / "million.tdz", copy_existing=True)
     del loaded
