@@ -51,6 +51,7 @@ from ._setters import SetOps
 from ._shape_ops import ShapeOps
 from ._sub_views import SubViewOps, pull_from_parent
 from ._surface_ops import SurfaceOps
+from ._tensor_props import TensorPropsOps
 from ._unbatched import share_unbatched, surface_leaf
 from ._updates import UpdateOps
 
@@ -72,6 +73,7 @@ _PLAIN_LEAVES = (torch.Tensor, PendingLeaf)
 class TensorDictBase(
     ShapeOps,
     KeyOps,
+    TensorPropsOps,
     SetOps,
     UpdateOps,
     ConversionOps,
