@@ -34,7 +34,8 @@ from ._options import SaveOptions
 from ._plan import PlannedLevel, PlannedWrapper, TreeWriter, plan_tree
 from ._progress import ProgressCallback, counted
 from ._read import load_tree, read_meta
-from ._tdz import Archive, Entry, Source, inflate, parse_compression, pwrite_all, write_archive
+from ._tdz import Archive, Entry, inflate, parse_compression
+from ._tdz_write import Source, pwrite_all, write_archive
 from ._tensordict_base import TensorDictBase
 
 __all__ = [
@@ -81,7 +82,7 @@ class ArchiveWriter(TreeWriter):
     """The write half of a ``.tdz`` archive: always atomic, returned loaded (unlocked).
 
     The entries are the files a folder save would write, in archive order; the archive is
-    written beside its path and renamed into place (:func:`tdshare._tdz.write_archive`).
+    written beside its path and renamed into place (:func:`tdshare._tdz_write.write_archive`).
     """
 
     name = "a .tdz archive"

@@ -54,6 +54,7 @@ LAYERS: dict[str, list[str]] = {
         "_atomic",
         "_debris",
         "_tdz",
+        "_tdz_write",
         "_store",
         "_archive_store",
         "_nontensor_files",
