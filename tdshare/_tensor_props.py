@@ -1,5 +1,6 @@
 """Tensor properties of every tensor collection: gradients (``detach``, ``requires_grad_``, ``data``,
-``grad``), dtypes, devices (``cuda``) and memory (``data_ptr``, ``bytes``).  A mixin of
+``grad``), dtypes, devices and copies (``to``, ``cpu``, ``cuda``, ``clone``, ``zero_``, ``fill_``)
+and memory (``data_ptr``, ``bytes``).  A mixin of
 :class:`tdshare._tensordict_base.TensorDictBase`, so a TensorDict, a lazy stack and (through its
 forwarding) a tensorclass all get them.
 """
@@ -10,9 +11,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._errors import NotSupportedError
+from ._errors import InvalidArgumentError, NotSupportedError
 from ._key_ops import is_node, leaves, place
-from ._keys import unravel_key
+from ._keys import NestedKey, unravel_key
+from ._nontensor import NonTensorData
 
 __all__ = ["TensorPropsOps"]
 
@@ -112,6 +114,106 @@ class TensorPropsOps:
         """
         tensors = [t for _, t in leaves(self) if is_leaf_tensor(t)]
         return bool(tensors) and all(t.is_floating_point() for t in tensors)
+
+    def to(self: T, *args: Any, inplace: bool = False, **kwargs: Any) -> T:
+        """Move to a device and/or cast to a dtype, like ``torch.Tensor.to``.
+
+        ``self`` comes back when nothing changes (same device, no dtype); a consolidated
+        tensordict moves as its one storage and stays consolidated. ``inplace=True`` replaces the
+        leaves of ``self`` (nested tensordicts keep their identity) and returns ``self``.
+
+        Args:
+            *args: what ``torch.Tensor.to`` takes: a device, a dtype, or both.
+            inplace: replace the leaves of ``self`` instead of making a new tensordict.
+            **kwargs: ``device=``, ``dtype=``, ``non_blocking=``, as ``torch.Tensor.to`` takes them.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(2), batch_size=[2]).to(torch.float64)["a"].dtype
+        torch.float64
+        """
+        self_: Any = self
+        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+        target = None if device is None else torch.device(device)
+        if target is None and dtype is None:
+            return self
+        if dtype is None and target == self_._device:
+            return self
+        if inplace:
+            return self_._to_inplace(target, dtype, non_blocking)
+        if dtype is None and target is not None and self_.is_consolidated():
+            return self_._consolidated_to(target, non_blocking)
+
+        def fn(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=target, dtype=dtype, non_blocking=non_blocking)
+
+        out = self_._map(fn, device=target if target is not None else self_._device)
+        if self_._is_locked:  # like the reference: a locked tensordict moves to a locked one
+            out._propagate(lambda td: setattr(td, "_is_locked", True))
+        return out
+
+    def cpu(self: T) -> T:
+        """A copy on the cpu (``to("cpu")``); self when its device is already the cpu.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2], device="cpu")
+        >>> td.cpu() is td
+        True
+        """
+        return self.to("cpu")
+
+    def clone(self: T, recurse: bool = True) -> T:
+        """A copy; with ``recurse=False`` the leaves are shared and only the structure is new.
+
+        Args:
+            recurse: copy the tensors too (the default).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
+        >>> td.clone()["a"].data_ptr() != td["a"].data_ptr(), td.clone(False)["a"] is td["a"]
+        (True, True)
+        """
+        td: Any = self
+        if recurse:
+            return td._map(lambda t: torch.Tensor.clone(t))
+        return td._map(lambda t: t)
+
+    def zero_(self: T) -> T:
+        """Fill every tensor leaf with zeros, in place; return self.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.ones(2), batch_size=[2]).zero_()["a"].tolist()
+        [0.0, 0.0]
+        """
+        td: Any = self
+        for leaf in td._stored_tensors():
+            leaf.zero_()
+        return self
+
+    def fill_(self: T, key: NestedKey, value: float | bool) -> T:
+        """Fill the tensor leaf (or every leaf of the nested tensordict) ``key`` with ``value``; return self.
+
+        Args:
+            key: the entry to fill.
+            value: the number every element gets.
+
+        Raises:
+            InvalidArgumentError: ``key`` holds a non-tensor value.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(2), batch_size=[2]).fill_("a", 3)["a"].tolist()
+        [3.0, 3.0]
+        """
+        td: Any = self
+        leaf = td._get_leaf(unravel_key(key))
+        if is_node(leaf):
+            leaf.apply_(lambda t: t.fill_(value))
+        elif isinstance(leaf, NonTensorData):
+            raise InvalidArgumentError(
+                f"fill_ writes a number into tensors, but {key!r} holds a non-tensor value; use set_({key!r}, value)."
+            )
+        else:
+            leaf.fill_(value)
+        return self
 
     def cuda(self: T, device: int | str | torch.device | None = None, **kwargs: Any) -> T:
         """A copy on a CUDA device (``to("cuda")``, or ``to(device)``).

@@ -494,65 +494,6 @@ class TensorDictBase(
         dev = self._device if device is NO_DEFAULT else device
         return type(self)._from_leaves(leaves, self._batch_size if batch_size is None else batch_size, dev, self._names)
 
-    def to(self: T, *args: Any, inplace: bool = False, **kwargs: Any) -> T:
-        """Move to a device and/or cast to a dtype, like ``torch.Tensor.to``.
-
-        ``self`` comes back when nothing changes (same device, no dtype); a consolidated
-        tensordict moves as its one storage and stays consolidated. ``inplace=True`` replaces the
-        leaves of ``self`` (nested tensordicts keep their identity) and returns ``self``.
-        """
-        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
-        target = None if device is None else torch.device(device)
-        if target is None and dtype is None:
-            return self
-        if dtype is None and target == self._device:
-            return self
-        if inplace:
-            return self._to_inplace(target, dtype, non_blocking)
-        if dtype is None and target is not None and self.is_consolidated():
-            return self._consolidated_to(target, non_blocking)
-
-        def fn(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=target, dtype=dtype, non_blocking=non_blocking)
-
-        out = self._map(fn, device=target if target is not None else self._device)
-        if self._is_locked:  # like the reference: a locked tensordict moves to a locked one
-            out._propagate(lambda td: setattr(td, "_is_locked", True))
-        return out
-
-    def cpu(self: T) -> T:
-        """A copy on the cpu (``to("cpu")``); self when already there."""
-        return self.to("cpu")
-
-    def clone(self: T, recurse: bool = True) -> T:
-        """A copy; with ``recurse=False`` the leaves are shared and only the structure is new."""
-        if recurse:
-            return self._map(lambda t: torch.Tensor.clone(t))
-        return self._map(lambda t: t)
-
-    def zero_(self: T) -> T:
-        """Fill every tensor leaf with zeros, in place; return self."""
-        for leaf in self._stored_tensors():
-            leaf.zero_()
-        return self
-
-    def fill_(self: T, key: NestedKey, value: float | bool) -> T:
-        """Fill the tensor leaf (or every leaf of the nested tensordict) ``key`` with ``value``.
-
-        Raises:
-            InvalidArgumentError: ``key`` holds a non-tensor value.
-        """
-        leaf = self._get_leaf(unravel_key(key))
-        if isinstance(leaf, TensorDictBase):
-            leaf.apply_(lambda t: t.fill_(value))
-        elif isinstance(leaf, NonTensorData):
-            raise InvalidArgumentError(
-                f"fill_ writes a number into tensors, but {key!r} holds a non-tensor value; use set_({key!r}, value)."
-            )
-        else:
-            leaf.fill_(value)
-        return self
-
     def unbind(self, dim: int = 0) -> tuple[Any, ...]:
         """The tensordicts along batch dimension ``dim`` (views of the leaves where torch gives views).
 
