@@ -424,7 +424,8 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
     def is_anonymous(self) -> bool:
         """Whether the tensor lives in anonymous shared memory (no file) rather than in a file.
 
-        >>> MemoryMappedTensor.zeros(2).is_anonymous()
+        >>> from tdshare import MemoryMappedTensor
+        >>> MemoryMappedTensor.zeros(2).is_anonymous
         True
         """
         return self._filename is None

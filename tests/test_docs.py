@@ -50,3 +50,29 @@ def test_quickstart_example_runs(tmp_path: Path) -> None:
     assert "shared status: worker 0 was here" in out.stdout
     assert "entry added by worker 0, after refresh: [1.5, 1.5, 1.5]" in out.stdout
     assert "archive: ['bonus', 'info', 'obs', 'reward', 'status'] 4.5" in out.stdout
+
+
+MODULES = sorted(p.stem for p in (ROOT / "tdshare").glob("*.py") if p.stem != "__main__")
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_docstring_examples_run(module: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``>>>`` example in tdshare's docstrings runs and prints what it says (``torch`` imported,
+    as a user's session has it; every tdshare name the example uses is imported in it)."""
+    import doctest
+    import importlib
+    import tempfile
+
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mod = importlib.import_module(f"tdshare.{module}" if module != "__init__" else "tdshare")
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    report: list[str] = []
+    for test in finder.find(mod, mod.__name__, extraglobs={"torch": torch}):
+        if test.examples and test.name.startswith(mod.__name__):
+            runner.run(test, out=report.append)
+    assert runner.failures == 0, "".join(report)
