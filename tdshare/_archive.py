@@ -131,7 +131,31 @@ def pack_memmap(
 ) -> str:
     """Pack a saved folder into a ``.tdz`` archive (every file, in archive order); return the archive path.
 
-    ``progress(done, total)`` is called after each file packed."""
+    Args:
+        folder: the folder of a saved tensordict.
+        archive: the archive file to write (written atomically).
+        compression: the entries' compression: None or ``"stored"``, ``"deflate"``, ``"bzip2"``,
+            ``"lzma"``, or a ``zipfile`` constant.
+        compresslevel: the compression level (None: the method's default).
+        existsok: False refuses an existing ``archive``; True (the default) replaces it.
+        progress: ``progress(done, total)``, called after each file packed.
+
+    Returns:
+        The archive's absolute path.
+
+    Raises:
+        MissingMetadataError: ``folder`` holds no saved tensordict (a ``FileNotFoundError``).
+        InvalidArgumentError: ``archive`` is a folder, or an unknown ``compression`` (a ``ValueError``).
+        FileExistsRuntimeError: ``archive`` exists and ``existsok=False`` (a ``RuntimeError``).
+
+    >>> import os, tempfile, zipfile
+    >>> from tdshare import TensorDict, pack_memmap
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     _ = TensorDict(a=torch.arange(3.0), batch_size=[3]).save(os.path.join(path, "td"))
+    ...     archive = pack_memmap(os.path.join(path, "td"), os.path.join(path, "td.tdz"))
+    ...     print(os.path.basename(archive), zipfile.ZipFile(archive).namelist())
+    td.tdz ['meta.json', 'a.memmap']
+    """
     root = os.path.realpath(os.fspath(folder))
     if not os.path.isfile(os.path.join(root, META_FILE)):
         raise MissingMetadataError(f"No saved tensordict in {root!r}: {META_FILE} is missing.")
@@ -148,7 +172,27 @@ def pack_memmap(
 def unpack_memmap(archive: PathLike, folder: PathLike, *, progress: ProgressCallback | None = None) -> str:
     """Extract an archive into ``folder`` (created if needed), checking every CRC; return the folder.
 
-    ``progress(done, total)`` is called after each entry extracted."""
+    Args:
+        archive: the ``.tdz`` archive file.
+        folder: the folder to write the files into.
+        progress: ``progress(done, total)``, called after each entry extracted.
+
+    Returns:
+        The folder's absolute path.
+
+    Raises:
+        FileNotFoundError: ``archive`` does not exist.
+        InvalidArgumentError: ``archive`` is not a tensordict archive (a ``ValueError``).
+        CorruptDataError: an entry fails its CRC-32 check (a ``ValueError``).
+
+    >>> import os, tempfile
+    >>> from tdshare import TensorDict, load_memmap, unpack_memmap
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     _ = TensorDict(a=torch.arange(3.0), batch_size=[3]).save(os.path.join(path, "td.tdz"))
+    ...     folder = unpack_memmap(os.path.join(path, "td.tdz"), os.path.join(path, "td"))
+    ...     print(sorted(os.listdir(folder)), load_memmap(folder)["a"].tolist())
+    ['a.memmap', 'meta.json'] [0.0, 1.0, 2.0]
+    """
     root = os.path.abspath(os.fspath(folder))
     _extract(os.path.abspath(os.fspath(archive)), root, progress)
     return root
@@ -158,6 +202,28 @@ def refresh_archive_checksums(path: PathLike, *, num_threads: int = 0) -> int:
     """Rewrite the zip CRC-32s of the stored entries changed through ``mode="r+"``; return how many changed.
 
     Afterwards ``zipfile.ZipFile(path).testzip()`` and ``unzip -t`` accept the archive again.
+
+    Args:
+        path: the ``.tdz`` archive file.
+        num_threads: threads that read the entries (at least 2 are used).
+
+    Returns:
+        The number of entries whose CRC-32 was rewritten.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        InvalidArgumentError: ``path`` is not a tensordict archive (a ``ValueError``).
+
+    >>> import os, tempfile, zipfile
+    >>> from tdshare import TensorDict, load_memmap, refresh_archive_checksums
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     archive = os.path.join(path, "td.tdz")
+    ...     _ = TensorDict(a=torch.zeros(3), batch_size=[3]).save(archive)
+    ...     load_memmap(archive, mode="r+")["a"][0] = 9.0  # written in place: the CRC is stale
+    ...     print(zipfile.ZipFile(archive).testzip(), refresh_archive_checksums(archive))
+    ...     print(zipfile.ZipFile(archive).testzip())
+    a.memmap 1
+    None
     """
     return _refresh_crcs(os.path.abspath(os.fspath(path)), max(2, num_threads))
 
