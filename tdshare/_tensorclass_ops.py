@@ -326,7 +326,19 @@ class TensorClassOps(TensorClassIO):
     # -- batch --------------------------------------------------------------------------------
     @property
     def batch_size(self) -> torch.Size:
-        """The batch size (settable, like a TensorDict's)."""
+        """The batch size (settable, like a TensorDict's).
+
+        Setting it checks every field against it (a ``BatchSizeError``, a ``RuntimeError``, on a
+        mismatch).
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.zeros(2, 3), batch_size=[2])
+        >>> obs.batch_size = [2, 3]
+        >>> obs.batch_size, obs[0].batch_size
+        (torch.Size([2, 3]), torch.Size([3]))
+        """
         return self._tensordict.batch_size
 
     @batch_size.setter
@@ -335,12 +347,29 @@ class TensorClassOps(TensorClassIO):
 
     @property
     def shape(self) -> torch.Size:
-        """The batch size."""
+        """The batch size (the same as :attr:`batch_size`).
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> Obs(x=torch.zeros(2, 3), batch_size=[2]).shape
+        torch.Size([2])
+        """
         return self._tensordict.batch_size
 
     @property
     def names(self) -> list:
-        """The names of the batch dimensions (settable)."""
+        """The names of the batch dimensions (settable; None for an unnamed dimension).
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.zeros(2, 3), batch_size=[2])
+        >>> before = obs.names
+        >>> obs.names = ["time"]
+        >>> before, obs.names
+        ([None], ['time'])
+        """
         return self._tensordict.names
 
     @names.setter
@@ -349,22 +378,51 @@ class TensorClassOps(TensorClassIO):
 
     @property
     def device(self) -> torch.device | None:
-        """The device of the fields (None: mixed or unset)."""
+        """The device of the fields (None: mixed or unset).
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> Obs(x=torch.zeros(2), batch_size=[2]).device, Obs(x=torch.zeros(2), batch_size=[2], device="cpu").device
+        (None, device(type='cpu'))
+        """
         return self._tensordict.device
 
     @property
     def batch_dims(self) -> int:
-        """The number of batch dimensions."""
+        """The number of batch dimensions (``ndim`` is the same).
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.zeros(2, 3, 4), batch_size=[2, 3])
+        >>> obs.batch_dims, obs.ndim, obs.x.dim()
+        (2, 2, 3)
+        """
         return self._tensordict.batch_dims
 
     ndim = batch_dims
 
     def dim(self) -> int:
-        """The number of batch dimensions."""
+        """The number of batch dimensions (as :attr:`batch_dims`).
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> Obs(x=torch.zeros(2, 3, 4), batch_size=[2]).dim()
+        1
+        """
         return self._tensordict.batch_dims
 
     def numel(self) -> int:
-        """The number of elements of the batch."""
+        """The number of elements of the batch (the product of the batch size).
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> Obs(x=torch.zeros(2, 3, 4), batch_size=[2, 3]).numel()
+        6
+        """
         return self._tensordict.numel()
 
     def __len__(self) -> int:
@@ -420,7 +478,18 @@ class TensorClassOps(TensorClassIO):
         return self if td is self._tensordict else type(self)._from_tensordict(td)
 
     def cpu(self: T) -> T:
-        """``to("cpu")``."""
+        """``to("cpu")``: a copy on the CPU (``self`` when every field already is there).
+
+        Returns:
+            An instance of the class whose device is the CPU.
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.zeros(2), batch_size=[2]).cpu()
+        >>> type(obs).__name__, obs.device
+        ('Obs', device(type='cpu'))
+        """
         return self.to("cpu")
 
     def clone(self: T, recurse: bool = True) -> T:
@@ -437,7 +506,22 @@ class TensorClassOps(TensorClassIO):
         return type(self)._from_tensordict(self._tensordict.clone(recurse))
 
     def contiguous(self: T, *, canonical: bool = False, inplace: bool = False) -> T:
-        """A copy whose tensors are contiguous (``self`` with ``inplace=True``); see ``TensorDict.contiguous``."""
+        """A copy whose tensors are contiguous (``self`` with ``inplace=True``); see ``TensorDict.contiguous``.
+
+        Args:
+            canonical, inplace: as for ``TensorDict.contiguous``.
+
+        Returns:
+            A new instance of the class, or ``self`` with ``inplace=True``.
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.zeros(3, 2).t(), batch_size=[2])
+        >>> out = obs.contiguous()
+        >>> type(out).__name__, obs.x.is_contiguous(), out.x.is_contiguous()
+        ('Obs', False, True)
+        """
         out = self._tensordict.contiguous(canonical=canonical, inplace=inplace)
         return self if inplace else type(self)._from_tensordict(out)
 
@@ -470,7 +554,15 @@ class TensorClassOps(TensorClassIO):
     # -- locking and shared memory ------------------------------------------------------------
     @property
     def is_locked(self) -> bool:
-        """Whether structural changes (setting a field) are refused."""
+        """Whether structural changes (setting a field) are refused.
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.zeros(2), batch_size=[2])
+        >>> obs.is_locked, obs.lock_().is_locked
+        (False, True)
+        """
         return self._tensordict.is_locked
 
     @property
@@ -479,12 +571,32 @@ class TensorClassOps(TensorClassIO):
         return self._tensordict._lock_parents_weakrefs
 
     def lock_(self: T) -> T:
-        """Refuse setting fields from now on (in-place writes still work); return ``self``."""
+        """Refuse setting fields from now on (in-place writes still work); return ``self``.
+
+        Setting a field afterwards raises :class:`LockedError` (a ``RuntimeError``).
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.zeros(2), batch_size=[2]).lock_()
+        >>> _ = obs.x.add_(1)  # in place: allowed
+        >>> obs.x.tolist(), obs.is_locked
+        ([1.0, 1.0], True)
+        """
         self._tensordict.lock_()
         return self
 
     def unlock_(self: T) -> T:
-        """Allow setting fields again (a memory-mapped instance stops being one); return ``self``."""
+        """Allow setting fields again (a memory-mapped instance stops being one); return ``self``.
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.zeros(2), batch_size=[2]).lock_()
+        >>> obs.unlock_().x = torch.ones(2)
+        >>> obs.is_locked, obs.x.tolist()
+        (False, [1.0, 1.0])
+        """
         self._tensordict.unlock_()
         return self
 
@@ -498,14 +610,32 @@ class TensorClassOps(TensorClassIO):
     def share_memory_(self: T) -> T:
         """Move every tensor to shared memory (in place) and lock; return ``self``.
 
+        Returns:
+            ``self``.
+
         Raises:
-            MemmapError: the instance is memory-mapped.
+            MemmapError: the instance is memory-mapped (a ``RuntimeError``).
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.zeros(2), batch_size=[2])
+        >>> obs.share_memory_() is obs, obs.x.is_shared(), obs.is_locked
+        (True, True, True)
         """
         self._tensordict.share_memory_()
         return self
 
     def is_shared(self) -> bool:
-        """Whether the tensors are in shared memory (``share_memory_()``)."""
+        """Whether the tensors are in shared memory (``share_memory_()``).
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.zeros(2), batch_size=[2])
+        >>> obs.is_shared(), obs.share_memory_().is_shared()
+        (False, True)
+        """
         return self._tensordict.is_shared()
 
     # -- comparison, representation, pickling, torch functions -------------------------------
