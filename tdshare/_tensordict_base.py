@@ -94,7 +94,16 @@ class TensorDictBase(
     PytreeOps,
     NewOps,
 ):
-    """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
+    """A dictionary of tensors whose leading dimensions all equal ``batch_size``.
+
+    The base class of :class:`TensorDict` and :class:`LazyStackedTensorDict`: ``isinstance(x,
+    TensorDictBase)`` tells a tensor collection from anything else.
+
+    >>> from tdshare import TensorDict, TensorDictBase, lazy_stack
+    >>> td = TensorDict(a=torch.zeros(2, 3), batch_size=[2])
+    >>> isinstance(td, TensorDictBase), isinstance(lazy_stack([td, td]), TensorDictBase), td.shape
+    (True, True, torch.Size([2]))
+    """
 
     _tensordict: dict[str, Any]
     _batch_size: torch.Size
@@ -167,6 +176,12 @@ class TensorDictBase(
 
         Setting it checks every entry first (``BatchSizeError`` naming the key when one does not
         start with the new size); dim names are dropped when the number of dims changes.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2, 3), batch_size=[2])
+        >>> td.batch_size = [2, 3]
+        >>> td.batch_size, td[0].batch_size
+        (torch.Size([2, 3]), torch.Size([3]))
         """
         return self._batch_size
 
@@ -181,22 +196,43 @@ class TensorDictBase(
 
     @property
     def shape(self) -> torch.Size:
-        """The batch size (``td.shape == td.batch_size``)."""
+        """The batch size (``td.shape == td.batch_size``).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(2, 3), batch_size=[2]).shape
+        torch.Size([2])
+        """
         return self._batch_size
 
     @property
     def batch_dims(self) -> int:
-        """The number of batch dimensions (``ndim`` is the same)."""
+        """The number of batch dimensions (``ndim`` is the same).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2, 3, 4), batch_size=[2, 3])
+        >>> td.batch_dims, td.ndim
+        (2, 2)
+        """
         return len(self._batch_size)
 
     ndim = batch_dims
 
     def dim(self) -> int:
-        """The number of batch dimensions."""
+        """The number of batch dimensions (as :attr:`batch_dims`), not of the leaves' dimensions.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(2, 3, 4), batch_size=[2]).dim()
+        1
+        """
         return len(self._batch_size)
 
     def numel(self) -> int:
-        """The number of elements of the batch size (its product; 1 for ``[]``)."""
+        """The number of elements of the batch size (its product; 1 for ``[]``).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(2, 3, 4), batch_size=[2, 3]).numel(), TensorDict().numel()
+        (6, 1)
+        """
         return self._batch_size.numel()
 
     @property
@@ -205,6 +241,13 @@ class TensorDictBase(
 
         Setting them names every nested level's leading dims the same way; names must be unique
         (``ValueError`` otherwise) and one per batch dimension.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2, 3), n={"b": torch.zeros(2, 3)}, batch_size=[2, 3])
+        >>> before = td.names
+        >>> td.names = ["time", None]
+        >>> before, td.names, td["n"].names
+        ([None, None], ['time', None], ['time', None])
         """
         return list(self._names) if self._names is not None else [None] * self.batch_dims
 
@@ -228,7 +271,12 @@ class TensorDictBase(
 
     @property
     def device(self) -> torch.device | None:
-        """The device every leaf is on, or None when the tensordict sets none."""
+        """The device every leaf is on, or None when the tensordict sets none.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(2)).device, TensorDict(a=torch.zeros(2), device="cpu").device
+        (None, device(type='cpu'))
+        """
         return self._device
 
     def __len__(self) -> int:
@@ -237,11 +285,32 @@ class TensorDictBase(
     # -- locking ------------------------------------------------------------------------------
     @property
     def is_locked(self) -> bool:
-        """Whether structural changes are refused (see :meth:`lock_`)."""
+        """Whether structural changes are refused (see :meth:`lock_`).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2))
+        >>> td.is_locked, td.lock_().is_locked, td.unlock_().is_locked
+        (False, True, False)
+        """
         return self._is_locked
 
     def lock_(self: T) -> T:
-        """Refuse structural changes (add, remove, replace) from now on; in-place writes still work."""
+        """Refuse structural changes (add, remove, replace) from now on; in-place writes still work.
+
+        Nested tensordicts are locked too; a structural change raises :class:`LockedError` (a
+        ``RuntimeError``).
+
+        Returns:
+            ``self``.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), n={"b": torch.zeros(2)}, batch_size=[2]).lock_()
+        >>> td["c"] = torch.ones(2)
+        Traceback (most recent call last):
+        tdshare.LockedError: Cannot modify locked TensorDict...
+        >>> td["n"].is_locked, td["a"].add_(1).tolist()  # in place: allowed
+        (True, [1.0, 1.0])
+        """
         changed = not self._is_locked
         self._propagate(lambda td: setattr(td, "_is_locked", True))
         self._propagate(lambda td: record_lock_parents(td, td._propagate))  # each level: all its ancestors
@@ -249,7 +318,17 @@ class TensorDictBase(
         return self
 
     def unlock_(self: T) -> T:
-        """Allow structural changes again; a memory-mapped or shared tensordict stops being one."""
+        """Allow structural changes again; a memory-mapped or shared tensordict stops being one.
+
+        Returns:
+            ``self``.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2)).memmap_()
+        >>> td.unlock_()["b"] = torch.ones(2)
+        >>> td.is_locked, td.is_memmap(), sorted(td.keys())
+        (False, False, ['a', 'b'])
+        """
 
         def _unlock(td: TensorDictBase) -> None:
             td._is_locked = False
@@ -355,7 +434,23 @@ class TensorDictBase(
                 )
 
     def get_non_tensor(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
-        """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``)."""
+        """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``).
+
+        Args:
+            key: the key (or nested key).
+            default: returned when ``key`` is missing (no default: raise).
+
+        Returns:
+            The non-tensor value, or the tensor or tensordict stored at ``key``, or ``default``.
+
+        Raises:
+            MissingKeyError: a missing key and no default (a ``KeyError``).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2]).set_non_tensor("tag", "run-1")
+        >>> td.get_non_tensor("tag"), type(td.get("tag")).__name__, td.get_non_tensor("missing", 0)
+        ('run-1', 'NonTensorData', 0)
+        """
         if default is not NO_DEFAULT:
             leaf = self.get(key, default)
         else:
@@ -424,7 +519,19 @@ class TensorDictBase(
     def values(
         self, include_nested: bool = False, leaves_only: bool = False, is_leaf: Any = None, *, sort: bool = False
     ) -> Iterator[Any]:
-        """Iterate over the values (as :meth:`items`, without the keys)."""
+        """Iterate over the values (as :meth:`items`, without the keys).
+
+        Args:
+            include_nested, leaves_only, is_leaf, sort: as for :meth:`items`.
+
+        Returns:
+            An iterator of the values (tensors, tensordicts, ``NonTensorData`` entries).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), n={"b": torch.ones(2)}, batch_size=[2])
+        >>> [type(v).__name__ for v in td.values()], [v.tolist() for v in td.values(True, True)]
+        (['Tensor', 'TensorDict'], [[0.0, 0.0], [1.0, 1.0]])
+        """
         for _, value in self.items(include_nested, leaves_only, is_leaf, sort=sort):
             yield value
 
@@ -497,15 +604,38 @@ class TensorDictBase(
     def unbind(self, dim: int = 0) -> tuple[Any, ...]:
         """The tensordicts along batch dimension ``dim`` (views of the leaves where torch gives views).
 
+        Args:
+            dim: the batch dimension to remove.
+
+        Returns:
+            A tuple of ``batch_size[dim]`` tensordicts.
+
         Raises:
             IndexError: ``dim`` is out of range.
+
+        >>> from tdshare import TensorDict
+        >>> rows = TensorDict(a=torch.arange(6).reshape(2, 3), batch_size=[2, 3]).unbind(1)
+        >>> len(rows), rows[2].batch_size, rows[2]["a"].tolist()
+        (3, torch.Size([2]), [2, 5])
         """
         dim = check_dim(dim, self.batch_dims)
         return tuple(self._index((slice(None),) * dim + (i,)) for i in range(self._batch_size[dim]))
 
     # -- shared memory ------------------------------------------------------------------------
     def share_memory_(self: T) -> T:
-        """Move every leaf to shared memory (in place) and lock the tensordict."""
+        """Move every leaf to shared memory (in place) and lock the tensordict.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            MemmapError: the tensordict is memory-mapped (a ``RuntimeError``).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2)).share_memory_()
+        >>> td.is_shared(), td["a"].is_shared(), td.is_locked
+        (True, True, True)
+        """
         if self._is_memmap:
             raise MemmapError("memmap and shared memory are mutually exclusive features.")
         for leaf in self._stored_tensors():
@@ -515,7 +645,13 @@ class TensorDictBase(
         return self.lock_()
 
     def is_shared(self) -> bool:
-        """Whether the leaves are in shared memory (``share_memory_()`` was called)."""
+        """Whether the leaves are in shared memory (``share_memory_()`` was called).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2))
+        >>> td.is_shared(), td.share_memory_().is_shared(), td.unlock_().is_shared()
+        (False, True, False)
+        """
         return self._is_shared
 
     # -- representation and pickling ----------------------------------------------------------
