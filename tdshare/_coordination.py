@@ -702,7 +702,8 @@ class EpochGuard:
     at epoch 0, and only replacing files advances it).
 
     >>> import tempfile, torch
-    >>> from tdshare import TensorDict
+    >>> from tdshare import TensorDict, SharedRegistry
+    >>> from tdshare._coordination import EpochGuard
     >>> folder = tempfile.mkdtemp()
     >>> reg = SharedRegistry.for_directory(TensorDict(a=torch.ones(1)).memmap_(folder).saved_path)
     >>> guard = EpochGuard(reg, reg.state(create=True))

@@ -217,6 +217,7 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
             FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
 
         Example:
+            >>> from tdshare import MemoryMappedTensor
             >>> m = MemoryMappedTensor.from_tensor(torch.arange(3))
             >>> m.tolist(), m.is_anonymous
             ([0, 1, 2], True)
@@ -412,6 +413,7 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
                 handler's offset is not a multiple of the dtype's size.
 
         Example:
+            >>> from tdshare import MemoryMappedTensor
             >>> t = MemoryMappedTensor.from_tensor(torch.arange(4.0))
             >>> u = MemoryMappedTensor.from_handler(t._handler, torch.float32, (2, 2))  # doctest: +SKIP
             >>> u[1, 1] = 9.0; t[3].item()  # doctest: +SKIP

@@ -33,7 +33,7 @@ class MetaData(NonTensorData):
         ArgumentTypeError: for ``MetaData[cls]``, a value that is not a ``cls`` (a ``TypeError``).
 
     >>> import torch
-    >>> from tdshare import TensorDict
+    >>> from tdshare import MetaData, TensorDict
     >>> config = {"lr": 0.1}
     >>> td = TensorDict(a=torch.zeros(3), batch_size=[3])
     >>> td["config"] = MetaData(config, batch_size=[3])

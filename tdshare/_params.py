@@ -44,7 +44,7 @@ class TensorDictParams(nn.Module):
         ArgumentTypeError: ``parameters`` is neither a tensordict nor a mapping.
 
     >>> import torch
-    >>> from tdshare import TensorDict
+    >>> from tdshare import TensorDict, TensorDictParams
     >>> params = TensorDictParams(TensorDict(w=torch.zeros(3), b=torch.ones(()), batch_size=[]))
     >>> sorted(name for name, _ in params.named_parameters()), type(params["w"]).__name__
     (['b', 'w'], 'Parameter')
@@ -90,7 +90,7 @@ class TensorDictParams(nn.Module):
             NotSupportedError: always (a ``NotImplementedError``, so a ``RuntimeError`` as in the reference).
 
         >>> import torch
-        >>> from tdshare import TensorDict, NotSupportedError
+        >>> from tdshare import TensorDict, TensorDictParams, NotSupportedError
         >>> try:
         ...     TensorDictParams(TensorDict(w=torch.zeros(2))).map(lambda t: t)
         ... except NotSupportedError as e:

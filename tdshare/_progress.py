@@ -6,6 +6,7 @@ with the number of archive entries.  :class:`TerminalProgress` is the callback t
 uses: it redraws ``label: done/total`` on one line of a terminal and stays silent when its
 stream is not a terminal (a pipe, a file, CI).
 
+>>> from tdshare._progress import counted
 >>> seen = []
 >>> list(counted(["a", "b"], 2, lambda done, total: seen.append((done, total))))
 ['a', 'b']

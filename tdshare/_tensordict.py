@@ -31,6 +31,7 @@ class TensorDict(MemmapFamily):
     :class:`tdshare._memmap_family.MemmapFamily`.
 
     >>> import tempfile, torch
+    >>> from tdshare import TensorDict
     >>> td = TensorDict(obs=torch.zeros(3, 4), batch_size=[3])
     >>> td.memmap_(tempfile.mkdtemp()).is_memmap()
     True
@@ -87,6 +88,7 @@ def open_memmap(prefix: PathLike, like: Any, *, timeout: float | None = None, al
         :func:`tdshare._open_memmap.open_with`.
 
     >>> import tempfile, torch
+    >>> from tdshare import TensorDict, open_memmap
     >>> folder = tempfile.mkdtemp() + "/buffer"
     >>> open_memmap(folder, lambda: TensorDict(obs=torch.zeros(4, 2), batch_size=[4]))["obs"].shape
     torch.Size([4, 2])
