@@ -30,7 +30,7 @@ from ._errors import (
 )
 from ._files import TMP_MARK, tmp_name
 from ._format import JOURNAL_FILE, LEAF_SUFFIX, META_FILE, dumps_json, dumps_level
-from ._options import SaveOptions
+from ._options import SaveOptions, check_path
 from ._plan import PlannedLevel, PlannedWrapper, TreeWriter, plan_tree
 from ._progress import ProgressCallback, counted
 from ._read import load_tree, read_meta
@@ -156,6 +156,8 @@ def pack_memmap(
     ...     print(os.path.basename(archive), zipfile.ZipFile(archive).namelist())
     td.tdz ['meta.json', 'a.memmap']
     """
+    check_path(folder, "folder")
+    check_path(archive, "archive")
     root = os.path.realpath(os.fspath(folder))
     if not os.path.isfile(os.path.join(root, META_FILE)):
         raise MissingMetadataError(f"No saved tensordict in {root!r}: {META_FILE} is missing.")
@@ -182,7 +184,8 @@ def unpack_memmap(archive: PathLike, folder: PathLike, *, progress: ProgressCall
 
     Raises:
         FileNotFoundError: ``archive`` does not exist.
-        InvalidArgumentError: ``archive`` is not a tensordict archive (a ``ValueError``).
+        InvalidArgumentError: ``archive`` is a folder, or not a tensordict archive (a ``ValueError``).
+        ArgumentTypeError: a path that is not a str or ``os.PathLike`` (a ``TypeError``).
         CorruptDataError: an entry fails its CRC-32 check (a ``ValueError``).
 
     >>> import os, tempfile
@@ -193,6 +196,8 @@ def unpack_memmap(archive: PathLike, folder: PathLike, *, progress: ProgressCall
     ...     print(sorted(os.listdir(folder)), load_memmap(folder)["a"].tolist())
     ['a.memmap', 'meta.json'] [0.0, 1.0, 2.0]
     """
+    check_path(archive, "archive")
+    check_path(folder, "folder")
     root = os.path.abspath(os.fspath(folder))
     _extract(os.path.abspath(os.fspath(archive)), root, progress)
     return root
@@ -212,7 +217,8 @@ def refresh_archive_checksums(path: PathLike, *, num_threads: int = 0) -> int:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        InvalidArgumentError: ``path`` is not a tensordict archive (a ``ValueError``).
+        InvalidArgumentError: ``path`` is a folder, or not a tensordict archive (a ``ValueError``).
+        ArgumentTypeError: ``path`` is not a str or ``os.PathLike`` (a ``TypeError``).
 
     >>> import os, tempfile, zipfile
     >>> from tdshare import TensorDict, load_memmap, refresh_archive_checksums
@@ -225,6 +231,7 @@ def refresh_archive_checksums(path: PathLike, *, num_threads: int = 0) -> int:
     a.memmap 1
     None
     """
+    check_path(path, "path")
     return _refresh_crcs(os.path.abspath(os.fspath(path)), max(2, num_threads))
 
 

@@ -81,12 +81,12 @@ class BatchSizeError(TdshareError, RuntimeError):
 class MemmapError(TdshareError, RuntimeError):
     """A memory-mapping request that cannot be honoured as asked (see the message for the fix).
 
-    >>> import tempfile
+    >>> import os, tempfile
     >>> from tdshare import TensorDict
-    >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
     >>> with tempfile.TemporaryDirectory() as path:
+    ...     td = TensorDict(a=torch.zeros(2), batch_size=[2]).memmap_(os.path.join(path, "one"))
     ...     try:
-    ...         td.memmap(path).memmap(path, existsok=False)  # a.memmap exists
+    ...         td.memmap(os.path.join(path, "two"))  # a.memmap is elsewhere: copy_existing=True copies it
     ...     except RuntimeError as err:  # MemmapError is a RuntimeError
     ...         print(type(err).__name__)
     MemmapError

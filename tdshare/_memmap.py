@@ -223,7 +223,7 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
             ([0, 1, 2], True)
         """
         if not isinstance(input, torch.Tensor):
-            raise TypeError(f"from_tensor expects a torch.Tensor, got {type(input).__name__}.")
+            raise ArgumentTypeError(f"from_tensor expects a torch.Tensor, got {type(input).__name__}.")
         if input.requires_grad:
             raise MemmapError("Cannot memory-map a tensor that requires grad: pass tensor.detach() instead.")
         path = None if filename is None else os.path.abspath(os.fspath(filename))
@@ -526,29 +526,40 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
         return self._handle
 
     def share_memory_(self) -> MemoryMappedTensor:
-        """Do nothing and return ``self``: a memory-mapped tensor is already shared.
+        """Return ``self`` with its memory shared between processes.
+
+        A tensor mapped from a file, an archive or an anonymous segment is already shared and stays
+        where it is; a ``MemoryMappedTensor(tensor)`` that wraps ordinary process memory has its
+        storage moved into shared memory, as ``torch.Tensor.share_memory_`` does.
 
         Returns:
-            ``self``, unchanged (the data stays where it is mapped).
+            ``self``.
 
         >>> from tdshare import MemoryMappedTensor
-        >>> t = MemoryMappedTensor.zeros(2)
-        >>> t.share_memory_() is t, t.is_anonymous
-        (True, True)
+        >>> t = MemoryMappedTensor(torch.zeros(2))
+        >>> t.is_shared(), t.share_memory_() is t, t.is_shared()
+        (False, True, True)
         """
+        if not self.is_shared():
+            torch.Tensor.share_memory_(self)
         return self
 
     def is_shared(self) -> bool:
-        """Whether the tensor's memory is shared between processes: always True.
+        """Whether the tensor's memory is shared between processes.
+
+        True for a tensor mapped from a file, an archive or an anonymous segment; a
+        ``MemoryMappedTensor(tensor)`` that wraps ordinary memory is not, until ``share_memory_()``.
 
         Returns:
-            True (also for a ``MemoryMappedTensor(tensor)`` that wraps ordinary memory).
+            Whether another process can map the same memory.
 
         >>> from tdshare import MemoryMappedTensor
-        >>> MemoryMappedTensor.zeros(2).is_shared(), torch.zeros(2).is_shared()
+        >>> MemoryMappedTensor.zeros(2).is_shared(), MemoryMappedTensor(torch.zeros(2)).is_shared()
         (True, False)
         """
-        return True
+        if self._filename is not None or self._segment is not None or self._offset is not None:
+            return True
+        return torch.Tensor.is_shared(self)
 
     # -- views --------------------------------------------------------------------------------
     def _same_memory(self, out: Any) -> Any:

@@ -26,7 +26,7 @@ from ._entries import (
     storage_entry_checks,
     write_non_tensor,
 )
-from ._errors import NotMemmapError, NotSupportedError
+from ._errors import ArgumentTypeError, NotMemmapError, NotSupportedError
 from ._files import no_data_error
 from ._future import TensorDictFuture
 from ._keys import NestedKey
@@ -385,12 +385,11 @@ class MemmapFamily(
         return self._is_memmap
 
     @property
-    def saved_path(self) -> str:
-        """The directory the tensordict is memory-mapped to.
+    def saved_path(self) -> str | None:
+        """The directory the tensordict is memory-mapped to; None when it is in anonymous shared memory.
 
         Raises:
-            AttributeError: the tensordict is not memory-mapped (never was, or was unlocked since),
-                or is memory-mapped to anonymous shared memory, which has no directory.
+            AttributeError: the tensordict is not memory-mapped (never was, or was unlocked since).
 
         >>> import os, tempfile
         >>> from tdshare import TensorDict
@@ -398,8 +397,10 @@ class MemmapFamily(
         ...     td = TensorDict(a=torch.zeros(2), batch_size=[2]).memmap_(path)
         ...     print(td.saved_path == path, sorted(os.listdir(td.saved_path)))
         True ['a.memmap', 'meta.json']
+        >>> print(TensorDict(a=torch.zeros(2), batch_size=[2]).memmap_().saved_path)
+        None
         """
-        if not self._is_memmap or self._memmap_prefix is None:
+        if not self._is_memmap:
             raise AttributeError(
                 f"The tensordict has no saved path (is_memmap()={self._is_memmap}, path={self._memmap_prefix})."
             )
@@ -581,7 +582,7 @@ class MemmapFamily(
         [0.0, 1.0, 2.0] [0.0, 0.0, 0.0]
         """
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"make_memmap_from_tensor expects a torch.Tensor, got {type(tensor).__name__}.")
+            raise ArgumentTypeError(f"make_memmap_from_tensor expects a torch.Tensor, got {type(tensor).__name__}.")
         if tensor.is_nested:  # the packed elements, with the pieces' shapes as the tensor of shapes
             if tensor.layout is not torch.strided:
                 raise NotSupportedError(
@@ -660,8 +661,10 @@ class MemmapFamily(
             ``self``.
 
         Raises:
-            RuntimeError: the tensordict is not memory-mapped to a folder
-                (:class:`NotMemmapError`); ``memmap_()`` a ``load_memmap()`` result first.
+            RuntimeError: the tensordict is not memory-mapped (:class:`NotMemmapError`);
+                ``memmap_()`` a ``load_memmap()`` result first.  An anonymous tree (``memmap_()``
+                without a prefix) refreshes from its shared runtime store, where the reference
+                raises.
 
         >>> import tempfile
         >>> from tdshare import TensorDict

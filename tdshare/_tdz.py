@@ -38,6 +38,7 @@ import itertools
 import lzma
 import operator
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Callable, Sequence
@@ -322,6 +323,8 @@ class Archive:
     def __init__(self, path: str, mode: str | None = None) -> None:
         self.path, self.mode = path, mode
         st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise InvalidArgumentError(f"{path!r} is a folder, not a .tdz archive: pass the archive's file.")
         size, self.ino = st.st_size, st.st_ino
         if mode == "r+" and not os.access(path, os.W_OK):
             raise PermissionError(f"Cannot open {path!r} with mode='r+': the file is not writable.")
