@@ -124,6 +124,7 @@ LAYERS: dict[str, list[str]] = {
         "_tensorclass_io",
         "_tensorclass_stack",
         "_tensorclass_options",
+        "_tensorclass_state",
         "_tensorclass_ops",
         "_tensorclass",
         "_td",
