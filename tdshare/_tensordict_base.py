@@ -27,7 +27,6 @@ from ._errors import (
     ContainsKeyTypeError,
     InvalidArgumentError,
     LockedError,
-    MemmapError,
     MissingKeyError,
 )
 from ._format import LEVEL, TD_TYPE
@@ -37,13 +36,14 @@ from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
 from ._lazy_leaves import PendingLeaf, raw_items, raw_values
+from ._locking import LockOps
 from ._new_ops import NewOps
 from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData
 from ._pad import PadOps
 from ._pointwise import PointwiseOps
-from ._private_compat import PrivateCompatOps, forget_lock_parents, note_lock_parent, record_lock_parents
+from ._private_compat import PrivateCompatOps, note_lock_parent, record_lock_parents
 from ._pytree_convert import PytreeOps
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_level, encode_level
@@ -52,7 +52,7 @@ from ._shape_ops import ShapeOps
 from ._sub_views import SubViewOps, pull_from_parent
 from ._surface_ops import SurfaceOps
 from ._tensor_props import TensorPropsOps
-from ._unbatched import share_unbatched, surface_leaf
+from ._unbatched import surface_leaf
 from ._updates import UpdateOps
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
@@ -71,6 +71,7 @@ _PLAIN_LEAVES = (torch.Tensor, PendingLeaf)
 
 
 class TensorDictBase(
+    LockOps,
     ShapeOps,
     KeyOps,
     TensorPropsOps,
@@ -281,80 +282,6 @@ class TensorDictBase(
 
     def __len__(self) -> int:
         return self._batch_size[0] if self._batch_size else 0
-
-    # -- locking ------------------------------------------------------------------------------
-    @property
-    def is_locked(self) -> bool:
-        """Whether structural changes are refused (see :meth:`lock_`).
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(2))
-        >>> td.is_locked, td.lock_().is_locked, td.unlock_().is_locked
-        (False, True, False)
-        """
-        return self._is_locked
-
-    def lock_(self: T) -> T:
-        """Refuse structural changes (add, remove, replace) from now on; in-place writes still work.
-
-        Nested tensordicts are locked too; a structural change raises :class:`LockedError` (a
-        ``RuntimeError``).
-
-        Returns:
-            ``self``.
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(2), n={"b": torch.zeros(2)}, batch_size=[2]).lock_()
-        >>> td["c"] = torch.ones(2)
-        Traceback (most recent call last):
-        tdshare.LockedError: Cannot modify locked TensorDict...
-        >>> td["n"].is_locked, td["a"].add_(1).tolist()  # in place: allowed
-        (True, [1.0, 1.0])
-        """
-        changed = not self._is_locked
-        self._propagate(lambda td: setattr(td, "_is_locked", True))
-        self._propagate(lambda td: record_lock_parents(td, td._propagate))  # each level: all its ancestors
-        self._last_op[:] = ["lock_" if changed else None]
-        return self
-
-    def unlock_(self: T) -> T:
-        """Allow structural changes again; a memory-mapped or shared tensordict stops being one.
-
-        Returns:
-            ``self``.
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(2)).memmap_()
-        >>> td.unlock_()["b"] = torch.ones(2)
-        >>> td.is_locked, td.is_memmap(), sorted(td.keys())
-        (False, False, ['a', 'b'])
-        """
-
-        def _unlock(td: TensorDictBase) -> None:
-            td._is_locked = False
-            td._is_memmap = False
-            td._is_shared = False
-            forget_lock_parents(td)
-
-        changed = self._is_locked
-        self._propagate(_unlock)
-        self._last_op[:] = ["unlock_" if changed else None]
-        return self
-
-    def __enter__(self: T) -> T:
-        self._op_queue.append(self._last_op.pop() if self._last_op else None)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """Undo the ``lock_()``/``unlock_()`` that opened the block, if it changed the state."""
-        op = self._op_queue.pop() if self._op_queue else None
-        if op == "unlock_":
-            self.lock_()
-        elif op == "lock_":
-            self.unlock_()
-        elif callable(op):  # an undo action (e.g. to_module's swap puts the old values back)
-            op()
-        self._last_op.clear()
 
     def _propagate(self, fn: Callable[[TensorDictBase], None]) -> None:
         fn(self)
@@ -620,39 +547,6 @@ class TensorDictBase(
         """
         dim = check_dim(dim, self.batch_dims)
         return tuple(self._index((slice(None),) * dim + (i,)) for i in range(self._batch_size[dim]))
-
-    # -- shared memory ------------------------------------------------------------------------
-    def share_memory_(self: T) -> T:
-        """Move every leaf to shared memory (in place) and lock the tensordict.
-
-        Returns:
-            ``self``.
-
-        Raises:
-            MemmapError: the tensordict is memory-mapped (a ``RuntimeError``).
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(2)).share_memory_()
-        >>> td.is_shared(), td["a"].is_shared(), td.is_locked
-        (True, True, True)
-        """
-        if self._is_memmap:
-            raise MemmapError("memmap and shared memory are mutually exclusive features.")
-        for leaf in self._stored_tensors():
-            leaf.share_memory_()
-        share_unbatched(self)
-        self._propagate(lambda td: setattr(td, "_is_shared", True))
-        return self.lock_()
-
-    def is_shared(self) -> bool:
-        """Whether the leaves are in shared memory (``share_memory_()`` was called).
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(2))
-        >>> td.is_shared(), td.share_memory_().is_shared(), td.unlock_().is_shared()
-        (False, True, False)
-        """
-        return self._is_shared
 
     # -- representation and pickling ----------------------------------------------------------
     def __reduce__(self) -> tuple[Any, ...]:

@@ -70,6 +70,7 @@ LAYERS: dict[str, list[str]] = {
         "_reductions",
         "_combine",
         "_surface_ops",
+        "_locking",
         "_tensordict_base",
         "_private_compat",
         "_generic_ops",
