@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import torch
 from torch.utils.data._utils.collate import default_collate_fn_map
 
+from ._errors import ArgumentTypeError
 from ._format import LAZY_STACK_TYPE, LEVEL, STACK, WRAPPED
 from ._indexing import index_names
 from ._nodes import kind_for_tag, kind_of
@@ -202,10 +203,10 @@ def collate_tensordicts(batch: Any, *, collate_fn_map: dict | None = None) -> An
     kinds = {kind_of(item) for item in items}
     if not items or not all(is_tensor_collection(item) for item in items):
         names = sorted({type(item).__name__ for item in items})
-        raise TypeError(f"Cannot collate a batch that mixes tensordicts with other types: got {names}.")
+        raise ArgumentTypeError(f"Cannot collate a batch that mixes tensordicts with other types: got {names}.")
     dims = {len(item.batch_size) for item in items}
     if len(dims) > 1:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"Cannot collate tensordicts with different numbers of batch dims: got {sorted(dims)}; "
             "give every sample the same batch dims."
         )
@@ -214,7 +215,7 @@ def collate_tensordicts(batch: Any, *, collate_fn_map: dict | None = None) -> An
     except (KeyError, RuntimeError, ValueError) as err:
         lazy = kind_for_tag(LAZY_STACK_TYPE)
         if lazy is None or lazy.wrap is None or any(k is None or k.layout == WRAPPED for k in kinds):
-            raise TypeError(f"Cannot collate a batch of tensordicts that do not stack: {err}") from err
+            raise ArgumentTypeError(f"Cannot collate a batch of tensordicts that do not stack: {err}") from err
         return lazy.wrap(list(items), {"stack_dim": 0})
 
 

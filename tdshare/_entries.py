@@ -22,8 +22,15 @@ import torch
 
 from ._compaction import add_to_level, read_level
 from ._coordination import SharedRegistry, level_in_tree, registry_of, unchanged_since
-from ._errors import BatchSizeError, InvalidArgumentError, MemmapError, NotMemmapError, NotSupportedError
-from ._files import nested_from_buffer, replace_file, reserve_file, tensor_buffer, write_file
+from ._errors import (
+    ArgumentTypeError,
+    BatchSizeError,
+    InvalidArgumentError,
+    MemmapError,
+    NotMemmapError,
+    NotSupportedError,
+)
+from ._files import nested_from_buffer, replace_file, reserve_file, storage_filename, tensor_buffer, write_file
 from ._format import (
     LEAF_SUFFIX,
     LEVEL,
@@ -38,7 +45,7 @@ from ._format import (
 )
 from ._indexing import contiguous_strides
 from ._keys import NestedKey, encode_key, unravel_key
-from ._memmap import MemoryMappedTensor, storage_filename
+from ._memmap import MemoryMappedTensor
 from ._nontensor import NonTensorData, NonTensorStack
 from ._nontensor_files import encode_nontensor, encode_nontensor_stack
 from ._nontensor_files import write_nontensor as write_nontensor_folder
@@ -377,7 +384,9 @@ def check_storage(storage: Any, shape: torch.Size | Sequence[int], dtype: torch.
     if isinstance(storage, torch.TypedStorage):
         storage = storage.untyped()
     if not isinstance(storage, torch.UntypedStorage):
-        raise TypeError(f"make_memmap_from_storage expects a torch.UntypedStorage, got {type(storage).__name__}.")
+        raise ArgumentTypeError(
+            f"make_memmap_from_storage expects a torch.UntypedStorage, got {type(storage).__name__}."
+        )
     if storage.device.type != "cpu":
         raise MemmapError(f"The storage must be in physical (cpu) memory, got device {storage.device}.")
     need = math.prod(_parse_shape(shape)) * (dtype or torch.get_default_dtype()).itemsize

@@ -19,6 +19,7 @@ import itertools
 import os
 import secrets
 import stat
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,6 +40,8 @@ __all__ = [
     "replace_file",
     "reserve_file",
     "map_file",
+    "map_archive",
+    "storage_filename",
     "from_file",
     "nested_from_buffer",
     "jagged_from_buffer",
@@ -391,3 +394,33 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+# (path, mode, size, inode) -> the storage mapping that archive: the leaves of one archive that a
+# process receives share one mapping (one per leaf would exhaust the address space for big archives)
+_ARCHIVE_MAPS: dict[tuple[str, str | None, int, int], weakref.ref[torch.UntypedStorage]] = {}
+
+
+def map_archive(path: str, nbytes: int, mode: str | None) -> torch.Tensor:
+    """A uint8 tensor over the first ``nbytes`` of the archive ``path``, one mapping per archive per process."""
+    key = (path, mode, nbytes, os.stat(path).st_ino)
+    ref = _ARCHIVE_MAPS.get(key)
+    storage = ref() if ref is not None else None
+    if storage is not None:
+        return torch.empty(0, dtype=torch.uint8).set_(storage)
+    flat = map_file(path, torch.uint8, nbytes, mode)
+
+    def forget(r: weakref.ref[torch.UntypedStorage], key: tuple[str, str | None, int, int] = key) -> None:
+        if _ARCHIVE_MAPS.get(key) is r:
+            del _ARCHIVE_MAPS[key]
+
+    _ARCHIVE_MAPS[key] = weakref.ref(flat.untyped_storage(), forget)
+    return flat
+
+
+def storage_filename(storage: torch.UntypedStorage) -> str | None:
+    """The absolute path of the file behind ``storage``, or None (no file, or an anonymous segment)."""
+    name = getattr(storage, "filename", None)
+    if not name or name.startswith("/proc/self/fd/"):
+        return None  # no file, or one of our anonymous segments
+    return os.path.abspath(name)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import warnings
-import weakref
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, cast
@@ -20,65 +19,22 @@ import torch
 
 from ._errors import ArgumentTypeError, InvalidArgumentError, MemmapError
 from ._files import (
-    check_not_symlink,
+    map_archive,
     map_file,
     nested_from_buffer,
     no_data_error,
     reserve_file,
+    storage_filename,
     tensor_buffer,
     write_file,
 )
 from ._indexing import contiguous_strides, has_first_class_dim
+from ._memmap_args import check_cpu, check_mode, packed, parse_size, refuse_symlink, size_table
 from ._memmap_factories import MemmapFactories
+from ._memmap_views import MemmapViews
 from ._segments import Segment
 
-__all__ = ["MemoryMappedTensor", "SharedMemoryHandle", "storage_filename"]
-
-_MODES = (None, "r", "r+")
-
-
-def _check_mode(mode: object) -> None:
-    if mode not in _MODES:
-        raise InvalidArgumentError(f"mode must be None, 'r' or 'r+', got {mode!r}.")
-
-
-def _parse_size(size: tuple[Any, ...], shape: Any) -> torch.Size:
-    if shape is not None:
-        if size:
-            raise InvalidArgumentError("Pass the size either as positional arguments or as shape=, not both.")
-        size = (shape,)
-    elif not size:
-        raise ArgumentTypeError(
-            "A shape is required: pass it as ints (zeros(2, 3)), as one sequence (zeros((2, 3))) or as shape=; "
-            "for a 0-dimensional tensor pass an empty one, zeros(()) or shape=()."
-        )
-    if len(size) == 1 and isinstance(size[0], (Sequence, torch.Size, torch.Tensor)):
-        size = tuple(size[0])
-    try:
-        out = torch.Size([int(s) for s in size])
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"A size must be integers or one sequence of integers, got {size!r}.") from None
-    if any(s < 0 for s in out):
-        raise InvalidArgumentError(f"A size cannot be negative, got {list(out)}.")
-    return out
-
-
-def _size_table(value: Any) -> torch.Tensor | None:
-    """A tensor of shapes (2-d integers, one row per piece of a nested tensor), or None."""
-    if isinstance(value, torch.Tensor) and value.dim() == 2 and not (value.is_floating_point() or value.is_complex()):
-        table = value.detach().cpu().to(torch.int64)
-        if (table < 0).any():
-            raise InvalidArgumentError(f"A tensor of shapes must not hold negative sizes, got {table.tolist()}.")
-        return table
-    return None
-
-
-def _packed(table: torch.Tensor) -> int:
-    return int(table.prod(-1).sum()) if table.numel() else 0
-
-
-def _refuse_symlink(path: str) -> None:
-    check_not_symlink(path, "Remove the link, or pass the path it points to as filename.")
+__all__ = ["MemoryMappedTensor", "SharedMemoryHandle"]
 
 
 class SharedMemoryHandle:
@@ -103,15 +59,10 @@ class SharedMemoryHandle:
         return f"SharedMemoryHandle(fd={self.segment.fd}, offset={self.offset}, nbytes={self.nbytes})"
 
 
-def _check_cpu(device: Any) -> None:
-    if device is not None and torch.device(device).type != "cpu":
-        raise MemmapError(f"Only CPU tensors are supported by MemoryMappedTensor, got device {device!r}.")
-
-
 _PLAIN_INDEX = (int, slice, type(None), type(Ellipsis))
 
 
-class MemoryMappedTensor(MemmapFactories, torch.Tensor):
+class MemoryMappedTensor(MemmapFactories, MemmapViews, torch.Tensor):
     """A tensor whose memory is a mapped file (``filename``) or an anonymous shared segment.
 
     Build one with the factories (``from_tensor``, ``zeros``, ``empty``, ``from_filename``, ...);
@@ -256,7 +207,7 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
             if copy_data:
                 torch.Tensor.copy_(out, src)
             return out
-        _refuse_symlink(path)
+        refuse_symlink(path)
         numel = math.prod(out_shape)
         if numel == 0:
             return cls._wrap(torch.empty(out_shape, dtype=src.dtype), None, None, None)
@@ -305,10 +256,10 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
         ...     print(MemoryMappedTensor.from_filename(file, torch.float32, [2, 3], index=1).tolist())
         [3.0, 4.0, 5.0]
         """
-        _check_mode(mode)
-        table = _size_table(shape)
+        check_mode(mode)
+        table = size_table(shape)
         if table is not None:  # the packed elements of a nested tensor
-            nested = cls.from_filename(filename, dtype, (_packed(table),), None, mode)._as_nested(table)
+            nested = cls.from_filename(filename, dtype, (packed(table),), None, mode)._as_nested(table)
             return nested if index is None else nested[index]
         path = os.path.abspath(os.fspath(filename))
         shape = torch.Size(shape)
@@ -354,12 +305,12 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
         >>> t.tolist(), t.data_ptr() == storage.data_ptr()
         ([[0, 1], [2, 3]], True)
         """
-        _check_cpu(device)
+        check_cpu(device)
         if isinstance(storage, torch.TypedStorage):
             dtype = dtype or storage.dtype
             storage = storage.untyped()
         if not isinstance(storage, torch.UntypedStorage):
-            raise TypeError(f"from_storage expects a torch storage, got {type(storage).__name__}.")
+            raise ArgumentTypeError(f"from_storage expects a torch storage, got {type(storage).__name__}.")
         dtype = dtype or torch.int64
         stored = storage_filename(storage)
         path = None if filename is None else os.path.abspath(os.fspath(filename))
@@ -369,9 +320,9 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
                 "storage of that file, or filename=None."
             )
         numel = storage.nbytes() // dtype.itemsize
-        table = _size_table(shape)
+        table = size_table(shape)
         if table is not None:  # the packed elements of a nested tensor
-            flat = cls.from_storage(storage, shape=(_packed(table),), dtype=dtype, filename=filename)
+            flat = cls.from_storage(storage, shape=(packed(table),), dtype=dtype, filename=filename)
             nested = flat._as_nested(table)
             return nested if index is None else nested[index]
         shape = torch.Size([numel]) if shape is None else torch.Size(shape)
@@ -431,13 +382,13 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
                 f"{type(handler).__name__}; a file-backed tensor has no handler: use "
                 "from_filename(tensor.filename, ...)."
             )
-        table = _size_table(shape)
+        table = size_table(shape)
         if table is not None:  # the packed elements of a nested tensor
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                nested = cls.from_handler(handler, dtype, (_packed(table),))._as_nested(table)
+                nested = cls.from_handler(handler, dtype, (packed(table),))._as_nested(table)
             return nested if index is None else nested[index]
-        shape = _parse_size((shape,), None)
+        shape = parse_size((shape,), None)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > handler.nbytes or handler.offset % dtype.itemsize:
             raise InvalidArgumentError(
@@ -453,18 +404,18 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
     def _factory(
         cls, size: tuple, shape: Any, dtype: Any, device: Any, filename: Any, existsok: bool, fill: Any
     ) -> MemoryMappedTensor:
-        _check_cpu(device)
-        table = _size_table(shape if shape is not None else size[0] if len(size) == 1 else None)
+        check_cpu(device)
+        table = size_table(shape if shape is not None else size[0] if len(size) == 1 else None)
         if table is not None:  # a nested tensor: its pieces' elements packed in one buffer
-            flat = cls._factory((), (_packed(table),), dtype, device, filename, existsok, fill)
+            flat = cls._factory((), (packed(table),), dtype, device, filename, existsok, fill)
             return flat._as_nested(table)
-        shape = _parse_size(size, shape)
+        shape = parse_size(size, shape)
         dtype = dtype or torch.get_default_dtype()
         if filename is None:
             out = cls._anonymous(shape, dtype)
         else:
             path = os.path.abspath(os.fspath(filename))
-            _refuse_symlink(path)
+            refuse_symlink(path)
             numel = math.prod(shape)
             if numel == 0:
                 return cls._wrap(torch.empty(shape, dtype=dtype), None, None, None)
@@ -582,67 +533,6 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
             )
         return self._same_memory(torch.Tensor.__getitem__(self, index))
 
-    def unbind(self, dim: int = 0) -> tuple[Any, ...]:
-        """Split along ``dim`` into its slices, each a MemoryMappedTensor view of the same memory.
-
-        Args:
-            dim: the dimension to remove.
-
-        Returns:
-            A tuple of ``self.shape[dim]`` views (writes to them reach the file).
-
-        Raises:
-            IndexError: ``dim`` is out of range (torch's error).
-
-        >>> from tdshare import MemoryMappedTensor
-        >>> rows = MemoryMappedTensor.from_tensor(torch.arange(6).reshape(2, 3)).unbind(0)
-        >>> [type(r).__name__ for r in rows], rows[1].tolist()
-        (['MemoryMappedTensor', 'MemoryMappedTensor'], [3, 4, 5])
-        """
-        return tuple(self._same_memory(t) for t in torch.Tensor.unbind(self, dim))
-
-    def chunk(self, chunks: int, dim: int = 0) -> tuple[Any, ...]:
-        """Split into ``chunks`` pieces along ``dim`` (as ``torch.chunk``), views of the same memory.
-
-        Args:
-            chunks: the number of pieces (the last may be smaller, and there may be fewer).
-            dim: the dimension to split.
-
-        Returns:
-            A tuple of MemoryMappedTensor views.
-
-        Raises:
-            RuntimeError, IndexError: torch's errors for a bad ``chunks`` or ``dim``.
-
-        >>> from tdshare import MemoryMappedTensor
-        >>> t = MemoryMappedTensor.from_tensor(torch.arange(5))
-        >>> first, second = t.chunk(2)
-        >>> first[0] = 9
-        >>> first.tolist(), second.tolist(), t[0].item()
-        ([9, 1, 2], [3, 4], 9)
-        """
-        return tuple(self._same_memory(t) for t in torch.Tensor.chunk(self, chunks, dim))
-
-    def split(self, split_size: Any, dim: int = 0) -> tuple[Any, ...]:
-        """Split along ``dim`` into pieces of ``split_size`` (as ``torch.split``), views of the same memory.
-
-        Args:
-            split_size: the size of each piece (the last may be smaller), or a list of sizes.
-            dim: the dimension to split.
-
-        Returns:
-            A tuple of MemoryMappedTensor views.
-
-        Raises:
-            RuntimeError, IndexError: torch's errors for sizes that do not add up or a bad ``dim``.
-
-        >>> from tdshare import MemoryMappedTensor
-        >>> pieces = MemoryMappedTensor.from_tensor(torch.arange(5)).split([2, 3])
-        >>> [type(p).__name__ for p in pieces], [p.tolist() for p in pieces]
-        (['MemoryMappedTensor', 'MemoryMappedTensor'], [[0, 1], [2, 3, 4]])
-        """
-        return tuple(self._same_memory(t) for t in torch.Tensor.split(self, split_size, dim))
-
     # -- pickling -----------------------------------------------------------------------------
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         return _reduce(self)
@@ -704,40 +594,11 @@ def _rebuild_archive_view(
             f"The archive {path!r} was replaced after this tensor was loaded from it, so its bytes moved: load the "
             "archive again and send the new tensordict."
         )
-    flat = _map_archive(path, nbytes, mode)
+    flat = map_archive(path, nbytes, mode)
     typed = flat[: nbytes - nbytes % dtype.itemsize].view(dtype)
     out = MemoryMappedTensor._wrap(typed.as_strided(shape, stride, offset), path, None, mode)
     out._offset, out._ino = payload, ino
     return out
-
-
-# (path, mode, size, inode) -> the storage mapping that archive: the leaves of one archive that a
-# process receives share one mapping (one per leaf would exhaust the address space for big archives)
-_ARCHIVE_MAPS: dict[tuple[str, str | None, int, int], weakref.ref[torch.UntypedStorage]] = {}
-
-
-def _map_archive(path: str, nbytes: int, mode: str | None) -> torch.Tensor:
-    key = (path, mode, nbytes, os.stat(path).st_ino)
-    ref = _ARCHIVE_MAPS.get(key)
-    storage = ref() if ref is not None else None
-    if storage is not None:
-        return torch.empty(0, dtype=torch.uint8).set_(storage)
-    flat = map_file(path, torch.uint8, nbytes, mode)
-
-    def forget(r: weakref.ref[torch.UntypedStorage], key: tuple[str, str | None, int, int] = key) -> None:
-        if _ARCHIVE_MAPS.get(key) is r:
-            del _ARCHIVE_MAPS[key]
-
-    _ARCHIVE_MAPS[key] = weakref.ref(flat.untyped_storage(), forget)
-    return flat
-
-
-def storage_filename(storage: torch.UntypedStorage) -> str | None:
-    """The absolute path of the file behind ``storage``, or None (no file, or an anonymous segment)."""
-    name = getattr(storage, "filename", None)
-    if not name or name.startswith("/proc/self/fd/"):
-        return None  # no file, or one of our anonymous segments
-    return os.path.abspath(name)
 
 
 ForkingPickler.register(MemoryMappedTensor, _reduce)

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from ._files import jagged_from_buffer, nested_from_buffer
+from ._files import jagged_from_buffer, nested_from_buffer, storage_filename
 from ._format import LEAF_SUFFIX
 from ._keys import encode_key
 from ._lazy_leaves import LazyLeaves, PendingLeaf
 from ._leaf_handle import LeafHandle
-from ._memmap import MemoryMappedTensor, storage_filename
+from ._memmap import MemoryMappedTensor
 from ._segments import Segment
 
 __all__ = ["decode_leaf", "decode_level", "encode_leaf", "encode_level"]

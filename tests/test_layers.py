@@ -44,6 +44,8 @@ LAYERS: dict[str, list[str]] = {
         "_futex",
         "_flock",
         "_memmap_factories",
+        "_memmap_args",
+        "_memmap_views",
         "_memmap",
         "_leaf_files",
         "_leaf_handle",
