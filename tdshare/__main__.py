@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "verify":
             print(_verify(os.path.abspath(args.path), args.allow_pickle))
         elif args.command == "gc":
-            from ._coordination import reap_trees
+            from ._control_files import reap_trees
             from ._runtime import reap
 
             lines = [f"removed the runtime store {path}" for path in reap()]

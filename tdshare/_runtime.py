@@ -31,7 +31,7 @@ import shutil
 import time
 from typing import Any
 
-from ._coordination import remove_control_files, runtime_root
+from ._control_files import remove_control_files, runtime_root
 from ._errors import CorruptDataError
 from ._files import replace_file
 

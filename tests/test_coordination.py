@@ -18,7 +18,7 @@ from _helpers import IS_ROOT, as_other_user
 
 import tdshare
 from tdshare import SharedRegistry, TensorDict
-from tdshare._coordination import control_paths, reap_trees
+from tdshare._control_files import control_paths, reap_trees
 
 METHODS = [m for m in ("spawn", "fork", "forkserver") if m in mp.get_all_start_methods()]
 WAIT = 60

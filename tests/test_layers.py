@@ -51,6 +51,7 @@ LAYERS: dict[str, list[str]] = {
         "_leaf_handle",
         "_lazy_leaves",
         "_journal",
+        "_control_files",
         "_coordination",
         "_runtime",
         "_atomic",

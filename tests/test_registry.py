@@ -37,7 +37,8 @@ from tdshare import (
     NotMemmapError,
     TensorDict,
 )
-from tdshare._coordination import SharedRegistry, control_paths
+from tdshare._control_files import control_paths
+from tdshare._coordination import SharedRegistry
 
 WAIT = 60  # seconds any single hand-off may take (a spawn child imports torch first)
 METHODS = [m for m in ("spawn", "fork", "forkserver") if m in mp.get_all_start_methods()]
