@@ -120,6 +120,7 @@ LAYERS: dict[str, list[str]] = {
     "api": [
         "_map",
         "_open_memmap",
+        "_live_entries",
         "_memmap_family",
         "_tensordict",
         "_typed",
