@@ -54,6 +54,8 @@ class NonTensorOps:
 
         def _persist(self) -> None: ...
 
+        def _mapped(self, fn: Any) -> Any: ...
+
     @classmethod
     def _tensordict_host(cls) -> Any:
         raise NotImplementedError
@@ -122,6 +124,28 @@ class NonTensorOps:
     def _non_tensordict(self) -> dict[str, Any]:
         """The value's fields as the reference's tensorclass layout holds them (``data`` first)."""
         return {"data": self.data, "_metadata": None, "_is_non_tensor": True}
+
+    def contiguous(self, *, canonical: bool = False, inplace: bool = False) -> Any:
+        """The value in its contiguous form, as the reference gives it.
+
+        A ``NonTensorStack`` is its own contiguous form (``self``: it holds no tensors, and the
+        tensordict route would lose its values); a single value gives a new entry of its class
+        over the same value and batch size (``self`` with ``inplace=True``).
+
+        Args:
+            canonical: accepted for the tensordict signature (a non-tensor value has no strides).
+            inplace: return ``self``.
+
+        Returns:
+            ``self`` or a new entry sharing the value.
+
+        >>> s = NonTensorStack("a", "b")
+        >>> s.contiguous() is s, NonTensorData("a").contiguous().data
+        (True, 'a')
+        """
+        if inplace or self._is_stack():
+            return self
+        return self._mapped(torch.Tensor.contiguous)
 
     def update_(self, input_dict_or_td: Any, *args: Any, non_blocking: bool = False, **kwargs: Any) -> Any:
         """Replace the value in place, where its tensordict keeps it (its folder when memory-mapped).

@@ -388,3 +388,65 @@ def test_new_zeros_of_a_lazy_stack_keeps_its_non_tensor_values() -> None:
     zeros_ours[mask] = lazy_ours
     zeros_theirs[mask] = lazy_theirs
     assert zeros_ours.get(("a", "b")).tolist() == zeros_theirs.get(("a", "b")).tolist() == [["a"], ["b"], ["a"], ["c"]]
+
+
+# -- contiguous of lazy stacks and non-tensor values ---------------------------------------------
+def _query_stacks(lib: Any) -> tuple[Any, Any]:
+    flat = lib.LazyStackedTensorDict(
+        *[lib.TensorDict(query=lib.NonTensorData(f"abc{i}"), x=torch.full((2,), float(i))) for i in range(3)]
+    )
+    nested = lib.LazyStackedTensorDict(
+        *[lib.TensorDict(sub=lib.TensorDict(q=lib.NonTensorData(f"s{i}"), y=torch.ones(2))) for i in range(2)]
+    )
+    return flat, nested
+
+
+@pytest.mark.parametrize("canonical", [False, True])
+def test_contiguous_of_a_lazy_stack_is_dense_and_keeps_non_tensor_values(canonical: bool) -> None:
+    (ours, ours_nested), (theirs, theirs_nested) = _query_stacks(tdshare_lib), _query_stacks(tensordict)
+    mine, ref = ours.contiguous(canonical=canonical), theirs.contiguous(canonical=canonical)
+    assert type(mine) is TensorDict and type(ref) is tensordict.TensorDict
+    assert mine.batch_size == ref.batch_size == (3,)
+    assert isinstance(mine.get("query"), NonTensorStack) and isinstance(ref.get("query"), tensordict.NonTensorStack)
+    assert mine.get("query").tolist() == ref.get("query").tolist() == ["abc0", "abc1", "abc2"]
+    assert torch.equal(mine["x"], ref["x"]) and mine["x"].is_contiguous()
+    assert [mine[i]["query"] for i in range(3)] == [ref[i]["query"] for i in range(3)]
+    assert mine["x"].data_ptr() not in {m["x"].data_ptr() for m in ours.tensordicts}  # a copy, not the members'
+    dense, ref_dense = ours_nested.contiguous(canonical=canonical), theirs_nested.contiguous(canonical=canonical)
+    assert type(dense["sub"]) is TensorDict and type(ref_dense["sub"]) is tensordict.TensorDict
+    assert dense["sub", "q"] == ref_dense["sub", "q"] == ["s0", "s1"]
+
+
+def test_contiguous_of_a_tensordict_densifies_its_nested_lazy_stacks() -> None:
+    def content(lib: Any) -> Any:
+        rows = [lib.TensorDict(a=torch.arange(6.0).view(3, 2)[:, :1] + i, batch_size=[3]) for i in range(2)]
+        return lib.TensorDict(n=lib.LazyStackedTensorDict(*rows, stack_dim=1), x=torch.zeros(3, 2), batch_size=[3, 2])
+
+    mine, ref = content(tdshare_lib).contiguous(), content(tensordict).contiguous()
+    assert type(mine.get("n")) is TensorDict and type(ref.get("n")) is tensordict.TensorDict
+    assert mine["n", "a"].shape == ref["n", "a"].shape == (3, 2, 1)
+    assert mine["n", "a"].stride() == ref["n", "a"].stride() and torch.equal(mine["n", "a"], ref["n", "a"])
+
+
+def test_contiguous_of_a_lazy_stack_that_cannot_be_dense_says_why() -> None:
+    ls = tdshare_lib.LazyStackedTensorDict(TensorDict(a=torch.zeros(3, 2)), TensorDict(a=torch.zeros(3, 4)))
+    with pytest.raises(NotSupportedError, match=r"'a'.*shapes"):
+        ls.contiguous()
+    ref = tensordict.lazy_stack(
+        [tensordict.TensorDict(a=torch.zeros(3, 2)), tensordict.TensorDict(a=torch.zeros(3, 4))]
+    )
+    with pytest.raises(RuntimeError, match="shapes"):  # the reference refuses too
+        ref.contiguous()
+
+
+def test_contiguous_of_non_tensor_values_matches_the_reference() -> None:
+    ours, theirs = NonTensorStack("a", "b"), torch.stack([tensordict.NonTensorData(v) for v in "ab"])
+    for canonical in (False, True):
+        assert ours.contiguous(canonical=canonical) is ours and theirs.contiguous(canonical=canonical) is theirs
+    value = [1, 2]
+    for lib in (tdshare_lib, tensordict):
+        single = lib.NonTensorData(value, batch_size=[2])
+        copy = single.contiguous()
+        assert copy is not single and copy.data is value and copy.batch_size == (2,)
+        assert single.contiguous(inplace=True) is single
+        assert type(lib.MetaData(3).contiguous()) is lib.MetaData
