@@ -450,3 +450,121 @@ def test_contiguous_of_non_tensor_values_matches_the_reference() -> None:
         assert copy is not single and copy.data is value and copy.batch_size == (2,)
         assert single.contiguous(inplace=True) is single
         assert type(lib.MetaData(3).contiguous()) is lib.MetaData
+
+
+# -- torch.vmap over tensordicts with unbatched entries ------------------------------------------
+# ``import tensordict`` patches torch.vmap's internals for its own classes (and anything with
+# ``_pass_through``), so tdshare's side runs in a fresh interpreter that never imports it.
+_VMAP_CHILD = """
+import json, torch, tdshare
+from tdshare import TensorDict, UnbatchedTensor
+
+VMAPS = {
+    "identity": lambda td: torch.vmap(lambda x: x)(td),
+    "in_dims=1": lambda td: torch.vmap(lambda x: x * 2, in_dims=1)(td),
+    "out_dims=1": lambda td: torch.vmap(lambda x: x + 1, in_dims=0, out_dims=1)(td),
+    "nested": lambda td: torch.vmap(torch.vmap(lambda x: x + 1))(td),
+    "new tensordict": lambda td: torch.vmap(lambda x: type(x)(y=x["a"][..., 0], batch_size=[]))(td),
+    "returns the entry": lambda td: torch.vmap(lambda x: x["u"])(td),
+}
+data = torch.arange(77.0).reshape(7, 11)
+a = torch.arange(60.0).reshape(4, 3, 5)
+out = {}
+for how, run in VMAPS.items():
+    result = run(TensorDict(a=a, n={"b": a[..., 0]}, u=UnbatchedTensor(data), batch_size=[4, 3]))
+    if isinstance(result, torch.Tensor):
+        out[how] = {"type": type(result).__name__, "batch": list(result.batch_size), "shape": list(result.shape),
+                    "same": result.data_ptr() == data.data_ptr()}
+        continue
+    row = {"type": type(result).__name__, "batch": list(result.batch_size), "leaves": {}}
+    for key in result.keys(True, True):
+        if key == "u":
+            u = result.get("u")
+            row["u"] = [type(u).__name__, list(u.batch_size), u.data_ptr() == data.data_ptr(), u.tolist()]
+        else:
+            name = "/".join(key) if isinstance(key, tuple) else key
+            row["leaves"][name] = [result[key].tolist(), list(result[key[0] if isinstance(key, tuple) else key].shape)]
+    out[how] = row
+direct = torch.vmap(lambda x: x)(UnbatchedTensor(data, batch_size=[4]))
+out["direct"] = [type(direct).__name__, list(direct.batch_size), direct.data_ptr() == data.data_ptr()]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def tdshare_vmaps() -> dict[str, Any]:
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, "-c", _VMAP_CHILD], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+REF_VMAPS = {
+    "identity": lambda td: torch.vmap(lambda x: x)(td),
+    "in_dims=1": lambda td: torch.vmap(lambda x: x * 2, in_dims=1)(td),
+    "out_dims=1": lambda td: torch.vmap(lambda x: x + 1, in_dims=0, out_dims=1)(td),
+    "nested": lambda td: torch.vmap(torch.vmap(lambda x: x + 1))(td),
+    "new tensordict": lambda td: torch.vmap(lambda x: type(x)(y=x["a"][..., 0], batch_size=[]))(td),
+}
+
+
+@pytest.mark.parametrize("how", sorted(REF_VMAPS))
+def test_vmap_returns_tensordicts_with_the_unbatched_entry_whole(how: str, tdshare_vmaps: dict[str, Any]) -> None:
+    a, data = torch.arange(60.0).reshape(4, 3, 5), torch.arange(77.0).reshape(7, 11)
+    ref = REF_VMAPS[how](
+        tensordict.TensorDict(a=a, n={"b": a[..., 0]}, u=tensordict.UnbatchedTensor(data), batch_size=[4, 3])
+    )
+    mine = tdshare_vmaps[how]
+    assert mine["type"] == "TensorDict" and mine["batch"] == list(ref.batch_size)
+    expected = {"/".join(k) if isinstance(k, tuple) else k: k for k in ref.keys(True, True) if k != "u"}
+    assert sorted(mine["leaves"]) == sorted(expected)
+    for name, key in expected.items():
+        top = key[0] if isinstance(key, tuple) else key
+        assert mine["leaves"][name] == [ref[key].tolist(), list(ref[top].shape)], name
+    if "u" in ref.keys():  # kept whole (no vmap alias leaking out), the result's batch size
+        theirs = ref.get("u")
+        assert mine["u"] == [
+            "UnbatchedTensor",
+            list(theirs.batch_size),
+            theirs.data_ptr() == data.data_ptr(),
+            theirs.tolist(),
+        ]
+        assert mine["u"][2] is (how == "identity")  # the same memory unless fn computed on it
+
+
+def test_vmap_can_return_the_unbatched_entry(tdshare_vmaps: dict[str, Any]) -> None:
+    data = torch.randn(7, 11)
+    a = torch.arange(60.0).reshape(4, 3, 5)
+    ref = torch.vmap(lambda x: x["u"])(
+        tensordict.TensorDict(a=a, u=tensordict.UnbatchedTensor(data), batch_size=[4, 3])
+    )
+    assert isinstance(ref, tensordict.UnbatchedTensor) and ref.data_ptr() == data.data_ptr()
+    mine = tdshare_vmaps["returns the entry"]
+    assert mine == {"type": "UnbatchedTensor", "batch": list(ref.batch_size), "shape": list(ref.shape), "same": True}
+    assert mine["batch"] == [4, 3] and mine["shape"] == [7, 11]
+    assert tdshare_vmaps["direct"] == ["UnbatchedTensor", [4], True]  # an unbatched input on its own
+
+
+ARITHMETIC = {
+    "times itself": lambda td: td * td,
+    "minus a number": lambda td: td - 1,
+    "times a number": lambda td: td * 2,
+    "mul_ in place": lambda td: td.mul_(2),
+    "add_ itself in place": lambda td: td.add_(td),
+}
+
+
+@pytest.mark.parametrize("how", sorted(ARITHMETIC))
+def test_arithmetic_applies_to_the_unbatched_tensor(how: str) -> None:
+    mine_data, ref_data = torch.arange(3.0), torch.arange(3.0)
+    ours = TensorDict(a=torch.ones(4, 3), u=UnbatchedTensor(mine_data), batch_size=[4, 3])
+    theirs = tensordict.TensorDict(a=torch.ones(4, 3), u=tensordict.UnbatchedTensor(ref_data), batch_size=[4, 3])
+    mine, ref = ARITHMETIC[how](ours), ARITHMETIC[how](theirs)
+    assert isinstance(mine.get("u"), UnbatchedTensor) and mine.get("u").batch_size == ref.get("u").batch_size
+    assert mine.get("u").tolist() == ref.get("u").tolist() and torch.equal(mine["a"], ref["a"])
+    assert mine_data.tolist() == ref_data.tolist()  # written in place by the in-place operations only
+    assert (mine is ours) == (ref is theirs)
