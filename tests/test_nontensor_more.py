@@ -87,6 +87,8 @@ OPS = {
     "unflatten": lambda td: td.flatten(0, 1).unflatten(0, (3, 2)),
     "squeeze": lambda td: td.unsqueeze(1).squeeze(1),
     "gather": lambda td: td.gather(0, torch.zeros(1, 3, dtype=torch.long)),
+    "masked_select": lambda td: td.masked_select(torch.tensor([[True, False, True], [False, True, False]])),
+    "masked_select one dim": lambda td: td.masked_select(torch.tensor([False, True])),
     "split": lambda td: td.split(1, 0)[1],
     "chunk": lambda td: td.chunk(3, 1)[2],
     "unbind": lambda td: td.unbind(1)[2],
@@ -568,3 +570,60 @@ def test_arithmetic_applies_to_the_unbatched_tensor(how: str) -> None:
     assert mine.get("u").tolist() == ref.get("u").tolist() and torch.equal(mine["a"], ref["a"])
     assert mine_data.tolist() == ref_data.tolist()  # written in place by the in-place operations only
     assert (mine is ours) == (ref is theirs)
+
+
+# -- masked_select -------------------------------------------------------------------------------
+def _masked_content(lib: Any) -> Any:
+    return lib.TensorDict(
+        x=torch.arange(6.0).view(2, 3),
+        s="txt",
+        st=torch.stack([torch.stack([lib.NonTensorData(c) for c in row]) for row in ("abc", "def")]),
+        n={"y": torch.arange(12.0).view(2, 3, 2)},
+        batch_size=[2, 3],
+        names=["p", "q"],
+    )
+
+
+@pytest.mark.parametrize("mask", [[[True, False, True], [False, True, False]], [True, False], [[False] * 3] * 2])
+def test_masked_select_matches_the_reference(mask: list) -> None:
+    m = torch.tensor(mask)
+    mine, ref = _masked_content(tdshare_lib).masked_select(m), _masked_content(tensordict).masked_select(m)
+    assert type(mine) is TensorDict and mine.batch_size == ref.batch_size and mine.names == ref.names
+    for key in ("x", ("n", "y")):
+        assert torch.equal(mine[key], ref[key])
+    assert mine["n"].batch_size == ref["n"].batch_size
+    assert mine["s"] == ref["s"] == "txt"
+    if ref.batch_size.numel():
+        assert mine.get("st").tolist() == ref.get("st").tolist()
+    source = _masked_content(tdshare_lib)
+    assert mine["x"].data_ptr() != source["x"].data_ptr()  # a copy
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_masked_select_in_every_kind(kind: str) -> None:
+    c = build(kind)
+    mask = torch.tensor([True, False, True, True])
+    out = c.masked_select(mask)
+    assert out.batch_size == (3,) and out["a"].tolist() == [0.0, 2.0, 3.0] and out["s"] == "text"
+    assert out["n", "b"].shape == (3, 2)
+    ref = tensordict.TensorDict(a=torch.arange(4.0), n={"b": torch.zeros(4, 2)}, s="text", batch_size=[4])
+    assert out["a"].tolist() == ref.masked_select(mask)["a"].tolist()
+    if kind == "lazy":
+        assert type(out) is TensorDict  # a dense copy, as the reference gives
+        with pytest.raises(NotSupportedError, match="to_tensordict"):
+            c.masked_select(mask, inplace=True)
+    else:
+        nested = c["n"]
+        assert c.masked_select(mask, inplace=True) is c and c.batch_size == (3,) and c["n"] is nested
+        assert c["a"].tolist() == [0.0, 2.0, 3.0] and nested.batch_size == (3,)
+
+
+def test_masked_select_refuses_bad_masks_and_locked_targets() -> None:
+    td = _masked_content(tdshare_lib)
+    with pytest.raises(tdshare_lib.ArgumentTypeError, match=r"bool tensor.*int64"):
+        td.masked_select(torch.tensor([1, 0]))
+    with pytest.raises(tdshare_lib.BatchSizeError, match=r"shape \[3\].*\[2, 3\]"):
+        td.masked_select(torch.tensor([True, False, True]))
+    with pytest.raises(LockedError, match="unlock"):
+        td.lock_().masked_select(torch.tensor([True, False]), inplace=True)
+    assert td.batch_size == (2, 3)
