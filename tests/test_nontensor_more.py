@@ -627,3 +627,56 @@ def test_masked_select_refuses_bad_masks_and_locked_targets() -> None:
     with pytest.raises(LockedError, match="unlock"):
         td.lock_().masked_select(torch.tensor([True, False]), inplace=True)
     assert td.batch_size == (2, 3)
+
+
+# -- updates of the parts of a stack, maybe_to_stack, update_at_ -----------------------------------
+def _grid(lib: Any) -> Any:
+    row = torch.stack([lib.NonTensorData(0), lib.NonTensorData(1)])
+    return torch.stack([row] * 3).clone()
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+@pytest.mark.parametrize("part", ["element", "row"])
+def test_updating_a_part_of_a_stack_writes_back_as_the_reference(part: str, inplace: bool) -> None:
+    ours, theirs = _grid(tdshare_lib), _grid(tensordict)
+    index = (0, 1) if part == "element" else 1
+    ours[index].update(NonTensorData(5), inplace=inplace)
+    theirs[index].update(tensordict.NonTensorData(5), inplace=inplace)
+    assert ours.tolist() == theirs.tolist() != [[0, 1]] * 3
+
+
+@pytest.mark.parametrize("part", ["element", "row"])
+def test_updating_a_part_of_a_memory_mapped_stack_rewrites_its_folder(part: str, tmp_path: Any) -> None:
+    ours, theirs = _grid(tdshare_lib), _grid(tensordict)
+    ours.memmap_(tmp_path / "ours")
+    theirs.memmap_(tmp_path / "theirs")
+    index = (0, 1) if part == "element" else 1
+    with pytest.raises(RuntimeError, match="update the NonTensorStack"):  # the reference refuses
+        theirs[index].update(tensordict.NonTensorData(5), inplace=True)
+    ours[index].update(NonTensorData(5), inplace=True)  # tdshare writes it through to the stack
+    expected = [[0, 5], [0, 1], [0, 1]] if part == "element" else [[0, 1], [5, 5], [0, 1]]
+    assert ours.tolist() == expected
+    assert TensorDict.load_memmap(tmp_path / "ours").tolist() == expected
+    assert tensordict.TensorDict.load_memmap(tmp_path / "ours").tolist() == expected  # the reference reads it
+
+
+def test_maybe_to_stack_and_update_at_match_the_reference(tmp_path: Any) -> None:
+    for lib in (tdshare_lib, tensordict):
+        single = lib.NonTensorData("a", batch_size=[2, 1])
+        stack = single.maybe_to_stack()
+        assert type(stack) is lib.NonTensorStack and stack.tolist() == [["a"], ["a"]]
+        assert lib.NonTensorData("b").maybe_to_stack().data == "b"
+        grid = _grid(lib)
+        again = grid.maybe_to_stack()
+        assert again is not grid and again.tolist() == grid.tolist()
+        target = lib.NonTensorData(1, batch_size=grid.batch_size).maybe_to_stack()
+        assert target.update(grid, inplace=True, non_blocking=False).tolist() == grid.tolist()
+        assert grid.update_at_(lib.NonTensorData(9), (0, 1)) is grid and grid.tolist() == [[0, 9], [0, 1], [0, 1]]
+        assert single.update_at_(lib.NonTensorData("c"), ()).data == "c"
+        with pytest.raises(RuntimeError, match="part"):
+            single.update_at_(lib.NonTensorData("d"), 0)
+    with pytest.raises(ValueError, match=r"NonTensorStack.*maybe_to_stack\(\)"):
+        NonTensorData(1).update(_grid(tdshare_lib), inplace=True)
+    mapped = _grid(tdshare_lib).memmap(tmp_path / "g")
+    mapped.update_at_(NonTensorData(7), (2, 0))
+    assert TensorDict.load_memmap(tmp_path / "g").tolist() == [[0, 1], [0, 1], [7, 1]]
