@@ -680,3 +680,38 @@ def test_maybe_to_stack_and_update_at_match_the_reference(tmp_path: Any) -> None
     mapped = _grid(tdshare_lib).memmap(tmp_path / "g")
     mapped.update_at_(NonTensorData(7), (2, 0))
     assert TensorDict.load_memmap(tmp_path / "g").tolist() == [[0, 1], [0, 1], [7, 1]]
+
+
+def test_contiguous_of_a_lazy_stack_keeps_the_stack_dims_name() -> None:
+    """A documented difference: the reference's dense copy loses the stack dim's name unless the
+    members are named; tdshare's keeps it, as its to_tensordict() does."""
+    ours = tdshare_lib.LazyStackedTensorDict(*[TensorDict(a=torch.zeros(3), batch_size=[3])] * 2, stack_dim_name="s")
+    theirs = tensordict.lazy_stack([tensordict.TensorDict(a=torch.zeros(3), batch_size=[3])] * 2, stack_dim_name="s")
+    assert ours.contiguous().names == ours.to_tensordict().names == ["s", None]
+    assert theirs.contiguous().names == [None, None]
+    named = [TensorDict(a=torch.zeros(3), batch_size=[3], names=["x"])] * 2
+    ref_named = [tensordict.TensorDict(a=torch.zeros(3), batch_size=[3], names=["x"])] * 2
+    assert (
+        tdshare_lib.LazyStackedTensorDict(*named, stack_dim_name="s").contiguous().names
+        == tensordict.lazy_stack(ref_named, stack_dim_name="s").contiguous().names
+        == ["s", "x"]
+    )
+
+
+def test_refresh_refuses_a_changed_pickle_and_keeps_an_unchanged_one(tmp_path: Any) -> None:
+    """memmap_refresh_(allow_pickle=False) never unpickles: a pickled value that another writer
+    changed is refused (the file named), one that did not change is kept as read before (the
+    reference re-reads, so refuses both; tdshare reads only what changed)."""
+    td = TensorDict(t=torch.zeros(1), v=NonTensorData({1, 2}), batch_size=[]).memmap_(tmp_path / "td")
+    other = TensorDict.load_memmap(tmp_path / "td", allow_pickle=True)
+    other.memmap_()  # attached to the same folder (writes nothing)
+    assert other.memmap_refresh_(allow_pickle=False)["v"] == {1, 2}
+    td.set_("v", {3})
+    with pytest.raises(PickleRefusedError, match=r"other\.pickle.*allow_pickle=True") as info:
+        other.memmap_refresh_(allow_pickle=False)
+    assert isinstance(info.value, RuntimeError) and other["v"] == {1, 2}
+    assert other.memmap_refresh_(allow_pickle=True)["v"] == {3}
+    ref = tensordict.TensorDict(t=torch.zeros(1), v=tensordict.NonTensorData({1, 2}), batch_size=[])
+    ref.memmap_(tmp_path / "ref")
+    with pytest.raises(RuntimeError, match="allow_pickle=True"):  # the reference refuses an unchanged one too
+        ref.memmap_refresh_(allow_pickle=False)
