@@ -9,6 +9,7 @@ import multiprocessing as mp
 import operator
 import os
 import pickle
+from collections import UserDict
 from typing import Any
 
 import pytest
@@ -715,3 +716,68 @@ def test_refresh_refuses_a_changed_pickle_and_keeps_an_unchanged_one(tmp_path: A
     ref.memmap_(tmp_path / "ref")
     with pytest.raises(RuntimeError, match="allow_pickle=True"):  # the reference refuses an unchanged one too
         ref.memmap_refresh_(allow_pickle=False)
+
+
+# -- tensorclass fields: `data`, tensor_only mappings, TensorDict[...] annotations -----------------
+@tdshare_lib.tensorclass(tensor_only=True)
+class _Holder:
+    data: TensorDict  # a field named like the member, as NonTensorData's own field
+
+
+@tensordict.tensorclass(tensor_only=True)
+class _RefHolder:
+    data: tensordict.TensorDict
+
+
+@tdshare_lib.tensorclass(tensor_only=True)
+class _Generic:
+    a: torch.Tensor
+    b: TensorDict[str, torch.Tensor]
+    c: TensorDict[str, torch.Tensor] | None = None
+
+
+@tensordict.tensorclass(tensor_only=True)
+class _RefGeneric:
+    a: torch.Tensor
+    b: tensordict.TensorDict[str, torch.Tensor]
+    c: tensordict.TensorDict[str, torch.Tensor] | None = None
+
+
+def _mapping_classes(lib: Any) -> tuple[Any, Any]:
+    return (_Holder, _Generic) if lib is tdshare_lib else (_RefHolder, _RefGeneric)
+
+
+@pytest.mark.parametrize("mapping", [dict, UserDict])
+def test_tensor_only_mapping_fields_become_tensordicts_as_the_reference(mapping: Any) -> None:
+    for lib in (tdshare_lib, tensordict):
+        holder, generic = _mapping_classes(lib)
+        locked = lib.TensorDict({"tensor": torch.ones(())}).lock_()
+        tc = holder(
+            data=mapping({"tensor": torch.ones(()), "nested": mapping({"deep": torch.zeros(())}), "kept": locked})
+        )
+        assert type(tc.data) is lib.TensorDict and tc.data["tensor"] == 1
+        assert type(tc.data["nested"]) is lib.TensorDict and tc.data["nested", "deep"] == 0
+        assert tc.data["kept"] is locked and tc.data["kept"].is_locked  # a tensordict in it is kept as it is
+        tc.data = mapping({"tensor": torch.zeros(())})
+        assert type(tc.data) is lib.TensorDict and tc.data["tensor"] == 0
+        tc.set("data", locked)
+        assert tc.data is locked
+        both = generic(a=torch.zeros(()), b=mapping({"t": torch.ones(())}), c=mapping({"t": torch.zeros(())}))
+        assert type(both.b) is type(both.c) is lib.TensorDict and both.c["t"] == 0
+
+
+def test_a_field_named_data_needs_no_shadow() -> None:
+    for lib in (tdshare_lib, tensordict):
+
+        @lib.tensorclass
+        class Frame:
+            data: torch.Tensor
+            fields: str
+
+        frame = Frame(data=torch.arange(3.0), fields="x", batch_size=[3])
+        assert frame.data.tolist() == [0.0, 1.0, 2.0] and frame[1].data.item() == 1.0 and frame.fields == "x"
+    with pytest.raises(tdshare_lib.ReservedFieldError, match="'apply'"):
+
+        @tdshare_lib.tensorclass
+        class Bad:
+            apply: torch.Tensor
