@@ -32,9 +32,10 @@ from ._errors import (
     NotSupportedError,
 )
 from ._format import LAZY_STACK_TYPE, STACK
-from ._indexing import check_dim, index_dims, is_first_class_dim, is_key, normalize_index
+from ._indexing import index_dims, is_first_class_dim, is_key, normalize_index
 from ._key_ops import NO_DEFAULT
 from ._keys import NestedKey, unravel_key
+from ._lazy_ops import LazyStackOps
 from ._memmap_family import MemmapFamily
 from ._nodes import NodeKind, register
 from ._nontensor import NonTensorData, NonTensorStack, stack_non_tensor
@@ -50,7 +51,7 @@ _NO_DEFAULT: Any = NO_DEFAULT  # the one marker TensorDictBase.get knows
 _FULL = slice(None)
 
 
-class LazyStackedTensorDict(MemmapFamily):
+class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
     """Tensordicts stacked along ``stack_dim`` lazily: the members stay as they are.
 
     Args:
@@ -107,6 +108,10 @@ class LazyStackedTensorDict(MemmapFamily):
         torch.Size([2, 3])
         """
         return cls(*tds, stack_dim=dim)
+
+    @classmethod
+    def _new_stack(cls: type[T], members: Sequence[Any], stack_dim: int, name: str | None) -> T:
+        return cls(*members, stack_dim=stack_dim, stack_dim_name=name)
 
     @classmethod
     def _level_class(cls) -> type[TensorDictBase]:
@@ -424,138 +429,6 @@ class LazyStackedTensorDict(MemmapFamily):
         for td in self._members:
             td.rename_key_(old_key, new_key, safe=safe)
         return self
-
-    # -- derived stacks -----------------------------------------------------------------------
-    def _stack_parts(self) -> tuple[list[Any], int] | None:
-        return self._members, self._stack_dim  # the shape operations work on the members
-
-    def _restack(self, members: Sequence[Any], stack_dim: int | None = None, keep_name: bool = True) -> Any:
-        dim = self._stack_dim if stack_dim is None else stack_dim
-        out = type(self)(*members, stack_dim=dim, stack_dim_name=self._stack_dim_name if keep_name else None)
-        if self._is_locked:
-            out.lock_()
-        return out
-
-    def _like(self: T, members: Sequence[TensorDictBase]) -> T:
-        return type(self)(*members, stack_dim=self._stack_dim, stack_dim_name=self._stack_dim_name)
-
-    def _lazy_members(self) -> Sequence[TensorDictBase]:
-        return self._members  # key operations run member by member (see tdshare._key_ops)
-
-    def _map(
-        self: T,
-        fn: Callable[[torch.Tensor], Any],
-        batch_size: torch.Size | None = None,
-        device: Any = _NO_DEFAULT,
-        keep_non_tensor: bool = True,
-    ) -> T:
-        if batch_size is not None:
-            raise NotSupportedError("A LazyStackedTensorDict cannot change its batch size through apply().")
-        if device is _NO_DEFAULT:
-            return self._like([td._map(fn, None, keep_non_tensor=keep_non_tensor) for td in self._members])
-        return self._like([td._map(fn, None, device, keep_non_tensor) for td in self._members])
-
-    def select(self: T, *keys: NestedKey, inplace: bool = False, strict: bool = True, as_tensordict: bool = False) -> T:
-        """The members' ``select`` (see ``TensorDict.select``), stacked again (or in place)."""
-        if inplace:
-            for td in self._members:
-                td.select(*keys, inplace=True, strict=strict)
-            return self
-        return self._like([td.select(*keys, strict=strict) for td in self._members])
-
-    def exclude(self: T, *keys: NestedKey, inplace: bool = False) -> T:
-        """The members' ``exclude`` (see ``TensorDict.exclude``), stacked again (or in place)."""
-        if inplace:
-            for td in self._members:
-                td.exclude(*keys, inplace=True)
-            return self
-        return self._like([td.exclude(*keys) for td in self._members])
-
-    def empty(self: T, recurse: bool = False, *, batch_size: Any = None, device: Any = None) -> T:
-        """A lazy stack of the members emptied (see :meth:`TensorDictBase.empty`)."""
-        if batch_size is not None or device is not None:
-            return super().empty(recurse, batch_size=batch_size, device=device)
-        return self._like([td.empty(recurse) for td in self._members])
-
-    def fill_(self: T, key: NestedKey, value: float | bool) -> T:
-        for td in self._members:
-            td.fill_(key, value)
-        return self
-
-    def unbind(self, dim: int = 0) -> tuple[Any, ...]:
-        """The slices along ``dim``: the members themselves along the stack dimension."""
-        dim = check_dim(dim, self.batch_dims)
-        if dim == self._stack_dim:
-            return tuple(self._members)
-        return super().unbind(dim)
-
-    def to_tensordict(self, *, retain_none: bool | None = None) -> TensorDict:
-        """A dense ``TensorDict`` copy: every entry stacked (the members must share keys and shapes).
-
-        Raises:
-            MissingKeyError: a key some members lack (names them).
-            NotSupportedError: an entry whose shapes differ across the members.
-        """
-        dense = [td.to_tensordict() if isinstance(td, LazyStackedTensorDict) else td for td in self._members]
-        keys = [set(td.keys(True, True)) for td in dense]
-        for i, k in enumerate(keys):
-            if k != keys[0]:
-                raise MissingKeyError(
-                    f"Cannot make a dense TensorDict of the lazy stack: member {i} has keys {sorted(map(str, k))}, "
-                    f"member 0 has {sorted(map(str, keys[0]))}."
-                )
-        for key in keys[0]:
-            shapes = {tuple(v.shape) for v in (td.get(key) for td in dense) if isinstance(v, torch.Tensor)}
-            if len(shapes) > 1:
-                raise NotSupportedError(
-                    f"Cannot make a dense TensorDict of the lazy stack: the entry {key!r} has shapes "
-                    f"{sorted(shapes)} across the members."
-                )
-        out = TensorDict.stack(dense, self._stack_dim)
-        if self._stack_dim_name is not None:
-            out.names = self.names
-        return out
-
-    def dense_stack(self, dim: int | None = None) -> TensorDict:
-        """``to_tensordict()``: the members stacked densely (``dim`` must be the stack dimension)."""
-        if dim is not None and check_dim(dim, self.batch_dims) != self._stack_dim:
-            raise InvalidArgumentError(f"dense_stack(dim={dim}): the stack dimension is {self._stack_dim}.")
-        return self.to_tensordict()
-
-    @classmethod
-    def _combine(cls: type[T], tds: Sequence[Any], dim: int, new_dim: bool) -> T:
-        """Stack lazily: a lazy stack of the tensordicts; cat joins members along the stack dimension."""
-        if new_dim:
-            return cls(*tds, stack_dim=dim)
-        first = tds[0]
-        if all(isinstance(td, LazyStackedTensorDict) for td in tds):
-            d = check_dim(dim, first.batch_dims)
-            if all(td._stack_dim == d for td in tds):
-                return cls(*(m for td in tds for m in td._members), stack_dim=d)
-            s = first._stack_dim
-            if all(td._stack_dim == s and len(td._members) == len(first._members) for td in tds):
-                inner = d if d < s else d - 1  # members are joined pairwise, the stack stays lazy
-                parts: list[Any] = [
-                    torch.cat([td._members[i] for td in tds], inner) for i in range(len(first._members))
-                ]
-                return cls(*parts, stack_dim=s)
-        raise NotSupportedError(
-            "torch.cat of lazy stacks works along their common stack dimension only; convert them with "
-            "to_tensordict() first."
-        )
-
-    # -- comparison ---------------------------------------------------------------------------
-    def _compare(self: T, other: Any, op: Callable[[Any, Any], Any]) -> T:
-        if isinstance(other, TensorDictBase):
-            if other.batch_size != self.batch_size:
-                raise BatchSizeError(
-                    f"Cannot compare a lazy stack of batch size {list(self.batch_size)} with one of "
-                    f"{list(other.batch_size)}."
-                )
-            theirs: list[Any] = list(other.unbind(self._stack_dim))
-        else:
-            theirs = [other] * len(self._members)
-        return self._like([td._compare(o, op) for td, o in zip(self._members, theirs, strict=True)])
 
     # -- shared memory, memory-mapping ---------------------------------------------------------
     def share_memory_(self: T) -> T:

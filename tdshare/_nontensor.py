@@ -294,11 +294,11 @@ class NonTensorStack(NonTensorData):
         positions = torch.arange(len(self._values)).reshape(self._batch_size)[normalize_index(idx, self.batch_dims)]
         flat = positions.reshape(-1).tolist()
         picked = [self._values[i] for i in flat]
-        if positions.dim() == 0:
-            element = NonTensorData(picked[0])
-            element.__dict__["_element_of"] = (weakref.ref(self), flat[0])  # item assignment writes back
-            return element
-        return NonTensorStack._make(picked, positions.shape)
+        part: NonTensorData = (
+            NonTensorData(picked[0]) if positions.dim() == 0 else NonTensorStack._make(picked, positions.shape)
+        )
+        part.__dict__["_element_of"] = (weakref.ref(self), flat)  # its updates write back to this stack
+        return part
 
     def __getitem__(self, idx: Any) -> NonTensorData:
         return self._index(idx)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._errors import BatchSizeError, InvalidArgumentError, LockedError
+from ._errors import BatchSizeError, InvalidArgumentError, LockedError, NotSupportedError
 
 __all__ = ["LinkedList", "NonTensorOps", "bind_owner", "set_value_classes"]
 
@@ -53,6 +53,8 @@ class NonTensorOps:
         def batch_size(self) -> torch.Size: ...
 
         def _persist(self) -> None: ...
+
+        def _mapped(self, fn: Any) -> Any: ...
 
     @classmethod
     def _tensordict_host(cls) -> Any:
@@ -123,20 +125,51 @@ class NonTensorOps:
         """The value's fields as the reference's tensorclass layout holds them (``data`` first)."""
         return {"data": self.data, "_metadata": None, "_is_non_tensor": True}
 
-    def update_(self, input_dict_or_td: Any, *args: Any, non_blocking: bool = False, **kwargs: Any) -> Any:
-        """Replace the value in place, where its tensordict keeps it (its folder when memory-mapped).
+    def contiguous(self, *, canonical: bool = False, inplace: bool = False) -> Any:
+        """The value in its contiguous form, as the reference gives it.
+
+        A ``NonTensorStack`` is its own contiguous form (``self``: it holds no tensors, and the
+        tensordict route would lose its values); a single value gives a new entry of its class
+        over the same value and batch size (``self`` with ``inplace=True``).
 
         Args:
-            input_dict_or_td: the new value: a ``NonTensorData`` (its value is taken) or a plain value.
+            canonical: accepted for the tensordict signature (a non-tensor value has no strides).
+            inplace: return ``self``.
+
+        Returns:
+            ``self`` or a new entry sharing the value.
+
+        >>> s = NonTensorStack("a", "b")
+        >>> s.contiguous() is s, NonTensorData("a").contiguous().data
+        (True, 'a')
+        """
+        if inplace or self._is_stack():
+            return self
+        return self._mapped(torch.Tensor.contiguous)
+
+    def update_(self, input_dict_or_td: Any, *args: Any, non_blocking: bool = False, **kwargs: Any) -> Any:
+        """Replace the value in place, where it lives: the stack it was read from (``stack[i]``,
+        also of a memory-mapped stack, whose folder is rewritten), or its tensordict (its folder
+        when memory-mapped).
+
+        Args:
+            input_dict_or_td: the new value: a ``NonTensorData`` (its value is taken) or a plain value;
+                for a ``NonTensorStack``, a stack of its batch size or one value for every element.
             non_blocking: accepted for the reference's signature.
 
         Returns:
             ``self``.
 
+        Raises:
+            InvalidArgumentError: a single value updated with a ``NonTensorStack``.
+
         >>> from tdshare import NonTensorData
         >>> v = NonTensorData("a")
         >>> v.update_(NonTensorData("b")).data
         'b'
+        >>> s = NonTensorStack("a", "b")
+        >>> s[1].update_("z") is not None, s.tolist()
+        (True, ['a', 'z'])
         """
         new = input_dict_or_td
         if self._is_stack():
@@ -144,13 +177,20 @@ class NonTensorOps:
                 plain = new.data if isinstance(new, _data()) else new
                 new = _stack()._make([plain] * self.batch_size.numel(), self.batch_size)
             value: Any = new.tolist()
+            flat = new._flat_values(self.batch_size)
         elif isinstance(new, _stack()):
             raise InvalidArgumentError(
-                "Cannot update a NonTensorData with a NonTensorStack (one value per element): turn this value "
-                "into a stack first, e.g. NonTensorStack.from_list(data.tolist(), data.batch_size)."
+                "Cannot update a NonTensorData with a NonTensorStack (one value per element): make this value a "
+                "stack first, value.maybe_to_stack().update(stack, inplace=True), or store the stack itself."
             )
         else:
             value = new.data if isinstance(new, _data()) else new
+            flat = [value]
+        link = self.__dict__.get("_element_of")
+        if link is not None and (parent := link[0]()) is not None:  # a part of a stack: the stack takes them
+            parent._set_flat(link[1], flat)  # (and persists them where it lives)
+            self.data = value
+            return self
         held = self._holder()
         if held is not None and held[0]._get_leaf(held[1], None) is self:
             held[0].set_(held[1], value)  # written where the tensordict keeps it (and persisted)
@@ -161,6 +201,8 @@ class NonTensorOps:
 
     def update(self, input_dict_or_td: Any, *args: Any, inplace: bool = False, **kwargs: Any) -> Any:
         """Replace the value: in place with ``inplace=True`` (as :meth:`update_`).
+
+        A part of a stack (``stack[i]``) writes back to the stack, as :meth:`update_` does.
 
         Args:
             input_dict_or_td: the new value (a ``NonTensorData`` or a plain value).
@@ -176,15 +218,58 @@ class NonTensorOps:
         >>> NonTensorData(1).update(NonTensorData(2)).data
         2
         """
-        if inplace:
+        if inplace or (self.__dict__.get("_element_of") is not None and not self._is_locked):
             return self.update_(input_dict_or_td)
         if self._is_locked:
             raise LockedError(
                 "Cannot update a non-tensor value of a locked tensordict: it is locked (memory-mapped, shared "
                 "or lock_()). Use update(..., inplace=True) or update_() to replace it in place."
             )
+        if isinstance(input_dict_or_td, _stack()) and not self._is_stack():
+            return self.update_(input_dict_or_td)  # refused there, with the fix
         self.data = input_dict_or_td.data if isinstance(input_dict_or_td, _data()) else input_dict_or_td
         return self
+
+    def update_at_(self, input_dict_or_td: Any, idx: Any, clone: bool = False, *, non_blocking: bool = False) -> Any:
+        """Give the elements at ``idx`` the new value, where the value lives (as ``value[idx] = new``).
+
+        Args:
+            input_dict_or_td: the new value (a ``NonTensorData``, a ``NonTensorStack`` or a plain value).
+            idx: the batch index; a single value accepts only the whole batch (``()`` or ``slice(None)``).
+            clone: accepted for the reference's signature (values are not copied).
+            non_blocking: accepted for the reference's signature.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            NotSupportedError: a part of a single value (make it a stack first: ``maybe_to_stack()``).
+
+        >>> NonTensorStack("a", "b", "c").update_at_("z", slice(1, None)).tolist()
+        ['a', 'z', 'z']
+        """
+        if self._is_stack():
+            self[idx] = input_dict_or_td
+            return self
+        if not ((isinstance(idx, tuple) and not idx) or (isinstance(idx, slice) and idx == slice(None))):
+            raise NotSupportedError(
+                f"Cannot update a part ({idx!r}) of a NonTensorData: it holds one value for the whole batch. "
+                "Make it a stack first (value.maybe_to_stack()) or update the whole value (update_)."
+            )
+        return self.update_(input_dict_or_td)
+
+    def maybe_to_stack(self) -> Any:
+        """This value as a ``NonTensorStack`` of its batch size, the value in every element (not
+        copied); a value without batch dims is returned as is, a stack as a new stack of its values.
+
+        >>> NonTensorData("a", batch_size=[2]).maybe_to_stack().tolist()
+        ['a', 'a']
+        """
+        if self._is_stack():
+            return _stack()._make(self._flat_values(self.batch_size), self.batch_size)
+        if not self.batch_size:
+            return self
+        return _stack()._make([self.data] * self.batch_size.numel(), self.batch_size)
 
     def __setitem__(self, idx: Any, value: Any) -> None:
         """Give the indexed elements ``value``: a single value has one value for all its elements, so the
@@ -205,9 +290,6 @@ class NonTensorOps:
         elif isinstance(new, _data()):
             new = new.data
         self.update_(new)
-        link = self.__dict__.get("_element_of")
-        if link is not None and (stack := link[0]()) is not None:
-            stack._set_flat([link[1]], [new])
 
     def _flat_values(self, batch: torch.Size) -> list[Any]:
         """The values of the elements of ``batch`` (row-major), this value broadcast over it."""

@@ -5,7 +5,14 @@ A tensordict flattens to its tensor leaves (nested levels included) in key order
 holds the keys, the non-tensor entries, the batch size and the device.  ``torch.vmap(fn, in_dims=0)``
 over a tensordict hands ``fn`` a tensordict whose leaves are the batched views of the original's:
 when the leaves come back from vmap without their mapped dim, the rebuilt tensordict drops that
-dim from its batch size too.  A lazy stack flattens to its stacked leaves and comes back dense.
+dim from its batch size too, and a tensordict that ``fn`` returns comes back with the mapped dim
+put back (at ``out_dims``, found from the leaves' shapes, which the context records).  A lazy
+stack flattens to its stacked leaves and comes back dense.
+
+An ``UnbatchedTensor`` entry is no pytree leaf of its tensordict: it rides in the context, so vmap
+leaves it whole (same memory) and the result holds it with the result's batch size.  Read inside
+``fn``, it is a :class:`_VmapUnbatched` alias that remembers the batch outside vmap: a pytree node
+without leaves, so that ``fn`` may return it and get it back as that batch's ``UnbatchedTensor``.
 """
 
 from __future__ import annotations
@@ -19,8 +26,16 @@ from ._lazy import LazyStackedTensorDict
 from ._nontensor import NonTensorData
 from ._params import TensorDictParams
 from ._tensordict import TensorDict
+from ._unbatched import UnbatchedEntry, UnbatchedTensor
 
 __all__ = ["register_pytree_nodes"]
+
+
+class _VmapUnbatched(UnbatchedTensor):
+    """An unbatched entry read inside ``torch.vmap``: it knows the batch size outside (``_outer``)."""
+
+    _carry = ("_outer",)
+    _outer: torch.Size
 
 
 def _flatten(td: Any) -> tuple[list[torch.Tensor], Any]:
@@ -28,7 +43,7 @@ def _flatten(td: Any) -> tuple[list[torch.Tensor], Any]:
     leaves: list[torch.Tensor] = []
     others: dict[Any, Any] = {}
     for key, value in td.items(include_nested=True, leaves_only=True):
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and not isinstance(value, UnbatchedTensor):
             keys.append(key)
             leaves.append(value)
         else:
@@ -38,7 +53,8 @@ def _flatten(td: Any) -> tuple[list[torch.Tensor], Any]:
         for k, v in td.items(include_nested=True)
         if not isinstance(v, torch.Tensor) and hasattr(v, "batch_size") and not isinstance(v, NonTensorData)
     }
-    return leaves, (keys, others, td.batch_size, td.device, nested)
+    shapes = tuple(tuple(leaf.shape) for leaf in leaves)
+    return leaves, (keys, others, td.batch_size, td.device, nested, shapes)
 
 
 def _vmapped_dim(batch: torch.Size, leaves: list[Any]) -> int | None:
@@ -52,25 +68,64 @@ def _vmapped_dim(batch: torch.Size, leaves: list[Any]) -> int | None:
     return None
 
 
-def _drop(size: torch.Size, dim: int | None) -> torch.Size:
-    return size if dim is None else torch.Size([*size[:dim], *size[dim + 1 :]])
+def _added_dim(batch: torch.Size, shapes: tuple[tuple[int, ...], ...], leaves: list[Any]) -> tuple[int, int] | None:
+    """``(position, size)`` of the dim vmap put back into the leaves (a tensordict ``fn`` returned)."""
+    if not leaves or any(leaf.dim() != len(shape) + 1 for leaf, shape in zip(leaves, shapes, strict=True)):
+        return None
+    for dim in range(len(batch) + 1):
+        sizes = {leaf.shape[dim] for leaf in leaves}
+        if len(sizes) == 1 and all(
+            tuple(leaf.shape[:dim]) + tuple(leaf.shape[dim + 1 :]) == shape
+            for leaf, shape in zip(leaves, shapes, strict=True)
+        ):
+            return dim, sizes.pop()
+    return None
+
+
+def _resize(size: torch.Size, dropped: int | None, added: tuple[int, int] | None) -> torch.Size:
+    if added is not None:
+        return torch.Size([*size[: added[0]], added[1], *size[added[0] :]])
+    return size if dropped is None else torch.Size([*size[:dropped], *size[dropped + 1 :]])
 
 
 def _unflatten(leaves: Any, context: Any) -> TensorDict:
-    keys, others, batch, device, nested = context
+    keys, others, batch, device, nested, shapes = context
     leaves = list(leaves)
     if not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
         # a tree of other values over this structure (vmap's in_dims broadcast): a plain dict of them
         return dict(zip(keys, leaves, strict=True))  # type: ignore[return-value]
-    dim = _vmapped_dim(batch, leaves)
-    out = TensorDict(batch_size=_drop(batch, dim), device=device)
+    dropped = _vmapped_dim(batch, leaves)
+    added = _added_dim(batch, shapes, leaves) if dropped is None else None
+    out = TensorDict(batch_size=_resize(batch, dropped, added), device=device)
     for key, size in nested.items():  # the levels (empty ones too) with their batch sizes first
-        out.set(key, TensorDict(batch_size=_drop(size, dim), device=device))
+        out.set(key, TensorDict(batch_size=_resize(size, dropped, added), device=device))
     for key, leaf in zip(keys, leaves, strict=True):
         out.set(key, leaf)
     for key, value in others.items():
+        if isinstance(value, UnbatchedEntry):  # kept whole: inside vmap, an alias that knows the outer batch
+            tensor = value.data
+            value = _inside(tensor, batch) if dropped is not None else UnbatchedTensor(tensor._payload())
         out.set(key, value)
     return out
+
+
+def _inside(value: UnbatchedTensor, outer: torch.Size) -> UnbatchedTensor:
+    alias = _VmapUnbatched(value._payload(), value.batch_size)
+    alias._outer = torch.Size(outer)
+    return alias
+
+
+def _flatten_unbatched(value: _VmapUnbatched) -> tuple[list[torch.Tensor], Any]:
+    return [], (value._payload(), value._outer)
+
+
+def _unflatten_unbatched(leaves: Any, context: Any) -> UnbatchedTensor:
+    payload, outer = context
+    return UnbatchedTensor(payload, outer)
+
+
+def _flatten_unbatched_with_keys(value: _VmapUnbatched) -> tuple[list[tuple[Any, torch.Tensor]], Any]:
+    return [], _flatten_unbatched(value)[1]
 
 
 def _flatten_with_keys(td: Any) -> tuple[list[tuple[Any, torch.Tensor]], Any]:
@@ -104,6 +159,13 @@ def register_pytree_nodes() -> None:
     for cls in (TensorDict, LazyStackedTensorDict):
         if cls not in pytree.SUPPORTED_NODES:
             pytree.register_pytree_node(cls, _flatten, _unflatten, flatten_with_keys_fn=_flatten_with_keys)
+    if _VmapUnbatched not in pytree.SUPPORTED_NODES:
+        pytree.register_pytree_node(
+            _VmapUnbatched,
+            _flatten_unbatched,
+            _unflatten_unbatched,
+            flatten_with_keys_fn=_flatten_unbatched_with_keys,
+        )
     if TensorDictParams not in pytree.SUPPORTED_NODES:
         pytree.register_pytree_node(
             TensorDictParams, _flatten_params, _unflatten_params, flatten_with_keys_fn=_flatten_params_with_keys

@@ -1,4 +1,4 @@
-"""The masking shape operations: ``masked_fill``, ``masked_fill_`` and ``where``.
+"""The masking shape operations: ``masked_fill``, ``masked_fill_``, ``masked_select`` and ``where``.
 
 ``MaskOps`` sits between :class:`tdshare._shape_moves.MoveOps` (the engine) and
 :class:`tdshare._shape_ops.ShapeOps`.  A mask or condition covers the leading batch dims (the
@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import torch
 
 from . import _shape_stack as stack_rules
-from ._errors import MissingKeyError
+from ._errors import ArgumentTypeError, MissingKeyError
 from ._nontensor import NonTensorData
 from ._shape_args import align_right, check_mask
 from ._shape_moves import MoveOps, inner_collection
@@ -80,6 +80,54 @@ class MaskOps(MoveOps):
             elif isinstance(value_, torch.Tensor):
                 value_.masked_fill_(align_right(mask, value_, nd), value)
         return self
+
+    def masked_select(self: T, mask: torch.Tensor, *, inplace: bool = False) -> T:
+        """The elements of the batch where ``mask`` is True, as ``td[mask]`` selects them.
+
+        The batch dims that ``mask`` covers become one dim of size ``mask.sum()``; the other
+        batch dims are kept.  Tensors are copied, a ``NonTensorStack`` keeps the selected values,
+        a single non-tensor value and an ``UnbatchedTensor`` are kept whole.  The result has no
+        dim names, unless ``mask`` has one dim (then the names stay, as in the reference).  A lazy
+        stack gives a dense ``TensorDict`` (its ``to_tensordict()`` masked).
+
+        Args:
+            mask: a bool tensor whose shape is the batch size or its first dims.
+            inplace: make this tensordict hold the selection (its nested levels are kept) and
+                return it.
+
+        Returns:
+            A new tensordict, or ``self`` with ``inplace=True``.
+
+        Raises:
+            ArgumentTypeError: ``mask`` is not a bool tensor.
+            BatchSizeError: ``mask``'s shape is not the batch size or its first dims.
+            NotSupportedError: ``inplace=True`` on a lazy stack (call ``to_tensordict()`` first).
+            LockedError: ``inplace=True`` on a locked tensordict.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.arange(6).view(2, 3), batch_size=[2, 3])
+        >>> td.masked_select(torch.tensor([[True, False, True], [False, True, False]]))["a"].tolist()
+        [0, 2, 4]
+        """
+        check_mask(mask, self.batch_size, "masked_select")
+        if mask.dtype != torch.bool:
+            raise ArgumentTypeError(f"masked_select: the mask must be a bool tensor, got dtype {mask.dtype}.")
+        if inplace:
+            if self._stack_parts() is not None:
+                return self._rebind_(None, "masked_select")
+            return self._rebind_(self.masked_select(mask), "masked_select")
+        if self._stack_parts() is not None:
+            return self.to_tensordict().masked_select(mask)
+        nd = mask.dim()
+        batch = [int(mask.sum()), *self.batch_size[nd:]]
+        return self._rebuild(
+            lambda t: t[mask],
+            lambda c: c.masked_select(mask),
+            batch,
+            self._names_kept() if nd == 1 else None,  # a one-dim mask keeps its dim (and name), as td[mask]
+            lock=False,
+            copy=True,
+        )
 
     def where(self: T, condition: torch.Tensor, other: Any, *, out: Any = None, pad: Any = None) -> T:
         """Elements of this tensordict where ``condition`` is True, of ``other`` elsewhere.

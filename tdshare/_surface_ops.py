@@ -43,6 +43,23 @@ def _cast(dtype: torch.dtype, name: str) -> Any:
     return cast
 
 
+def _dense(stack: Any, canonical: bool) -> Any:
+    """The dense copy of a lazy stack (its ``to_tensordict()``), with row-major strides if ``canonical``."""
+    dense = stack.to_tensordict()
+    return dense._map(_canonical) if canonical else dense
+
+
+def _densify_children(node: Any, canonical: bool) -> None:
+    """Replace, in the fresh result ``node``, every nested lazy stack by its dense copy."""
+    for key, leaf in list(node._tensordict.items()):
+        if isinstance(leaf, SurfaceOps):
+            inner: Any = leaf
+            if inner._stack_parts() is not None:
+                node._tensordict[key] = _dense(inner, canonical)
+            else:
+                _densify_children(inner, canonical)
+
+
 class DtypeCasts:
     """``td.float()``, ``td.int()``, ...: a copy with every tensor leaf cast (as ``Tensor.float()``)."""
 
@@ -83,6 +100,11 @@ class SurfaceOps(DtypeCasts):
         Raises:
             NotSupportedError: ``inplace=True`` on a lazy stack (it has no leaves of its own: call
                 ``contiguous()`` for a dense copy).
+            MissingKeyError, NotSupportedError: a lazy stack whose members cannot be stacked densely
+                (keys or shapes that differ; see ``LazyStackedTensorDict.to_tensordict``).
+
+        A lazy stack (and a lazy stack nested in a tensordict) becomes a dense ``TensorDict``, as
+        in the reference: its ``to_tensordict()`` copy, which keeps its non-tensor entries.
 
         >>> import torch, tdshare
         >>> td = tdshare.TensorDict(a=torch.zeros(3, 4)[:, ::2], batch_size=[3])
@@ -90,9 +112,13 @@ class SurfaceOps(DtypeCasts):
         (True, True)
         """
         fix = _canonical if canonical else torch.Tensor.contiguous
-        if not inplace:
-            return self._map(fix)  # type: ignore[attr-defined]
         node: Any = self  # a TensorDictBase (this is its mixin)
+        if not inplace:
+            if node._stack_parts() is not None:
+                return _dense(node, canonical)
+            out = node._map(fix)
+            _densify_children(out, canonical)
+            return out
         if node._stack_parts() is not None:
             raise NotSupportedError(
                 f"contiguous(inplace=True) is not supported by {type(self).__name__}: it stacks its members' "

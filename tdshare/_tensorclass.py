@@ -69,6 +69,7 @@ _OPS = _namespace()
 # the public members an instance has (its own methods and the TensorDict ones it forwards to):
 # a field of that name would hide one, which only shadow=True allows
 _MEMBERS = frozenset(n for n in (*_OPS, *dir(TensorDict)) if not n.startswith("_"))
+_FREE_MEMBERS = frozenset({"data", "fields"})  # as in the reference, a field of these names hides the member
 # never a field, even with shadow=True: the storage's private names and the saved format's keys
 _RESERVED_FIELDS = frozenset(n for n in _OPS if n.startswith("_") and not n.startswith("__")) | (
     RESERVED_KEYS | {WRAPPED_DIR, "_tensordict"}
@@ -196,7 +197,7 @@ def _decorate(cls: Any, options: TensorClassOptions) -> Any:
 def _check_field_name(cls: type, name: str, options: TensorClassOptions) -> None:
     if name in _RESERVED_FIELDS or name in _CONSTRUCTOR or name.startswith("__tdshare"):
         what = "a key of the saved format or an argument of the constructor"
-    elif name in _MEMBERS and not options.shadow:
+    elif name in _MEMBERS and not options.shadow and name not in _FREE_MEMBERS:
         what = "a method of tensorclasses; pass shadow=True to let the field hide it, or"
     else:
         return

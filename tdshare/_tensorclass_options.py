@@ -11,8 +11,9 @@ class's options, as in tensordict 0.15.3:
 - ``autocast=True``: the value is converted to the field's annotation (``int("3")``, ``str(4)``,
   ``torch.as_tensor([1, 2])`` for a ``torch.Tensor`` field);
 - ``nocast=True``: nothing but tensors and collections becomes a tensor;
-- ``tensor_only=True``: every annotation must be a tensor type or a tensor collection, and values
-  are converted to tensors.
+- ``tensor_only=True``: every annotation must be a tensor type, a tensor collection or
+  ``NonTensorData``, and values are converted to it (a mapping for a collection field becomes
+  that collection, keeping the tensordicts it holds).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import dataclasses
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -78,7 +80,9 @@ def _resolve(annotation: Any, scope: dict[str, Any]) -> Any:
     origin = typing.get_origin(annotation)
     if origin is typing.Union or origin is types.UnionType:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return args[0] if len(args) == 1 else Any
+        return _resolve(args[0], scope) if len(args) == 1 else Any
+    if isinstance(annotation, types.GenericAlias) and _is_class(origin) and issubclass(origin, TensorDictBase):
+        return origin  # TensorDict[str, torch.Tensor]: the class
     return annotation
 
 
@@ -102,7 +106,9 @@ def check_tensor_only(cls: type, fields: list[str]) -> None:
     hints = annotations_of(cls)
     for name in fields:
         target = hints.get(name, Any)
-        if not (_is_class(target) and issubclass(target, torch.Tensor)) and not _is_collection_type(target):
+        if not (_is_class(target) and issubclass(target, (torch.Tensor, NonTensorData))) and not _is_collection_type(
+            target
+        ):
             raise ArgumentTypeError(
                 f"{cls.__qualname__}: tensor_only=True needs every field to be a tensor, a tensor collection or "
                 f"None, but {name!r} is annotated {target!r}; drop tensor_only or change the annotation."
@@ -127,7 +133,7 @@ def stored_value(cls: type, options: TensorClassOptions, name: str, value: Any, 
     if options.nocast:
         return _plain(value)
     if options.tensor_only:
-        return _convert(name, torch.as_tensor, value, "a tensor")
+        return _tensor_only_value(cls, name, value, batch)
     if options.autocast:
         return _autocast(cls, name, value, batch)
     if isinstance(value, (*_SCALARS, np.ndarray, np.generic)):
@@ -136,6 +142,30 @@ def stored_value(cls: type, options: TensorClassOptions, name: str, value: Any, 
             return _plain(value)  # a 0-d tensor would not fit the batch dimensions
         return torch.as_tensor(value)
     return value  # lists go through TensorDict.set's rules; anything else is non-tensor data
+
+
+def _tensor_only_value(cls: type, name: str, value: Any, batch: torch.Size) -> Any:
+    """A ``tensor_only`` field's value: a mapping for a collection field becomes that collection
+    (nested mappings become nested levels, tensordicts in it are kept as they are), a value for a
+    ``NonTensorData`` field is wrapped, anything else is converted to a tensor."""
+    target = annotations_of(cls).get(name, Any)
+    if _is_class(target) and issubclass(target, NonTensorData):
+        return _plain(value)
+    if isinstance(value, Mapping) and _is_collection_type(target):
+        plain = _plain_dicts(value)
+        if issubclass(target, TensorDictBase):
+            return _convert(name, lambda v: target(v, batch_size=batch), plain, target.__name__)
+        build: Any = target  # a tensorclass: its constructor takes the fields and batch_size=
+        return _convert(name, lambda v: build(**v, batch_size=batch), plain, target.__name__)
+    return _convert(name, torch.as_tensor, value, "a tensor")
+
+
+def _plain_dicts(value: Mapping) -> dict[str, Any]:
+    """``value`` (any mapping) as dicts, level by level; collections and other values unchanged."""
+    return {
+        k: _plain_dicts(v) if isinstance(v, Mapping) and not isinstance(v, TensorDictBase) else v
+        for k, v in value.items()
+    }
 
 
 def _autocast(cls: type, name: str, value: Any, batch: torch.Size) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import types
 from typing import Any
 
 from ._memmap_family import MemmapFamily
@@ -36,6 +37,16 @@ class TensorDict(MemmapFamily):
     >>> td.memmap_(tempfile.mkdtemp()).is_memmap()
     True
     """
+
+    def __class_getitem__(cls, item: Any) -> types.GenericAlias:
+        """``TensorDict[str, torch.Tensor]``: an annotation that names the class (a generic alias of it),
+        as in the reference; tensorclass fields so annotated hold a tensordict.
+
+        >>> import torch
+        >>> TensorDict[str, torch.Tensor].__origin__ is TensorDict
+        True
+        """
+        return types.GenericAlias(cls, item)
 
 
 def load_memmap(prefix: PathLike, *args: Any, **kwargs: Any) -> TensorDict:

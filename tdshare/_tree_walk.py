@@ -208,7 +208,11 @@ def walk(
     for key, leaf in td._tensordict.items():
         kind = node_layout(leaf)
         if kind == "value":
-            if not inplace:
+            if leaf._tensor_payload:  # an unbatched tensor: the operation applies to it, as to a leaf
+                result = _payload_result(fn, leaf, tuple(_child(o, key) for o in others), inplace)
+                if not inplace:
+                    leaves[key] = result
+            elif not inplace:
                 leaves[key] = _value_result(fn, leaf, others, key, td._batch_size)
             continue
         theirs = tuple(_child(o, key) for o in others)
@@ -246,6 +250,40 @@ def _value_result(fn: Any, leaf: NonTensorData, others: tuple[Any, ...], key: st
     return leaf.clone()
 
 
+def _payload_result(fn: Any, leaf: NonTensorData, theirs: tuple[Any, ...], inplace: bool) -> Any:
+    """``fn`` on the tensor of an unbatched entry (``leaf``) and the operands at its key: numbers, or
+    the other tensordict's unbatched tensor.  A batch-shaped tensor operand has no dims to align
+    with an unbatched tensor: the entry is kept then, as other non-tensor values are."""
+    args = []
+    for other in theirs:
+        if isinstance(other, NonTensorData) and other._tensor_payload:
+            args.append(other.data)
+        elif isinstance(other, (numbers.Number, torch.Tensor)) and not isinstance(other, NonTensorData):
+            args.append(other)
+        else:
+            return leaf if inplace else leaf.clone()
+    if inplace:
+        fn(leaf.data, *args)
+        return leaf
+    result = fn(leaf.data, *args)
+    return leaf._mapped(lambda _: result) if isinstance(result, torch.Tensor) else leaf.clone()
+
+
+def _has_payload(td: Any) -> bool:
+    """Whether the tree holds an unbatched tensor (which the ``_foreach`` fast paths do not see)."""
+    layout = node_layout(td)
+    if layout in (STACK, WRAPPED):
+        inner = unwrap_node(td)[0]
+        return any(_has_payload(m) for m in inner) if layout == STACK else _has_payload(inner)
+    for leaf in td._tensordict.values():
+        if isinstance(leaf, NonTensorData):
+            if leaf._tensor_payload:
+                return True
+        elif not isinstance(leaf, torch.Tensor) and node_layout(leaf) in (LEVEL, STACK, WRAPPED) and _has_payload(leaf):
+            return True
+    return False
+
+
 # -- the fast path: one torch._foreach_* call over every leaf of a dense tree --------------------
 def _flat(td: Any, out: list[torch.Tensor] | None = None) -> list[torch.Tensor] | None:
     """The tensor leaves of a tree of plain levels, in walk order; None if it holds other nodes."""
@@ -259,7 +297,7 @@ def _flat(td: Any, out: list[torch.Tensor] | None = None) -> list[torch.Tensor] 
         elif kind == LEVEL:
             if _flat(leaf, out) is None:
                 return None
-        elif kind != "value":
+        elif kind != "value" or leaf._tensor_payload:
             return None
     return out
 
@@ -287,7 +325,7 @@ def foreach_leaves(td: Any, name: str, args: tuple[Any, ...], inplace: bool) -> 
         return None
     if inplace:
         leaves = [t for t in td._stored_tensors() if not t.is_nested]
-        if len(leaves) != sum(1 for _ in td._stored_tensors()):
+        if len(leaves) != sum(1 for _ in td._stored_tensors()) or _has_payload(td):
             return None
         if leaves:
             fn(leaves, *args)
@@ -307,6 +345,8 @@ def _flat_pairs(td: Any, other: Any, mine: list[torch.Tensor], theirs: list[torc
     for key, leaf in td._tensordict.items():
         kind = node_layout(leaf)
         if kind == "value":
+            if leaf._tensor_payload:
+                return False
             continue
         match = other._tensordict.get(key)
         if kind == "tensor" and node_layout(match) == "tensor" and not leaf.is_nested and not match.is_nested:

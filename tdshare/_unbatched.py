@@ -53,6 +53,7 @@ class UnbatchedTensor(torch.Tensor):
     """
 
     _pass_through = True
+    _carry: tuple[str, ...] = ()  # attributes that with_batch_size copies to the alias (subclasses)
     _batch_size: torch.Size
 
     @staticmethod
@@ -85,7 +86,10 @@ class UnbatchedTensor(torch.Tensor):
         >>> UnbatchedTensor(torch.ones(2)).with_batch_size([3]).batch_size
         torch.Size([3])
         """
-        return UnbatchedTensor(self._payload(), batch_size)
+        out = type(self)(self._payload(), batch_size)
+        for name in self._carry:  # what a subclass's alias must keep
+            setattr(out, name, getattr(self, name))
+        return out
 
     def _payload(self) -> torch.Tensor:
         with torch._C.DisableTorchFunctionSubclass():

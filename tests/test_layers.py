@@ -125,6 +125,7 @@ LAYERS: dict[str, list[str]] = {
         "_tensordict",
         "_typed",
         "_params",
+        "_lazy_ops",
         "_lazy",
         "_tensorclass_io",
         "_tensorclass_stack",

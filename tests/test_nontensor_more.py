@@ -9,6 +9,7 @@ import multiprocessing as mp
 import operator
 import os
 import pickle
+from collections import UserDict
 from typing import Any
 
 import pytest
@@ -87,6 +88,8 @@ OPS = {
     "unflatten": lambda td: td.flatten(0, 1).unflatten(0, (3, 2)),
     "squeeze": lambda td: td.unsqueeze(1).squeeze(1),
     "gather": lambda td: td.gather(0, torch.zeros(1, 3, dtype=torch.long)),
+    "masked_select": lambda td: td.masked_select(torch.tensor([[True, False, True], [False, True, False]])),
+    "masked_select one dim": lambda td: td.masked_select(torch.tensor([False, True])),
     "split": lambda td: td.split(1, 0)[1],
     "chunk": lambda td: td.chunk(3, 1)[2],
     "unbind": lambda td: td.unbind(1)[2],
@@ -388,3 +391,393 @@ def test_new_zeros_of_a_lazy_stack_keeps_its_non_tensor_values() -> None:
     zeros_ours[mask] = lazy_ours
     zeros_theirs[mask] = lazy_theirs
     assert zeros_ours.get(("a", "b")).tolist() == zeros_theirs.get(("a", "b")).tolist() == [["a"], ["b"], ["a"], ["c"]]
+
+
+# -- contiguous of lazy stacks and non-tensor values ---------------------------------------------
+def _query_stacks(lib: Any) -> tuple[Any, Any]:
+    flat = lib.LazyStackedTensorDict(
+        *[lib.TensorDict(query=lib.NonTensorData(f"abc{i}"), x=torch.full((2,), float(i))) for i in range(3)]
+    )
+    nested = lib.LazyStackedTensorDict(
+        *[lib.TensorDict(sub=lib.TensorDict(q=lib.NonTensorData(f"s{i}"), y=torch.ones(2))) for i in range(2)]
+    )
+    return flat, nested
+
+
+@pytest.mark.parametrize("canonical", [False, True])
+def test_contiguous_of_a_lazy_stack_is_dense_and_keeps_non_tensor_values(canonical: bool) -> None:
+    (ours, ours_nested), (theirs, theirs_nested) = _query_stacks(tdshare_lib), _query_stacks(tensordict)
+    mine, ref = ours.contiguous(canonical=canonical), theirs.contiguous(canonical=canonical)
+    assert type(mine) is TensorDict and type(ref) is tensordict.TensorDict
+    assert mine.batch_size == ref.batch_size == (3,)
+    assert isinstance(mine.get("query"), NonTensorStack) and isinstance(ref.get("query"), tensordict.NonTensorStack)
+    assert mine.get("query").tolist() == ref.get("query").tolist() == ["abc0", "abc1", "abc2"]
+    assert torch.equal(mine["x"], ref["x"]) and mine["x"].is_contiguous()
+    assert [mine[i]["query"] for i in range(3)] == [ref[i]["query"] for i in range(3)]
+    assert mine["x"].data_ptr() not in {m["x"].data_ptr() for m in ours.tensordicts}  # a copy, not the members'
+    dense, ref_dense = ours_nested.contiguous(canonical=canonical), theirs_nested.contiguous(canonical=canonical)
+    assert type(dense["sub"]) is TensorDict and type(ref_dense["sub"]) is tensordict.TensorDict
+    assert dense["sub", "q"] == ref_dense["sub", "q"] == ["s0", "s1"]
+
+
+def test_contiguous_of_a_tensordict_densifies_its_nested_lazy_stacks() -> None:
+    def content(lib: Any) -> Any:
+        rows = [lib.TensorDict(a=torch.arange(6.0).view(3, 2)[:, :1] + i, batch_size=[3]) for i in range(2)]
+        return lib.TensorDict(n=lib.LazyStackedTensorDict(*rows, stack_dim=1), x=torch.zeros(3, 2), batch_size=[3, 2])
+
+    mine, ref = content(tdshare_lib).contiguous(), content(tensordict).contiguous()
+    assert type(mine.get("n")) is TensorDict and type(ref.get("n")) is tensordict.TensorDict
+    assert mine["n", "a"].shape == ref["n", "a"].shape == (3, 2, 1)
+    assert mine["n", "a"].stride() == ref["n", "a"].stride() and torch.equal(mine["n", "a"], ref["n", "a"])
+
+
+def test_contiguous_of_a_lazy_stack_that_cannot_be_dense_says_why() -> None:
+    ls = tdshare_lib.LazyStackedTensorDict(TensorDict(a=torch.zeros(3, 2)), TensorDict(a=torch.zeros(3, 4)))
+    with pytest.raises(NotSupportedError, match=r"'a'.*shapes"):
+        ls.contiguous()
+    ref = tensordict.lazy_stack(
+        [tensordict.TensorDict(a=torch.zeros(3, 2)), tensordict.TensorDict(a=torch.zeros(3, 4))]
+    )
+    with pytest.raises(RuntimeError, match="shapes"):  # the reference refuses too
+        ref.contiguous()
+
+
+def test_contiguous_of_non_tensor_values_matches_the_reference() -> None:
+    ours, theirs = NonTensorStack("a", "b"), torch.stack([tensordict.NonTensorData(v) for v in "ab"])
+    for canonical in (False, True):
+        assert ours.contiguous(canonical=canonical) is ours and theirs.contiguous(canonical=canonical) is theirs
+    value = [1, 2]
+    for lib in (tdshare_lib, tensordict):
+        single = lib.NonTensorData(value, batch_size=[2])
+        copy = single.contiguous()
+        assert copy is not single and copy.data is value and copy.batch_size == (2,)
+        assert single.contiguous(inplace=True) is single
+        assert type(lib.MetaData(3).contiguous()) is lib.MetaData
+
+
+# -- torch.vmap over tensordicts with unbatched entries ------------------------------------------
+# ``import tensordict`` patches torch.vmap's internals for its own classes (and anything with
+# ``_pass_through``), so tdshare's side runs in a fresh interpreter that never imports it.
+_VMAP_CHILD = """
+import json, torch, tdshare
+from tdshare import TensorDict, UnbatchedTensor
+
+VMAPS = {
+    "identity": lambda td: torch.vmap(lambda x: x)(td),
+    "in_dims=1": lambda td: torch.vmap(lambda x: x * 2, in_dims=1)(td),
+    "out_dims=1": lambda td: torch.vmap(lambda x: x + 1, in_dims=0, out_dims=1)(td),
+    "nested": lambda td: torch.vmap(torch.vmap(lambda x: x + 1))(td),
+    "new tensordict": lambda td: torch.vmap(lambda x: type(x)(y=x["a"][..., 0], batch_size=[]))(td),
+    "returns the entry": lambda td: torch.vmap(lambda x: x["u"])(td),
+}
+data = torch.arange(77.0).reshape(7, 11)
+a = torch.arange(60.0).reshape(4, 3, 5)
+out = {}
+for how, run in VMAPS.items():
+    result = run(TensorDict(a=a, n={"b": a[..., 0]}, u=UnbatchedTensor(data), batch_size=[4, 3]))
+    if isinstance(result, torch.Tensor):
+        out[how] = {"type": type(result).__name__, "batch": list(result.batch_size), "shape": list(result.shape),
+                    "same": result.data_ptr() == data.data_ptr()}
+        continue
+    row = {"type": type(result).__name__, "batch": list(result.batch_size), "leaves": {}}
+    for key in result.keys(True, True):
+        if key == "u":
+            u = result.get("u")
+            row["u"] = [type(u).__name__, list(u.batch_size), u.data_ptr() == data.data_ptr(), u.tolist()]
+        else:
+            name = "/".join(key) if isinstance(key, tuple) else key
+            row["leaves"][name] = [result[key].tolist(), list(result[key[0] if isinstance(key, tuple) else key].shape)]
+    out[how] = row
+direct = torch.vmap(lambda x: x)(UnbatchedTensor(data, batch_size=[4]))
+out["direct"] = [type(direct).__name__, list(direct.batch_size), direct.data_ptr() == data.data_ptr()]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def tdshare_vmaps() -> dict[str, Any]:
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, "-c", _VMAP_CHILD], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+REF_VMAPS = {
+    "identity": lambda td: torch.vmap(lambda x: x)(td),
+    "in_dims=1": lambda td: torch.vmap(lambda x: x * 2, in_dims=1)(td),
+    "out_dims=1": lambda td: torch.vmap(lambda x: x + 1, in_dims=0, out_dims=1)(td),
+    "nested": lambda td: torch.vmap(torch.vmap(lambda x: x + 1))(td),
+    "new tensordict": lambda td: torch.vmap(lambda x: type(x)(y=x["a"][..., 0], batch_size=[]))(td),
+}
+
+
+@pytest.mark.parametrize("how", sorted(REF_VMAPS))
+def test_vmap_returns_tensordicts_with_the_unbatched_entry_whole(how: str, tdshare_vmaps: dict[str, Any]) -> None:
+    a, data = torch.arange(60.0).reshape(4, 3, 5), torch.arange(77.0).reshape(7, 11)
+    ref = REF_VMAPS[how](
+        tensordict.TensorDict(a=a, n={"b": a[..., 0]}, u=tensordict.UnbatchedTensor(data), batch_size=[4, 3])
+    )
+    mine = tdshare_vmaps[how]
+    assert mine["type"] == "TensorDict" and mine["batch"] == list(ref.batch_size)
+    expected = {"/".join(k) if isinstance(k, tuple) else k: k for k in ref.keys(True, True) if k != "u"}
+    assert sorted(mine["leaves"]) == sorted(expected)
+    for name, key in expected.items():
+        top = key[0] if isinstance(key, tuple) else key
+        assert mine["leaves"][name] == [ref[key].tolist(), list(ref[top].shape)], name
+    if "u" in ref.keys():  # kept whole (no vmap alias leaking out), the result's batch size
+        theirs = ref.get("u")
+        assert mine["u"] == [
+            "UnbatchedTensor",
+            list(theirs.batch_size),
+            theirs.data_ptr() == data.data_ptr(),
+            theirs.tolist(),
+        ]
+        assert mine["u"][2] is (how == "identity")  # the same memory unless fn computed on it
+
+
+def test_vmap_can_return_the_unbatched_entry(tdshare_vmaps: dict[str, Any]) -> None:
+    data = torch.randn(7, 11)
+    a = torch.arange(60.0).reshape(4, 3, 5)
+    ref = torch.vmap(lambda x: x["u"])(
+        tensordict.TensorDict(a=a, u=tensordict.UnbatchedTensor(data), batch_size=[4, 3])
+    )
+    assert isinstance(ref, tensordict.UnbatchedTensor) and ref.data_ptr() == data.data_ptr()
+    mine = tdshare_vmaps["returns the entry"]
+    assert mine == {"type": "UnbatchedTensor", "batch": list(ref.batch_size), "shape": list(ref.shape), "same": True}
+    assert mine["batch"] == [4, 3] and mine["shape"] == [7, 11]
+    assert tdshare_vmaps["direct"] == ["UnbatchedTensor", [4], True]  # an unbatched input on its own
+
+
+ARITHMETIC = {
+    "times itself": lambda td: td * td,
+    "minus a number": lambda td: td - 1,
+    "times a number": lambda td: td * 2,
+    "mul_ in place": lambda td: td.mul_(2),
+    "add_ itself in place": lambda td: td.add_(td),
+}
+
+
+@pytest.mark.parametrize("how", sorted(ARITHMETIC))
+def test_arithmetic_applies_to_the_unbatched_tensor(how: str) -> None:
+    mine_data, ref_data = torch.arange(3.0), torch.arange(3.0)
+    ours = TensorDict(a=torch.ones(4, 3), u=UnbatchedTensor(mine_data), batch_size=[4, 3])
+    theirs = tensordict.TensorDict(a=torch.ones(4, 3), u=tensordict.UnbatchedTensor(ref_data), batch_size=[4, 3])
+    mine, ref = ARITHMETIC[how](ours), ARITHMETIC[how](theirs)
+    assert isinstance(mine.get("u"), UnbatchedTensor) and mine.get("u").batch_size == ref.get("u").batch_size
+    assert mine.get("u").tolist() == ref.get("u").tolist() and torch.equal(mine["a"], ref["a"])
+    assert mine_data.tolist() == ref_data.tolist()  # written in place by the in-place operations only
+    assert (mine is ours) == (ref is theirs)
+
+
+# -- masked_select -------------------------------------------------------------------------------
+def _masked_content(lib: Any) -> Any:
+    return lib.TensorDict(
+        x=torch.arange(6.0).view(2, 3),
+        s="txt",
+        st=torch.stack([torch.stack([lib.NonTensorData(c) for c in row]) for row in ("abc", "def")]),
+        n={"y": torch.arange(12.0).view(2, 3, 2)},
+        batch_size=[2, 3],
+        names=["p", "q"],
+    )
+
+
+@pytest.mark.parametrize("mask", [[[True, False, True], [False, True, False]], [True, False], [[False] * 3] * 2])
+def test_masked_select_matches_the_reference(mask: list) -> None:
+    m = torch.tensor(mask)
+    mine, ref = _masked_content(tdshare_lib).masked_select(m), _masked_content(tensordict).masked_select(m)
+    assert type(mine) is TensorDict and mine.batch_size == ref.batch_size and mine.names == ref.names
+    for key in ("x", ("n", "y")):
+        assert torch.equal(mine[key], ref[key])
+    assert mine["n"].batch_size == ref["n"].batch_size
+    assert mine["s"] == ref["s"] == "txt"
+    if ref.batch_size.numel():
+        assert mine.get("st").tolist() == ref.get("st").tolist()
+    source = _masked_content(tdshare_lib)
+    assert mine["x"].data_ptr() != source["x"].data_ptr()  # a copy
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_masked_select_in_every_kind(kind: str) -> None:
+    c = build(kind)
+    mask = torch.tensor([True, False, True, True])
+    out = c.masked_select(mask)
+    assert out.batch_size == (3,) and out["a"].tolist() == [0.0, 2.0, 3.0] and out["s"] == "text"
+    assert out["n", "b"].shape == (3, 2)
+    ref = tensordict.TensorDict(a=torch.arange(4.0), n={"b": torch.zeros(4, 2)}, s="text", batch_size=[4])
+    assert out["a"].tolist() == ref.masked_select(mask)["a"].tolist()
+    if kind == "lazy":
+        assert type(out) is TensorDict  # a dense copy, as the reference gives
+        with pytest.raises(NotSupportedError, match="to_tensordict"):
+            c.masked_select(mask, inplace=True)
+    else:
+        nested = c["n"]
+        assert c.masked_select(mask, inplace=True) is c and c.batch_size == (3,) and c["n"] is nested
+        assert c["a"].tolist() == [0.0, 2.0, 3.0] and nested.batch_size == (3,)
+
+
+def test_masked_select_refuses_bad_masks_and_locked_targets() -> None:
+    td = _masked_content(tdshare_lib)
+    with pytest.raises(tdshare_lib.ArgumentTypeError, match=r"bool tensor.*int64"):
+        td.masked_select(torch.tensor([1, 0]))
+    with pytest.raises(tdshare_lib.BatchSizeError, match=r"shape \[3\].*\[2, 3\]"):
+        td.masked_select(torch.tensor([True, False, True]))
+    with pytest.raises(LockedError, match="unlock"):
+        td.lock_().masked_select(torch.tensor([True, False]), inplace=True)
+    assert td.batch_size == (2, 3)
+
+
+# -- updates of the parts of a stack, maybe_to_stack, update_at_ -----------------------------------
+def _grid(lib: Any) -> Any:
+    row = torch.stack([lib.NonTensorData(0), lib.NonTensorData(1)])
+    return torch.stack([row] * 3).clone()
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+@pytest.mark.parametrize("part", ["element", "row"])
+def test_updating_a_part_of_a_stack_writes_back_as_the_reference(part: str, inplace: bool) -> None:
+    ours, theirs = _grid(tdshare_lib), _grid(tensordict)
+    index = (0, 1) if part == "element" else 1
+    ours[index].update(NonTensorData(5), inplace=inplace)
+    theirs[index].update(tensordict.NonTensorData(5), inplace=inplace)
+    assert ours.tolist() == theirs.tolist() != [[0, 1]] * 3
+
+
+@pytest.mark.parametrize("part", ["element", "row"])
+def test_updating_a_part_of_a_memory_mapped_stack_rewrites_its_folder(part: str, tmp_path: Any) -> None:
+    ours, theirs = _grid(tdshare_lib), _grid(tensordict)
+    ours.memmap_(tmp_path / "ours")
+    theirs.memmap_(tmp_path / "theirs")
+    index = (0, 1) if part == "element" else 1
+    with pytest.raises(RuntimeError, match="update the NonTensorStack"):  # the reference refuses
+        theirs[index].update(tensordict.NonTensorData(5), inplace=True)
+    ours[index].update(NonTensorData(5), inplace=True)  # tdshare writes it through to the stack
+    expected = [[0, 5], [0, 1], [0, 1]] if part == "element" else [[0, 1], [5, 5], [0, 1]]
+    assert ours.tolist() == expected
+    assert TensorDict.load_memmap(tmp_path / "ours").tolist() == expected
+    assert tensordict.TensorDict.load_memmap(tmp_path / "ours").tolist() == expected  # the reference reads it
+
+
+def test_maybe_to_stack_and_update_at_match_the_reference(tmp_path: Any) -> None:
+    for lib in (tdshare_lib, tensordict):
+        single = lib.NonTensorData("a", batch_size=[2, 1])
+        stack = single.maybe_to_stack()
+        assert type(stack) is lib.NonTensorStack and stack.tolist() == [["a"], ["a"]]
+        assert lib.NonTensorData("b").maybe_to_stack().data == "b"
+        grid = _grid(lib)
+        again = grid.maybe_to_stack()
+        assert again is not grid and again.tolist() == grid.tolist()
+        target = lib.NonTensorData(1, batch_size=grid.batch_size).maybe_to_stack()
+        assert target.update(grid, inplace=True, non_blocking=False).tolist() == grid.tolist()
+        assert grid.update_at_(lib.NonTensorData(9), (0, 1)) is grid and grid.tolist() == [[0, 9], [0, 1], [0, 1]]
+        assert single.update_at_(lib.NonTensorData("c"), ()).data == "c"
+        with pytest.raises(RuntimeError, match="part"):
+            single.update_at_(lib.NonTensorData("d"), 0)
+    with pytest.raises(ValueError, match=r"NonTensorStack.*maybe_to_stack\(\)"):
+        NonTensorData(1).update(_grid(tdshare_lib), inplace=True)
+    mapped = _grid(tdshare_lib).memmap(tmp_path / "g")
+    mapped.update_at_(NonTensorData(7), (2, 0))
+    assert TensorDict.load_memmap(tmp_path / "g").tolist() == [[0, 1], [0, 1], [7, 1]]
+
+
+def test_contiguous_of_a_lazy_stack_keeps_the_stack_dims_name() -> None:
+    """A documented difference: the reference's dense copy loses the stack dim's name unless the
+    members are named; tdshare's keeps it, as its to_tensordict() does."""
+    ours = tdshare_lib.LazyStackedTensorDict(*[TensorDict(a=torch.zeros(3), batch_size=[3])] * 2, stack_dim_name="s")
+    theirs = tensordict.lazy_stack([tensordict.TensorDict(a=torch.zeros(3), batch_size=[3])] * 2, stack_dim_name="s")
+    assert ours.contiguous().names == ours.to_tensordict().names == ["s", None]
+    assert theirs.contiguous().names == [None, None]
+    named = [TensorDict(a=torch.zeros(3), batch_size=[3], names=["x"])] * 2
+    ref_named = [tensordict.TensorDict(a=torch.zeros(3), batch_size=[3], names=["x"])] * 2
+    assert (
+        tdshare_lib.LazyStackedTensorDict(*named, stack_dim_name="s").contiguous().names
+        == tensordict.lazy_stack(ref_named, stack_dim_name="s").contiguous().names
+        == ["s", "x"]
+    )
+
+
+def test_refresh_refuses_a_changed_pickle_and_keeps_an_unchanged_one(tmp_path: Any) -> None:
+    """memmap_refresh_(allow_pickle=False) never unpickles: a pickled value that another writer
+    changed is refused (the file named), one that did not change is kept as read before (the
+    reference re-reads, so refuses both; tdshare reads only what changed)."""
+    td = TensorDict(t=torch.zeros(1), v=NonTensorData({1, 2}), batch_size=[]).memmap_(tmp_path / "td")
+    other = TensorDict.load_memmap(tmp_path / "td", allow_pickle=True)
+    other.memmap_()  # attached to the same folder (writes nothing)
+    assert other.memmap_refresh_(allow_pickle=False)["v"] == {1, 2}
+    td.set_("v", {3})
+    with pytest.raises(PickleRefusedError, match=r"other\.pickle.*allow_pickle=True") as info:
+        other.memmap_refresh_(allow_pickle=False)
+    assert isinstance(info.value, RuntimeError) and other["v"] == {1, 2}
+    assert other.memmap_refresh_(allow_pickle=True)["v"] == {3}
+    ref = tensordict.TensorDict(t=torch.zeros(1), v=tensordict.NonTensorData({1, 2}), batch_size=[])
+    ref.memmap_(tmp_path / "ref")
+    with pytest.raises(RuntimeError, match="allow_pickle=True"):  # the reference refuses an unchanged one too
+        ref.memmap_refresh_(allow_pickle=False)
+
+
+# -- tensorclass fields: `data`, tensor_only mappings, TensorDict[...] annotations -----------------
+@tdshare_lib.tensorclass(tensor_only=True)
+class _Holder:
+    data: TensorDict  # a field named like the member, as NonTensorData's own field
+
+
+@tensordict.tensorclass(tensor_only=True)
+class _RefHolder:
+    data: tensordict.TensorDict
+
+
+@tdshare_lib.tensorclass(tensor_only=True)
+class _Generic:
+    a: torch.Tensor
+    b: TensorDict[str, torch.Tensor]
+    c: TensorDict[str, torch.Tensor] | None = None
+
+
+@tensordict.tensorclass(tensor_only=True)
+class _RefGeneric:
+    a: torch.Tensor
+    b: tensordict.TensorDict[str, torch.Tensor]
+    c: tensordict.TensorDict[str, torch.Tensor] | None = None
+
+
+def _mapping_classes(lib: Any) -> tuple[Any, Any]:
+    return (_Holder, _Generic) if lib is tdshare_lib else (_RefHolder, _RefGeneric)
+
+
+@pytest.mark.parametrize("mapping", [dict, UserDict])
+def test_tensor_only_mapping_fields_become_tensordicts_as_the_reference(mapping: Any) -> None:
+    for lib in (tdshare_lib, tensordict):
+        holder, generic = _mapping_classes(lib)
+        locked = lib.TensorDict({"tensor": torch.ones(())}).lock_()
+        tc = holder(
+            data=mapping({"tensor": torch.ones(()), "nested": mapping({"deep": torch.zeros(())}), "kept": locked})
+        )
+        assert type(tc.data) is lib.TensorDict and tc.data["tensor"] == 1
+        assert type(tc.data["nested"]) is lib.TensorDict and tc.data["nested", "deep"] == 0
+        assert tc.data["kept"] is locked and tc.data["kept"].is_locked  # a tensordict in it is kept as it is
+        tc.data = mapping({"tensor": torch.zeros(())})
+        assert type(tc.data) is lib.TensorDict and tc.data["tensor"] == 0
+        tc.set("data", locked)
+        assert tc.data is locked
+        both = generic(a=torch.zeros(()), b=mapping({"t": torch.ones(())}), c=mapping({"t": torch.zeros(())}))
+        assert type(both.b) is type(both.c) is lib.TensorDict and both.c["t"] == 0
+
+
+def test_a_field_named_data_needs_no_shadow() -> None:
+    for lib in (tdshare_lib, tensordict):
+
+        @lib.tensorclass
+        class Frame:
+            data: torch.Tensor
+            fields: str
+
+        frame = Frame(data=torch.arange(3.0), fields="x", batch_size=[3])
+        assert frame.data.tolist() == [0.0, 1.0, 2.0] and frame[1].data.item() == 1.0 and frame.fields == "x"
+    with pytest.raises(tdshare_lib.ReservedFieldError, match="'apply'"):
+
+        @tdshare_lib.tensorclass
+        class Bad:
+            apply: torch.Tensor

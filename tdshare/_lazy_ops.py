@@ -1,0 +1,174 @@
+"""The operations of a lazy stack that work member by member and stack the results again.
+
+:class:`LazyStackOps` is the part of :class:`tdshare._lazy.LazyStackedTensorDict` that is not the
+container itself (its members, batch size, reading, indexing and writing stay in
+:mod:`tdshare._lazy`): the hooks the shared operation families call (``_stack_parts``,
+``_restack``, ``_lazy_members``, ``_map``, ``_compare``, ``_combine``), the member-wise
+``select``/``exclude``/``empty``/``fill_``/``unbind``, and the dense copies (``to_tensordict``,
+``dense_stack``; ``contiguous()`` of a lazy stack is its dense copy, see
+:meth:`tdshare._surface_ops.SurfaceOps.contiguous`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from ._errors import BatchSizeError, InvalidArgumentError, MissingKeyError, NotSupportedError
+from ._indexing import check_dim
+from ._key_ops import NO_DEFAULT
+from ._keys import NestedKey
+from ._tensordict import TensorDict
+from ._tensordict_base import TensorDictBase
+
+__all__ = ["LazyStackOps"]
+
+T = TypeVar("T", bound="LazyStackOps")
+_NO_DEFAULT: Any = NO_DEFAULT  # the one marker TensorDictBase.get knows
+
+
+class LazyStackOps(TensorDictBase):
+    """The member-wise operations of a lazy stack (a base of ``LazyStackedTensorDict``)."""
+
+    _members: list[TensorDictBase]
+    _stack_dim: int
+    _stack_dim_name: str | None
+
+    @classmethod
+    def _new_stack(cls: type[T], members: Sequence[Any], stack_dim: int, name: str | None) -> T:
+        """A stack of this class over ``members`` (the subclass builds it)."""
+        raise NotImplementedError
+
+    # -- derived stacks -----------------------------------------------------------------------
+    def _stack_parts(self) -> tuple[list[Any], int] | None:
+        return self._members, self._stack_dim  # the shape operations work on the members
+
+    def _restack(self, members: Sequence[Any], stack_dim: int | None = None, keep_name: bool = True) -> Any:
+        dim = self._stack_dim if stack_dim is None else stack_dim
+        out = self._new_stack(members, dim, self._stack_dim_name if keep_name else None)
+        if self._is_locked:
+            out.lock_()
+        return out
+
+    def _like(self: T, members: Sequence[TensorDictBase]) -> T:
+        return self._new_stack(members, self._stack_dim, self._stack_dim_name)
+
+    def _lazy_members(self) -> Sequence[TensorDictBase]:
+        return self._members  # key operations run member by member (see tdshare._key_ops)
+
+    def _map(
+        self: T,
+        fn: Callable[[torch.Tensor], Any],
+        batch_size: torch.Size | None = None,
+        device: Any = _NO_DEFAULT,
+        keep_non_tensor: bool = True,
+    ) -> T:
+        if batch_size is not None:
+            raise NotSupportedError("A LazyStackedTensorDict cannot change its batch size through apply().")
+        if device is _NO_DEFAULT:
+            return self._like([td._map(fn, None, keep_non_tensor=keep_non_tensor) for td in self._members])
+        return self._like([td._map(fn, None, device, keep_non_tensor) for td in self._members])
+
+    def select(self: T, *keys: NestedKey, inplace: bool = False, strict: bool = True, as_tensordict: bool = False) -> T:
+        """The members' ``select`` (see ``TensorDict.select``), stacked again (or in place)."""
+        if inplace:
+            for td in self._members:
+                td.select(*keys, inplace=True, strict=strict)
+            return self
+        return self._like([td.select(*keys, strict=strict) for td in self._members])
+
+    def exclude(self: T, *keys: NestedKey, inplace: bool = False) -> T:
+        """The members' ``exclude`` (see ``TensorDict.exclude``), stacked again (or in place)."""
+        if inplace:
+            for td in self._members:
+                td.exclude(*keys, inplace=True)
+            return self
+        return self._like([td.exclude(*keys) for td in self._members])
+
+    def empty(self: T, recurse: bool = False, *, batch_size: Any = None, device: Any = None) -> T:
+        """A lazy stack of the members emptied (see :meth:`TensorDictBase.empty`)."""
+        if batch_size is not None or device is not None:
+            return super().empty(recurse, batch_size=batch_size, device=device)
+        return self._like([td.empty(recurse) for td in self._members])
+
+    def fill_(self: T, key: NestedKey, value: float | bool) -> T:
+        for td in self._members:
+            td.fill_(key, value)
+        return self
+
+    def unbind(self, dim: int = 0) -> tuple[Any, ...]:
+        """The slices along ``dim``: the members themselves along the stack dimension."""
+        dim = check_dim(dim, self.batch_dims)
+        if dim == self._stack_dim:
+            return tuple(self._members)
+        return super().unbind(dim)
+
+    def to_tensordict(self, *, retain_none: bool | None = None) -> TensorDict:
+        """A dense ``TensorDict`` copy: every entry stacked (the members must share keys and shapes).
+
+        Raises:
+            MissingKeyError: a key some members lack (names them).
+            NotSupportedError: an entry whose shapes differ across the members.
+        """
+        dense = [td.to_tensordict() if isinstance(td, LazyStackOps) else td for td in self._members]
+        keys = [set(td.keys(True, True)) for td in dense]
+        for i, k in enumerate(keys):
+            if k != keys[0]:
+                raise MissingKeyError(
+                    f"Cannot make a dense TensorDict of the lazy stack: member {i} has keys {sorted(map(str, k))}, "
+                    f"member 0 has {sorted(map(str, keys[0]))}."
+                )
+        for key in keys[0]:
+            shapes = {tuple(v.shape) for v in (td.get(key) for td in dense) if isinstance(v, torch.Tensor)}
+            if len(shapes) > 1:
+                raise NotSupportedError(
+                    f"Cannot make a dense TensorDict of the lazy stack: the entry {key!r} has shapes "
+                    f"{sorted(shapes)} across the members."
+                )
+        out = TensorDict.stack(dense, self._stack_dim)
+        if self._stack_dim_name is not None:
+            out.names = self.names
+        return out
+
+    def dense_stack(self, dim: int | None = None) -> TensorDict:
+        """``to_tensordict()``: the members stacked densely (``dim`` must be the stack dimension)."""
+        if dim is not None and check_dim(dim, self.batch_dims) != self._stack_dim:
+            raise InvalidArgumentError(f"dense_stack(dim={dim}): the stack dimension is {self._stack_dim}.")
+        return self.to_tensordict()
+
+    @classmethod
+    def _combine(cls: type[T], tds: Sequence[Any], dim: int, new_dim: bool) -> T:
+        """Stack lazily: a lazy stack of the tensordicts; cat joins members along the stack dimension."""
+        if new_dim:
+            return cls._new_stack(tds, dim, None)
+        first = tds[0]
+        if all(isinstance(td, LazyStackOps) for td in tds):
+            d = check_dim(dim, first.batch_dims)
+            if all(td._stack_dim == d for td in tds):
+                return cls._new_stack([m for td in tds for m in td._members], d, None)
+            s = first._stack_dim
+            if all(td._stack_dim == s and len(td._members) == len(first._members) for td in tds):
+                inner = d if d < s else d - 1  # members are joined pairwise, the stack stays lazy
+                parts: list[Any] = [
+                    torch.cat([td._members[i] for td in tds], inner) for i in range(len(first._members))
+                ]
+                return cls._new_stack(parts, s, None)
+        raise NotSupportedError(
+            "torch.cat of lazy stacks works along their common stack dimension only; convert them with "
+            "to_tensordict() first."
+        )
+
+    # -- comparison ---------------------------------------------------------------------------
+    def _compare(self: T, other: Any, op: Callable[[Any, Any], Any]) -> T:
+        if isinstance(other, TensorDictBase):
+            if other.batch_size != self.batch_size:
+                raise BatchSizeError(
+                    f"Cannot compare a lazy stack of batch size {list(self.batch_size)} with one of "
+                    f"{list(other.batch_size)}."
+                )
+            theirs: list[Any] = list(other.unbind(self._stack_dim))
+        else:
+            theirs = [other] * len(self._members)
+        return self._like([td._compare(o, op) for td, o in zip(self._members, theirs, strict=True)])
