@@ -139,6 +139,7 @@ class NonTensorOps:
         Returns:
             ``self`` or a new entry sharing the value.
 
+        >>> from tdshare import NonTensorData, NonTensorStack
         >>> s = NonTensorStack("a", "b")
         >>> s.contiguous() is s, NonTensorData("a").contiguous().data
         (True, 'a')
@@ -163,6 +164,7 @@ class NonTensorOps:
         Raises:
             InvalidArgumentError: a single value updated with a ``NonTensorStack``.
 
+        >>> from tdshare import NonTensorStack
         >>> from tdshare import NonTensorData
         >>> v = NonTensorData("a")
         >>> v.update_(NonTensorData("b")).data
@@ -245,6 +247,7 @@ class NonTensorOps:
         Raises:
             NotSupportedError: a part of a single value (make it a stack first: ``maybe_to_stack()``).
 
+        >>> from tdshare import NonTensorStack
         >>> NonTensorStack("a", "b", "c").update_at_("z", slice(1, None)).tolist()
         ['a', 'z', 'z']
         """
@@ -262,6 +265,7 @@ class NonTensorOps:
         """This value as a ``NonTensorStack`` of its batch size, the value in every element (not
         copied); a value without batch dims is returned as is, a stack as a new stack of its values.
 
+        >>> from tdshare import NonTensorData
         >>> NonTensorData("a", batch_size=[2]).maybe_to_stack().tolist()
         ['a', 'a']
         """
@@ -359,6 +363,7 @@ class LinkedList(list):
         iterable: the items.
         td: the ``NonTensorStack`` to write back to (None: a plain, unlinked list).
 
+    >>> from tdshare import LinkedList
     >>> from tdshare import TensorDict
     >>> td = TensorDict({"names": ["a", "b"]}, batch_size=[2])
     >>> values = td["names"]
