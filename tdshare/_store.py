@@ -52,6 +52,7 @@ __all__ = [
     "member_without_meta",
     "read_meta",
     "checked_members",
+    "is_member_entry",
 ]
 
 
@@ -302,6 +303,13 @@ def checked_members(
     return [path_of(i) for i in range(len(found))]
 
 
+def is_member_entry(entry: os.DirEntry) -> bool:
+    """Whether a folder's listing entry is a stacked member's folder: named ``0``, ``1``... (no
+    leading zero), a directory or a symbolic link to one."""
+    name = entry.name
+    return name.isdigit() and str(int(name)) == name and entry.is_dir()
+
+
 def member_without_meta(store: Store, level: str, index: int) -> CorruptDataError:
     """The error for a stacked member folder that holds no ``meta.json``."""
     return CorruptDataError(f"{store.where(level)!r}: the stacked member folder {index!r} has no {META_FILE}.")
@@ -385,30 +393,6 @@ class DirectoryStore(Store):
     def has_level(self, level: str) -> bool:
         return os.path.isfile(os.path.join(level, META_FILE))
 
-    def quick_meta(self, level: str) -> dict | None:
-        """The parsed ``meta.json`` of a member level found as a real folder, by the shortest path.
-
-        For the members of a lazy stack, where a load reads one small ``meta.json`` per member:
-        None whenever :meth:`read_meta` (and :meth:`enter`) must do the work instead, which then
-        raises the error that names the file: the level is a symbolic link, holds a record of new
-        entries (``meta.jsonl``), or its ``meta.json`` is missing, a link, unreadable or large.
-        """
-        if level not in self._plain:
-            return None
-        base = level + _SEP
-        if _may_exist(base + JOURNAL_FILE):
-            return None
-        try:
-            raw = _read_file(base + META_FILE, _NOFOLLOW)
-        except OSError:
-            return None
-        hit = self.parsed_meta.get(raw)
-        if hit is None:
-            if len(raw) > _CACHED_META_BYTES:
-                return None
-            hit = self.parsed_meta[raw] = loads_json(raw, base + META_FILE)
-        return hit
-
     def child(self, level: str, key: str) -> str | None:
         found = self._find(level, key, "", True)
         if found is None:
@@ -439,7 +423,7 @@ class DirectoryStore(Store):
     def members(self, level: str) -> Iterator[str]:
         try:
             with os.scandir(level) as scan:
-                entries = [e for e in scan if e.name.isdigit() and str(int(e.name)) == e.name and e.is_dir()]
+                entries = [e for e in scan if is_member_entry(e)]
         except OSError:
             entries = []
         for e in entries:  # a real folder needs no lstat when it is entered; a link is checked then
