@@ -34,8 +34,8 @@ import torch
 
 from ._format import JOURNAL_FILE, LEAF_SUFFIX, LEVEL, META_FILE, layout_of, loads_json
 from ._keys import encode_key
-from ._lazy_leaves import LazyLeaves, PendingLeaf, track_below
-from ._store import DirectoryStore, Store, checked_members, is_member_entry
+from ._lazy_leaves import PendingLeaf, new_lazy_leaves, track_below
+from ._store import DirectoryStore, Store, checked_members, member_entries
 from ._tensordict_base import TensorDictBase
 
 __all__ = ["MemberTemplate", "member_template", "templates_apply", "load_members"]
@@ -169,12 +169,15 @@ def load_members(
     try:
         try:
             with os.scandir(dfd) as scan:
-                plain = {e.name: not e.is_symlink() for e in scan if is_member_entry(e)}
+                plain = {e.name: not e.is_symlink() for e in member_entries(scan)}
         except OSError:
             return None
-        base = level + os.sep
-        paths = checked_members(store, level, {int(name) for name in plain}, lambda i: base + str(i), False)
-        return _build(cls, store, dfd, base, paths, plain, template_of, general)
+        try:
+            return _build(cls, store, dfd, level, plain, template_of, general)
+        except Exception:
+            # a gap in the numbering is what the general walker raises first, before any member's error
+            checked_members(store, level, {int(name) for name in plain}, lambda i: f"{level}{os.sep}{i}", False)
+            raise
     finally:
         os.close(dfd)
 
@@ -183,41 +186,50 @@ def _build(
     cls: type[TensorDictBase],
     store: DirectoryStore,
     dfd: int,
-    base: str,
-    paths: list[str],
+    level: str,
     plain: dict[str, bool],
     template_of: Callable[[dict, str], MemberTemplate | None],
     general: Callable[[int, str, dict | None, bool], TensorDictBase],
 ) -> list[TensorDictBase]:
-    """The loop of :func:`load_members`: member ``i`` is read through ``dfd`` as ``"i/..."``."""
+    """The loop of :func:`load_members`: member ``i`` is read through ``dfd`` as ``"i/..."``; a
+    name missing from ``plain`` (a gap) raises ``KeyError`` (the caller raises the gap's error)."""
     access, open_, read, close, stat_, isreg = os.access, os.open, os.read, os.close, os.stat, stat.S_ISREG
-    new_leaves, setitem, pending, from_leaves = LazyLeaves, dict.__setitem__, PendingLeaf, cls._from_leaves
-    exists, nofollow, journal, meta_file = os.F_OK, _NOFOLLOW, os.sep + JOURNAL_FILE, os.sep + META_FILE
+    new_leaves, setitem, pending, from_leaves = new_lazy_leaves, dict.__setitem__, PendingLeaf, cls._from_leaves
+    sep, exists, nofollow = os.sep, os.F_OK, _NOFOLLOW
     mode, guard, annotate = store.mode, store.guard, store.annotate
     parsed: dict[bytes, tuple[dict, MemberTemplate | None]] = {}  # meta.json bytes -> (meta, template)
     shared = store.parsed_meta  # so that the members the general walker builds share the parses too
+    base = level + sep
     members: list[TensorDictBase] = []
     built: list[dict] = []
-    for index, sub in enumerate(paths):
+    for index in range(len(plain)):
         name = str(index)
-        if not plain[name] or access(name + journal, exists, dir_fd=dfd, follow_symlinks=False):
+        rel = name + sep
+        sub = base + name
+        if not plain[name] or access(rel + JOURNAL_FILE, exists, dir_fd=dfd, follow_symlinks=False):
             members.append(general(index, sub, None, False))  # a link is checked, a record read there
             continue
         try:
-            fd = open_(name + meta_file, nofollow, dir_fd=dfd)
+            fd = open_(rel + META_FILE, nofollow, dir_fd=dfd)
         except OSError:
             members.append(general(index, sub, None, True))  # missing, a link, unreadable: named there
             continue
         try:
             raw = read(fd, _READ)
+        except OSError:  # a directory, an I/O error: named there
+            raw = b""
         finally:
             close(fd)
+        if not raw:  # (an empty file too: not valid JSON, named there)
+            members.append(general(index, sub, None, True))
+            continue
+        prefix = sub + sep
+        where = prefix + META_FILE
         hit = parsed.get(raw)
         if hit is None:
             if len(raw) >= _READ:
                 members.append(general(index, sub, None, True))
                 continue
-            where = sub + meta_file
             meta = shared.get(raw)
             if meta is None:
                 meta = shared[raw] = loads_json(raw, where)
@@ -226,11 +238,9 @@ def _build(
         if template is None:
             members.append(general(index, sub, meta, True))
             continue
-        prefix = sub + os.sep
-        rel = name + os.sep
-        where = sub + meta_file
-        values: dict = new_leaves() if template.leaves else {}
-        for key, file, need, dtype, shape in template.leaves:
+        leaves = template.leaves
+        values: dict = new_leaves() if leaves else {}
+        for key, file, need, dtype, shape in leaves:
             try:
                 st = stat_(rel + file, dir_fd=dfd, follow_symlinks=False)
             except OSError:
@@ -242,10 +252,10 @@ def _build(
             names = template.names
             member = from_leaves(values, template.batch_size, template.device, None if names is None else list(names))
             annotate(member, sub, meta)
-            if template.leaves:
+            if leaves:
                 built.append(values)
             members.append(member)
             continue
         members.append(general(index, sub, meta, True))  # a missing, short or irregular file: named there
-    track_below(built, base[:-1])  # a re-save here or in a member's folder maps their pending leaves first
+    track_below(built, level)  # a re-save here or in a member's folder maps their pending leaves first
     return members

@@ -19,7 +19,7 @@ import stat
 import sys
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +52,7 @@ __all__ = [
     "member_without_meta",
     "read_meta",
     "checked_members",
-    "is_member_entry",
+    "member_entries",
 ]
 
 
@@ -303,11 +303,18 @@ def checked_members(
     return [path_of(i) for i in range(len(found))]
 
 
-def is_member_entry(entry: os.DirEntry) -> bool:
-    """Whether a folder's listing entry is a stacked member's folder: named ``0``, ``1``... (no
-    leading zero), a directory or a symbolic link to one."""
-    name = entry.name
-    return name.isdigit() and str(int(name)) == name and entry.is_dir()
+def member_entries(entries: Iterable[os.DirEntry]) -> list[os.DirEntry]:
+    """The entries of a folder's listing that are a stack's member folders: named ``0``, ``1``...
+    (ASCII digits, no leading zero), directories or symbolic links to one.
+
+    >>> member_entries([])
+    []
+    """
+    return [
+        e
+        for e in entries
+        if (name := e.name).isdigit() and name.isascii() and (name[0] != "0" or name == "0") and e.is_dir()
+    ]
 
 
 def member_without_meta(store: Store, level: str, index: int) -> CorruptDataError:
@@ -423,7 +430,7 @@ class DirectoryStore(Store):
     def members(self, level: str) -> Iterator[str]:
         try:
             with os.scandir(level) as scan:
-                entries = [e for e in scan if is_member_entry(e)]
+                entries = member_entries(scan)
         except OSError:
             entries = []
         for e in entries:  # a real folder needs no lstat when it is entered; a link is checked then
