@@ -137,12 +137,14 @@ def _load_stack(cls: type[T], store: Store, level: str, meta: dict, out: Any, pa
     ndim = members[0].batch_dims + 1
     if type(dim) is not int or not -ndim <= dim < ndim:
         raise CorruptDataError(f"{where}: stack_dim must be an integer below {ndim}, found {dim!r}.")
-    for i, member in enumerate(members):
-        if member.batch_size != members[0].batch_size:
-            raise CorruptDataError(
-                f"{where}: member {i} has batch size {list(member.batch_size)}, member 0 has "
-                f"{list(members[0].batch_size)}; the members of a stack must agree."
-            )
+    first = members[0].batch_size
+    sizes = [member.batch_size for member in members]
+    if sizes.count(first) != len(sizes):  # (one pass in C: a stack of a thousand members)
+        i = next(i for i, size in enumerate(sizes) if size != first)
+        raise CorruptDataError(
+            f"{where}: member {i} has batch size {list(sizes[i])}, member 0 has {list(first)}; the members of a "
+            "stack must agree."
+        )
     kind = kind_for_tag(LAZY_STACK_TYPE)
     if kind is None or kind.wrap is None:  # no lazy class registered: a dense stack
         return cls.stack(members, dim)

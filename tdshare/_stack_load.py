@@ -46,8 +46,8 @@ class MemberTemplate:
 
     Attributes:
         meta: the parsed metadata (shared by the members, never changed).
-        leaves: per leaf, ``(key, file name, bytes its file must hold, dtype, shape)``, in the
-            metadata's order.
+        leaves: per leaf, ``(key, "/" and its file's name, bytes the file must hold, dtype, shape)``,
+            in the metadata's order.
         batch_size: the members' batch size.
         names: the dim names, or None.
         device: the device of a loaded member.
@@ -116,7 +116,7 @@ def member_template(store: Store, meta: dict, where: str, device: Any) -> Member
         if nested or not numel or shape[: len(batch)] != batch:
             return None  # the general walker builds it, or raises naming the leaf
         name = (key if key.isidentifier() else encode_key(key)) + LEAF_SUFFIX
-        leaves.append((key, name, numel * dtype.itemsize, dtype, shape))
+        leaves.append((key, os.sep + name, numel * dtype.itemsize, dtype, shape))
     names = None if parsed.names is None else list(parsed.names)
     loaded_on = torch.device(device) if device is not None else store.default_device(meta)
     return MemberTemplate(meta, leaves, torch.Size(batch), names, loaded_on)
@@ -195,22 +195,21 @@ def _build(
     name missing from ``plain`` (a gap) raises ``KeyError`` (the caller raises the gap's error)."""
     access, open_, read, close, stat_, isreg = os.access, os.open, os.read, os.close, os.stat, stat.S_ISREG
     new_leaves, setitem, pending, from_leaves = new_lazy_leaves, dict.__setitem__, PendingLeaf, cls._from_leaves
-    sep, exists, nofollow = os.sep, os.F_OK, _NOFOLLOW
+    exists, nofollow, journal, meta_file = os.F_OK, _NOFOLLOW, os.sep + JOURNAL_FILE, os.sep + META_FILE
     mode, guard, annotate = store.mode, store.guard, store.annotate
     parsed: dict[bytes, tuple[dict, MemberTemplate | None]] = {}  # meta.json bytes -> (meta, template)
     shared = store.parsed_meta  # so that the members the general walker builds share the parses too
-    base = level + sep
+    base = level + os.sep
     members: list[TensorDictBase] = []
     built: list[dict] = []
     for index in range(len(plain)):
         name = str(index)
-        rel = name + sep
         sub = base + name
-        if not plain[name] or access(rel + JOURNAL_FILE, exists, dir_fd=dfd, follow_symlinks=False):
+        if not plain[name] or access(name + journal, exists, dir_fd=dfd, follow_symlinks=False):
             members.append(general(index, sub, None, False))  # a link is checked, a record read there
             continue
         try:
-            fd = open_(rel + META_FILE, nofollow, dir_fd=dfd)
+            fd = open_(name + meta_file, nofollow, dir_fd=dfd)
         except OSError:
             members.append(general(index, sub, None, True))  # missing, a link, unreadable: named there
             continue
@@ -223,8 +222,7 @@ def _build(
         if not raw:  # (an empty file too: not valid JSON, named there)
             members.append(general(index, sub, None, True))
             continue
-        prefix = sub + sep
-        where = prefix + META_FILE
+        where = sub + meta_file
         hit = parsed.get(raw)
         if hit is None:
             if len(raw) >= _READ:
@@ -242,12 +240,12 @@ def _build(
         values: dict = new_leaves() if leaves else {}
         for key, file, need, dtype, shape in leaves:
             try:
-                st = stat_(rel + file, dir_fd=dfd, follow_symlinks=False)
+                st = stat_(name + file, dir_fd=dfd, follow_symlinks=False)
             except OSError:
                 break
             if st.st_size < need or not isreg(st.st_mode):
                 break
-            setitem(values, key, pending(dtype, shape, prefix + file, mode, None, 0, st.st_ino, where, guard))
+            setitem(values, key, pending(dtype, shape, sub + file, mode, None, 0, st.st_ino, where, guard))
         else:
             names = template.names
             member = from_leaves(values, template.batch_size, template.device, None if names is None else list(names))
