@@ -30,11 +30,12 @@ from ._errors import (
 )
 from ._files import TMP_MARK, tmp_name
 from ._format import JOURNAL_FILE, LEAF_SUFFIX, META_FILE, dumps_json, dumps_level
-from ._options import SaveOptions
+from ._options import SaveOptions, check_path
 from ._plan import PlannedLevel, PlannedWrapper, TreeWriter, plan_tree
 from ._progress import ProgressCallback, counted
 from ._read import load_tree, read_meta
-from ._tdz import Archive, Entry, Source, inflate, parse_compression, pwrite_all, write_archive
+from ._tdz import Archive, Entry, inflate, parse_compression
+from ._tdz_write import Source, pwrite_all, write_archive
 from ._tensordict_base import TensorDictBase
 
 __all__ = [
@@ -81,7 +82,7 @@ class ArchiveWriter(TreeWriter):
     """The write half of a ``.tdz`` archive: always atomic, returned loaded (unlocked).
 
     The entries are the files a folder save would write, in archive order; the archive is
-    written beside its path and renamed into place (:func:`tdshare._tdz.write_archive`).
+    written beside its path and renamed into place (:func:`tdshare._tdz_write.write_archive`).
     """
 
     name = "a .tdz archive"
@@ -130,7 +131,33 @@ def pack_memmap(
 ) -> str:
     """Pack a saved folder into a ``.tdz`` archive (every file, in archive order); return the archive path.
 
-    ``progress(done, total)`` is called after each file packed."""
+    Args:
+        folder: the folder of a saved tensordict.
+        archive: the archive file to write (written atomically).
+        compression: the entries' compression: None or ``"stored"``, ``"deflate"``, ``"bzip2"``,
+            ``"lzma"``, or a ``zipfile`` constant.
+        compresslevel: the compression level (None: the method's default).
+        existsok: False refuses an existing ``archive``; True (the default) replaces it.
+        progress: ``progress(done, total)``, called after each file packed.
+
+    Returns:
+        The archive's absolute path.
+
+    Raises:
+        MissingMetadataError: ``folder`` holds no saved tensordict (a ``FileNotFoundError``).
+        InvalidArgumentError: ``archive`` is a folder, or an unknown ``compression`` (a ``ValueError``).
+        FileExistsRuntimeError: ``archive`` exists and ``existsok=False`` (a ``RuntimeError``).
+
+    >>> import os, tempfile, zipfile
+    >>> from tdshare import TensorDict, pack_memmap
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     _ = TensorDict(a=torch.arange(3.0), batch_size=[3]).save(os.path.join(path, "td"))
+    ...     archive = pack_memmap(os.path.join(path, "td"), os.path.join(path, "td.tdz"))
+    ...     print(os.path.basename(archive), zipfile.ZipFile(archive).namelist())
+    td.tdz ['meta.json', 'a.memmap']
+    """
+    check_path(folder, "folder")
+    check_path(archive, "archive")
     root = os.path.realpath(os.fspath(folder))
     if not os.path.isfile(os.path.join(root, META_FILE)):
         raise MissingMetadataError(f"No saved tensordict in {root!r}: {META_FILE} is missing.")
@@ -147,7 +174,30 @@ def pack_memmap(
 def unpack_memmap(archive: PathLike, folder: PathLike, *, progress: ProgressCallback | None = None) -> str:
     """Extract an archive into ``folder`` (created if needed), checking every CRC; return the folder.
 
-    ``progress(done, total)`` is called after each entry extracted."""
+    Args:
+        archive: the ``.tdz`` archive file.
+        folder: the folder to write the files into.
+        progress: ``progress(done, total)``, called after each entry extracted.
+
+    Returns:
+        The folder's absolute path.
+
+    Raises:
+        FileNotFoundError: ``archive`` does not exist.
+        InvalidArgumentError: ``archive`` is a folder, or not a tensordict archive (a ``ValueError``).
+        ArgumentTypeError: a path that is not a str or ``os.PathLike`` (a ``TypeError``).
+        CorruptDataError: an entry fails its CRC-32 check (a ``ValueError``).
+
+    >>> import os, tempfile
+    >>> from tdshare import TensorDict, load_memmap, unpack_memmap
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     _ = TensorDict(a=torch.arange(3.0), batch_size=[3]).save(os.path.join(path, "td.tdz"))
+    ...     folder = unpack_memmap(os.path.join(path, "td.tdz"), os.path.join(path, "td"))
+    ...     print(sorted(os.listdir(folder)), load_memmap(folder)["a"].tolist())
+    ['a.memmap', 'meta.json'] [0.0, 1.0, 2.0]
+    """
+    check_path(archive, "archive")
+    check_path(folder, "folder")
     root = os.path.abspath(os.fspath(folder))
     _extract(os.path.abspath(os.fspath(archive)), root, progress)
     return root
@@ -157,7 +207,31 @@ def refresh_archive_checksums(path: PathLike, *, num_threads: int = 0) -> int:
     """Rewrite the zip CRC-32s of the stored entries changed through ``mode="r+"``; return how many changed.
 
     Afterwards ``zipfile.ZipFile(path).testzip()`` and ``unzip -t`` accept the archive again.
+
+    Args:
+        path: the ``.tdz`` archive file.
+        num_threads: threads that read the entries (at least 2 are used).
+
+    Returns:
+        The number of entries whose CRC-32 was rewritten.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        InvalidArgumentError: ``path`` is a folder, or not a tensordict archive (a ``ValueError``).
+        ArgumentTypeError: ``path`` is not a str or ``os.PathLike`` (a ``TypeError``).
+
+    >>> import os, tempfile, zipfile
+    >>> from tdshare import TensorDict, load_memmap, refresh_archive_checksums
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     archive = os.path.join(path, "td.tdz")
+    ...     _ = TensorDict(a=torch.zeros(3), batch_size=[3]).save(archive)
+    ...     load_memmap(archive, mode="r+")["a"][0] = 9.0  # written in place: the CRC is stale
+    ...     print(zipfile.ZipFile(archive).testzip(), refresh_archive_checksums(archive))
+    ...     print(zipfile.ZipFile(archive).testzip())
+    a.memmap 1
+    None
     """
+    check_path(path, "path")
     return _refresh_crcs(os.path.abspath(os.fspath(path)), max(2, num_threads))
 
 

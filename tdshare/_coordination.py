@@ -260,7 +260,22 @@ class SharedRegistry:
     # -- finding the registry -------------------------------------------------------------------
     @classmethod
     def for_directory(cls, directory: str) -> SharedRegistry:
-        """The registry of the tree that holds ``directory`` (one object per tree per process)."""
+        """The registry of the tree that holds ``directory`` (one object per tree per process).
+
+        Args:
+            directory: the tree's top folder, or any folder inside it.
+
+        Returns:
+            The tree's :class:`SharedRegistry` (the same object while something holds it).
+
+        >>> import os, tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     _ = TensorDict(a=torch.zeros(2), n=TensorDict(b=torch.zeros(2))).save(path)
+        ...     reg = SharedRegistry.for_directory(os.path.join(path, "n"))
+        ...     print(reg.root == path, reg is SharedRegistry.for_directory(path))
+        True True
+        """
         root = tree_root(directory)
         with cls._instances_lock:
             reg = cls._instances.get(root)
@@ -273,8 +288,21 @@ class SharedRegistry:
     def for_path(cls, prefix: str | os.PathLike) -> SharedRegistry:
         """The registry of the saved tree at ``prefix`` (or of the tree a nested level belongs to).
 
+        Args:
+            prefix: a folder holding a saved tensordict (its top or a nested level).
+
+        Returns:
+            The tree's :class:`SharedRegistry`.
+
         Raises:
-            MissingMetadataError: ``prefix`` holds no saved tensordict.
+            MissingMetadataError: ``prefix`` holds no saved tensordict (a ``FileNotFoundError``).
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     _ = TensorDict(a=torch.zeros(2)).save(path)
+        ...     print(SharedRegistry.for_path(path).root == path)
+        True
         """
         path = os.path.abspath(os.fspath(prefix))
         if not os.path.isfile(os.path.join(path, "meta.json")):
@@ -287,8 +315,21 @@ class SharedRegistry:
     def for_tensordict(cls, td: Any) -> SharedRegistry:
         """The registry of a memory-mapped tensordict: its folder's tree, or its anonymous store.
 
+        Args:
+            td: a memory-mapped tensordict (``is_memmap()`` True).
+
+        Returns:
+            The :class:`SharedRegistry` its sharers use.
+
         Raises:
-            NotMemmapError: ``td`` is not memory-mapped (``memmap_()`` it first).
+            NotMemmapError: ``td`` is not memory-mapped (``memmap_()`` it first; a ``RuntimeError``).
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     td = TensorDict(a=torch.zeros(2)).memmap_(path)
+        ...     print(SharedRegistry.for_tensordict(td) is SharedRegistry.for_path(path))
+        True
         """
         prefix = getattr(td, "_memmap_prefix", None)
         anon = getattr(td, "_anon_store", None)
@@ -308,12 +349,28 @@ class SharedRegistry:
 
     @property
     def lock_path(self) -> str:
-        """The lock file (in the runtime folder)."""
+        """The lock file (in the runtime folder, outside the tree: the tree's folder is never written).
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     reg = SharedRegistry.for_tensordict(TensorDict(a=torch.zeros(2)).memmap_(path))
+        ...     print(reg.lock_path.endswith(".lock"), reg.lock_path.startswith(path))
+        True False
+        """
         return self._control_paths()[0]
 
     @property
     def gen_path(self) -> str:
-        """The counter file (in the runtime folder)."""
+        """The counter file (in the runtime folder), next to :attr:`lock_path`.
+
+        >>> import os, tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     reg = SharedRegistry.for_tensordict(TensorDict(a=torch.zeros(2)).memmap_(path))
+        ...     print(reg.gen_path.endswith(".gen"), os.path.dirname(reg.gen_path) == os.path.dirname(reg.lock_path))
+        True True
+        """
         return self._control_paths()[1]
 
     def _ours(self) -> bool:
@@ -353,6 +410,19 @@ class SharedRegistry:
 
         ``create=True`` (a process that will refresh or write) makes the counter file, so that
         every later writer bumps it.
+
+        Args:
+            create: make the counter file if it does not exist.
+
+        Returns:
+            ``(generation, file_epoch)``, or None.
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     reg = SharedRegistry.for_path(TensorDict(a=torch.zeros(2)).save(path).saved_path)
+        ...     print(reg.state(), reg.state(create=True))
+        None (0, 0)
         """
         m = self._counter(create=create)
         if m is None:
@@ -363,7 +433,18 @@ class SharedRegistry:
     def generation(self) -> int:
         """The number of metadata changes committed to the tree so far (0 before the first).
 
-        For a tree owned by another user (no counter here) it is always 0.
+        For a tree owned by another user (no counter here) it is always 0.  Reading it creates
+        the counter file.
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     td = TensorDict(a=torch.zeros(2), batch_size=[2]).memmap_(path)
+        ...     reg = SharedRegistry.for_tensordict(td)
+        ...     before = reg.generation
+        ...     _ = td.make_memmap("b", [2])
+        ...     print(before, reg.generation)
+        0 1
         """
         state = self.state(create=True)
         return 0 if state is None else state[0]
@@ -375,8 +456,22 @@ class SharedRegistry:
         wait sleeps in the kernel (a futex on the counter) and wakes within microseconds of the
         commit; where futexes are not available it polls every millisecond at most.
 
+        Args:
+            since: the generation to wait past (None: the current one).
+            timeout: the most seconds to wait (None: no limit).
+
+        Returns:
+            The generation after the change, or ``since`` on a timeout.
+
         Raises:
             NotSupportedError: the tree has no counter here (owned by another user).
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     reg = SharedRegistry.for_tensordict(TensorDict(a=torch.zeros(2)).memmap_(path))
+        ...     print(reg.wait_for_change(timeout=0.01) == reg.generation)  # no change: timed out
+        True
         """
         if self._counter(create=True) is None or self._futex is None:
             raise NotSupportedError(
@@ -395,7 +490,19 @@ class SharedRegistry:
         return current
 
     def describe(self) -> dict[str, Any]:
-        """Where the tree's control files are and what they hold (for ``python -m tdshare status``)."""
+        """Where the tree's control files are and what they hold (for ``python -m tdshare status``).
+
+        Returns:
+            A dict: ``tree``, ``lock``, ``counter`` (paths), ``generation`` and ``file_epoch``
+            (None before the counter exists), ``owned`` (this user owns the tree).
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     info = SharedRegistry.for_tensordict(TensorDict(a=torch.zeros(2)).memmap_(path)).describe()
+        ...     print(info["tree"] == path, info["generation"], info["owned"], sorted(info))  # no counter yet
+        True None True ['counter', 'file_epoch', 'generation', 'lock', 'owned', 'tree']
+        """
         state = self.state()
         return {
             "tree": self.root,
@@ -413,6 +520,18 @@ class SharedRegistry:
         An ``flock`` on a descriptor kept open (:mod:`tdshare._flock`): it serialises threads and
         processes, survives ``fork`` (a child never inherits a held lock), and the death of its
         holder (the kernel releases a dead process's ``flock``).
+
+        Returns:
+            The tree's :class:`~tdshare._flock.InterProcessLock` (the same one on each call in a
+            process).
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     reg = SharedRegistry.for_tensordict(TensorDict(a=torch.zeros(2)).memmap_(path))
+        ...     with reg.lock(), reg.lock():  # reentrant
+        ...         print(reg.lock() is reg.lock())
+        True
         """
         if self._lock is None or self._lock_pid != os.getpid():  # a forked child never reuses the parent's
             os.makedirs(os.path.dirname(self.lock_path), mode=0o700, exist_ok=True)
@@ -445,7 +564,25 @@ class SharedRegistry:
     def changes_since(self, seen: int, now: int) -> list[str] | None:
         """The levels (paths relative to the tree's top, ``""`` for the top) that the commits after
         generation ``seen`` up to ``now`` changed, or None when unknown (a commit that did not say,
-        one too far back, or no ring): the caller then reads every level."""
+        one too far back, or no ring, or no commit at all): the caller then reads every level.
+
+        Args:
+            seen: the generation last read.
+            now: the current generation.
+
+        Returns:
+            One level per commit, in order, or None.
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     td = TensorDict(a=torch.zeros(2), n=TensorDict(b=torch.zeros(2))).memmap_(path)
+        ...     reg = SharedRegistry.for_tensordict(td)
+        ...     seen = reg.generation
+        ...     _ = td.make_memmap(("n", "c"), [])
+        ...     print(reg.changes_since(seen, reg.generation))
+        ['n']
+        """
         if not 0 < now - seen <= _RING_SLOTS // 2:
             return None
         ring = self._changes(create=False)
@@ -470,6 +607,15 @@ class SharedRegistry:
         A leaf loaded before and mapped after the swap then sees a changed epoch (its
         :class:`EpochGuard` is stale), even where the swap is not finished by its next look;
         the :meth:`bump` after the swap advances the epoch again with the generation.
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     reg = SharedRegistry.for_tensordict(TensorDict(a=torch.zeros(2)).memmap_(path))
+        ...     before = reg.state(create=True)
+        ...     reg.mark_replacing()
+        ...     print(before, reg.state())  # (generation, file epoch)
+        (0, 0) (0, 1)
         """
         m = self._counter(create=True)
         if m is not None:
@@ -483,6 +629,21 @@ class SharedRegistry:
         changed (relative to the tree's top, ``""`` for it), recorded in the ring of changes so
         that a refresh reads that level alone.  The epoch and the ring are written before the
         generation, then every waiter is woken.
+
+        Args:
+            files_replaced: also advance the file epoch.
+            level: the one level the commit changed (None: unknown, readers check every level).
+
+        Returns:
+            The new ``(generation, file_epoch)``, or None when the tree has no counter here.
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     reg = SharedRegistry.for_tensordict(TensorDict(a=torch.zeros(2)).memmap_(path))
+        ...     with reg.lock():
+        ...         print(reg.bump(level=""), reg.bump(files_replaced=True), reg.changes_since(0, 1))
+        (1, 0) (2, 1) ['']
         """
         m = self._counter(create=True)
         if m is None:
@@ -541,7 +702,8 @@ class EpochGuard:
     at epoch 0, and only replacing files advances it).
 
     >>> import tempfile, torch
-    >>> from tdshare import TensorDict
+    >>> from tdshare import TensorDict, SharedRegistry
+    >>> from tdshare._coordination import EpochGuard
     >>> folder = tempfile.mkdtemp()
     >>> reg = SharedRegistry.for_directory(TensorDict(a=torch.ones(1)).memmap_(folder).saved_path)
     >>> guard = EpochGuard(reg, reg.state(create=True))

@@ -209,7 +209,7 @@ class AnyConversions:
         >>> import numpy as np, tdshare
         >>> x = np.array([("Rex", 9), ("Fido", 3)], dtype=[("name", "U10"), ("age", "i4")])
         >>> td = tdshare.TensorDict.from_struct_array(x)
-        >>> td.batch_size, td["age"].tolist(), td["name"]
+        >>> td.batch_size, td["age"].tolist(), list(td["name"])
         (torch.Size([2]), [9, 3], ['Rex', 'Fido'])
         """
         if not _is_struct_array(struct_array):

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ._errors import InvalidArgumentError
+from ._errors import DimensionError, InvalidArgumentError
 
 __all__ = [
     "is_key",
@@ -124,7 +124,7 @@ def _dim(v: Any) -> int:
 
 def check_dim(dim: int, ndim: int) -> int:
     if not -ndim <= dim < max(ndim, 1) or ndim == 0:
-        raise IndexError(f"Dimension {dim} is out of range for {ndim} batch dimension(s).")
+        raise DimensionError(f"Dimension {dim} is out of range for {ndim} batch dimension(s).")
     return dim % ndim
 
 

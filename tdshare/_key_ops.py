@@ -1,6 +1,6 @@
 """Key and conversion operations of every tensor collection: flattening and splitting keys,
-conversions to and from dicts, lists and named tuples, ``apply`` and its variants, updates,
-gradients and the compact ``repr``.  A mixin of :class:`tdshare._tensordict_base.TensorDictBase`,
+conversions to and from dicts, lists and named tuples, ``apply`` and its variants, updates
+and the compact ``repr``.  A mixin of :class:`tdshare._tensordict_base.TensorDictBase`,
 so a TensorDict, a lazy stack and (through its forwarding) a tensorclass all get them.
 
 A lazy stack has no single level of entries: it answers :meth:`KeyOps._lazy_members` with its
@@ -39,10 +39,6 @@ NO_DEFAULT: Any = _NoDefault()
 def is_node(value: Any) -> bool:
     """Whether ``value`` is a collection that key operations walk into (a tensordict or lazy stack)."""
     return isinstance(value, KeyOps)
-
-
-def _leaf_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and not isinstance(value, KeyOps)
 
 
 class KeysView(list):
@@ -399,155 +395,6 @@ class KeyOps:
             outs.append(out)
         return (*outs, rest)
 
-    # -- gradients, devices, memory ---------------------------------------------------------------
-    def detach(self: T) -> T:
-        """A new collection whose tensors are detached from the autograd graph.
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.ones(2, requires_grad=True), batch_size=[2]).detach()["a"].requires_grad
-        False
-        """
-        td: Any = self
-        return td._map(lambda t: t.detach())
-
-    def detach_(self: T) -> T:
-        """Detach every tensor from the autograd graph, in place; return self.
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.ones(2), batch_size=[2]).detach_()["a"].requires_grad
-        False
-        """
-        td: Any = self
-        for leaf in td._stored_tensors():
-            leaf.detach_()
-        return self
-
-    def requires_grad_(self: T, requires_grad: bool = True) -> T:
-        """Set ``requires_grad`` on every tensor, in place; return self.
-
-        Raises:
-            RuntimeError: from torch, for a tensor that cannot require gradients (integers).
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.ones(2), batch_size=[2]).requires_grad_()["a"].requires_grad
-        True
-        """
-        td: Any = self
-        for leaf in td._stored_tensors():
-            leaf.requires_grad_(requires_grad)
-        return self
-
-    @property
-    def data(self) -> Any:
-        """A collection of the tensors' ``.data`` (detached views of the same memory); locked as this one is.
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.ones(2, requires_grad=True), batch_size=[2]).data["a"].requires_grad
-        False
-        """
-        td: Any = self
-        out = td._map(lambda t: t.data)
-        return out.lock_() if td.is_locked else out
-
-    @property
-    def grad(self) -> Any:
-        """A collection of the tensors' gradients (tensors without one are left out), or None when none has one.
-
-        >>> from tdshare import TensorDict
-        >>> x = torch.ones(2, requires_grad=True)
-        >>> x.sum().backward()
-        >>> TensorDict(a=x, batch_size=[2]).grad["a"].tolist()
-        [1.0, 1.0]
-        """
-        td: Any = self
-        if not any(t.grad is not None for t in td._stored_tensors()):
-            return None
-        out = td._map(lambda t: t.grad)
-        return out.lock_() if td.is_locked else out
-
-    @property
-    def dtype(self) -> torch.dtype | None:
-        """The dtype all tensors share, or None when they differ (or there is none).
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.zeros(2), b=torch.ones(2), batch_size=[2]).dtype
-        torch.float32
-        """
-        dtypes = {t.dtype for _, t in leaves(self) if _leaf_tensor(t)}
-        return dtypes.pop() if len(dtypes) == 1 else None
-
-    def is_floating_point(self) -> bool:
-        """Whether every tensor has a floating-point dtype (False when there is none).
-
-        >>> from tdshare import TensorDict
-        >>> TensorDict(a=torch.zeros(2), batch_size=[2]).is_floating_point()
-        True
-        """
-        tensors = [t for _, t in leaves(self) if _leaf_tensor(t)]
-        return bool(tensors) and all(t.is_floating_point() for t in tensors)
-
-    def cuda(self: T, device: int | str | torch.device | None = None, **kwargs: Any) -> T:
-        """A copy on a CUDA device (``to("cuda")``, or ``to(device)``).
-
-        Raises:
-            NotSupportedError: torch has no CUDA device here.
-
-        >>> from tdshare import TensorDict
-        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
-        >>> td.cuda().device.type if torch.cuda.is_available() else "cuda"
-        'cuda'
-        """
-        if not torch.cuda.is_available():
-            raise NotSupportedError("cuda(): torch finds no CUDA device on this machine; keep the tensordict on cpu.")
-        if isinstance(device, int):
-            device = torch.device("cuda", device)
-        td: Any = self
-        return td.to(torch.device("cuda") if device is None else torch.device(device), **kwargs)
-
-    def data_ptr(self, *, storage: bool = False) -> Any:
-        """A tensordict of batch size ``[]`` with each tensor's data pointer (int64 scalars).
-
-        Args:
-            storage: the pointer of each tensor's storage instead of its first element.
-
-        >>> from tdshare import TensorDict
-        >>> t = torch.zeros(2)
-        >>> TensorDict(a=t, batch_size=[2]).data_ptr()["a"].item() == t.data_ptr()
-        True
-        """
-        if self._lazy_members() is not None:
-            return self._per_member("data_ptr", storage=storage)
-        td: Any = self
-        out = type(td)._from_leaves({}, torch.Size([]), torch.device("cpu"))
-        for key, leaf in leaves(td):
-            if _leaf_tensor(leaf):
-                ptr = leaf.untyped_storage().data_ptr() if storage else leaf.data_ptr()
-                place(out, unravel_key(key), torch.tensor(ptr, dtype=torch.int64))
-        return out
-
-    def bytes(self, *, count_duplicates: bool = True) -> int:
-        """The number of bytes the tensors (and their gradients) hold.
-
-        Args:
-            count_duplicates: count a buffer that several entries share once per entry (``False``: once).
-
-        >>> from tdshare import TensorDict
-        >>> t = torch.zeros(4)
-        >>> TensorDict(a=t, b=t, batch_size=[4]).bytes(count_duplicates=False)
-        16
-        """
-        seen: set[tuple[int, int]] = set()
-        total = 0
-        for _, leaf in leaves(self):
-            if not _leaf_tensor(leaf):
-                continue
-            for part in _buffers(leaf):
-                ident = (part.data_ptr(), part.nbytes)
-                if count_duplicates or ident not in seen:
-                    total += part.nbytes
-                seen.add(ident)
-        return total
-
     def __repr__(self) -> str:
         return compact_repr(self)
 
@@ -592,20 +439,6 @@ def leaves(td: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[Any, Any]]:
             yield from leaves(kind.unwrap(value)[0], full)
         else:
             yield (full if prefix else key), value
-
-
-def _buffers(t: torch.Tensor) -> list[torch.Tensor]:
-    parts: list[torch.Tensor]
-    if t.is_nested:
-        parts = [t.values()]
-        if t.layout == torch.jagged:
-            jagged: Any = t
-            parts += [p for p in (jagged.offsets(), jagged.lengths()) if p is not None]
-    else:
-        parts = [t]
-    if t.grad is not None:
-        parts += _buffers(t.grad)
-    return parts
 
 
 def place(td: Any, parts: tuple[str, ...], value: Any) -> None:

@@ -112,7 +112,19 @@ _PLAIN_INDEX = (int, slice, type(None), type(Ellipsis))
 
 
 class MemoryMappedTensor(MemmapFactories, torch.Tensor):
-    """A tensor whose memory is a mapped file (``filename``) or an anonymous shared segment."""
+    """A tensor whose memory is a mapped file (``filename``) or an anonymous shared segment.
+
+    Build one with the factories (``from_tensor``, ``zeros``, ``empty``, ``from_filename``, ...);
+    writes go to the file, and every process mapping it sees them.
+
+    >>> import os, tempfile
+    >>> from tdshare import MemoryMappedTensor
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     t = MemoryMappedTensor.from_tensor(torch.arange(3.0), filename=os.path.join(path, "t.bin"))
+    ...     t[0] = 7.0
+    ...     print(MemoryMappedTensor.from_filename(t.filename, torch.float32, [3]).tolist())
+    [7.0, 1.0, 2.0]
+    """
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
@@ -205,12 +217,13 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
             FileExistsRuntimeError: ``filename`` exists and ``existsok`` is False.
 
         Example:
+            >>> from tdshare import MemoryMappedTensor
             >>> m = MemoryMappedTensor.from_tensor(torch.arange(3))
             >>> m.tolist(), m.is_anonymous
             ([0, 1, 2], True)
         """
         if not isinstance(input, torch.Tensor):
-            raise TypeError(f"from_tensor expects a torch.Tensor, got {type(input).__name__}.")
+            raise ArgumentTypeError(f"from_tensor expects a torch.Tensor, got {type(input).__name__}.")
         if input.requires_grad:
             raise MemmapError("Cannot memory-map a tensor that requires grad: pass tensor.detach() instead.")
         path = None if filename is None else os.path.abspath(os.fspath(filename))
@@ -266,8 +279,31 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
         """Map an existing file of raw C-order elements.
 
         The file must hold at least ``prod(shape)`` elements (a shorter one raises, it is never
-        grown).  ``mode``: None writes through when the file is writable, ``"r"`` keeps writes
-        private to this process, ``"r+"`` writes through and needs a writable file.
+        grown).
+
+        Args:
+            filename: the file to map.
+            dtype: the elements' dtype.
+            shape: the tensor's shape, or a tensor of shapes (one row per piece) for a nested
+                tensor.
+            index: an index applied to the mapped tensor (None: the whole of it).
+            mode: None writes through when the file is writable, ``"r"`` keeps writes private to
+                this process, ``"r+"`` writes through and needs a writable file.
+
+        Returns:
+            The MemoryMappedTensor (``[index]`` of it when an index is given).
+
+        Raises:
+            ValueError: a ``mode`` other than None, ``"r"``, ``"r+"``; a file that is missing or
+                shorter than ``shape`` needs (:class:`CorruptDataError`).
+
+        >>> import os, tempfile
+        >>> from tdshare import MemoryMappedTensor
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     file = os.path.join(path, "t.bin")
+        ...     _ = MemoryMappedTensor.from_tensor(torch.arange(6.0), filename=file)
+        ...     print(MemoryMappedTensor.from_filename(file, torch.float32, [2, 3], index=1).tolist())
+        [3.0, 4.0, 5.0]
         """
         _check_mode(mode)
         table = _size_table(shape)
@@ -291,7 +327,33 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
         index: Any = None,
         filename: str | os.PathLike | None = None,
     ) -> MemoryMappedTensor:
-        """Wrap ``storage`` without copying (dtype defaults to the storage's, int64 if untyped)."""
+        """Wrap ``storage`` without copying.
+
+        Args:
+            storage: a CPU ``torch.UntypedStorage`` or ``TypedStorage``.
+            shape: the tensor's shape, or a tensor of shapes for a nested tensor (None: as many
+                elements as the storage holds, in one dimension).
+            dtype: the elements' dtype (None: the storage's, ``torch.int64`` if it is untyped).
+            device: must be None or the CPU.
+            index: an index applied to the result (None: the whole of it).
+            filename: the file the storage maps, when it maps one (None: the storage's own file,
+                if any).
+
+        Returns:
+            A MemoryMappedTensor that shares the storage's memory.
+
+        Raises:
+            TypeError: ``storage`` is not a torch storage.
+            ValueError: the storage is smaller than ``shape`` needs (:class:`InvalidArgumentError`).
+            RuntimeError: a device other than the CPU, or a ``filename`` other than the file the
+                storage maps (:class:`MemmapError`).
+
+        >>> from tdshare import MemoryMappedTensor
+        >>> storage = torch.arange(4, dtype=torch.int32).untyped_storage()
+        >>> t = MemoryMappedTensor.from_storage(storage, dtype=torch.int32, shape=[2, 2])
+        >>> t.tolist(), t.data_ptr() == storage.data_ptr()
+        ([[0, 1], [2, 3]], True)
+        """
         _check_cpu(device)
         if isinstance(storage, torch.TypedStorage):
             dtype = dtype or storage.dtype
@@ -351,6 +413,7 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
                 handler's offset is not a multiple of the dtype's size.
 
         Example:
+            >>> from tdshare import MemoryMappedTensor
             >>> t = MemoryMappedTensor.from_tensor(torch.arange(4.0))
             >>> u = MemoryMappedTensor.from_handler(t._handler, torch.float32, (2, 2))  # doctest: +SKIP
             >>> u[1, 1] = 9.0; t[3].item()  # doctest: +SKIP
@@ -414,7 +477,19 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
     # -- properties ---------------------------------------------------------------------------
     @property
     def filename(self) -> str:
-        """The absolute path of the mapped file; ``RuntimeError`` for anonymous memory."""
+        """The absolute path of the mapped file.
+
+        Raises:
+            RuntimeError: the tensor has no file: it is in anonymous shared memory, or wraps
+                ordinary process memory (:class:`MemmapError`).
+
+        >>> import os, tempfile
+        >>> from tdshare import MemoryMappedTensor
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     t = MemoryMappedTensor.zeros(3, filename=os.path.join(path, "t.bin"))
+        ...     print(os.path.basename(t.filename), os.path.getsize(t.filename))
+        t.bin 12
+        """
         if self._filename is None:
             where = "anonymous shared memory" if self._segment is not None else "ordinary process memory"
             raise MemmapError(f"The MemoryMappedTensor has no file associated (it is in {where}).")
@@ -424,7 +499,8 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
     def is_anonymous(self) -> bool:
         """Whether the tensor lives in anonymous shared memory (no file) rather than in a file.
 
-        >>> MemoryMappedTensor.zeros(2).is_anonymous()
+        >>> from tdshare import MemoryMappedTensor
+        >>> MemoryMappedTensor.zeros(2).is_anonymous
         True
         """
         return self._filename is None
@@ -450,10 +526,40 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
         return self._handle
 
     def share_memory_(self) -> MemoryMappedTensor:
+        """Return ``self`` with its memory shared between processes.
+
+        A tensor mapped from a file, an archive or an anonymous segment is already shared and stays
+        where it is; a ``MemoryMappedTensor(tensor)`` that wraps ordinary process memory has its
+        storage moved into shared memory, as ``torch.Tensor.share_memory_`` does.
+
+        Returns:
+            ``self``.
+
+        >>> from tdshare import MemoryMappedTensor
+        >>> t = MemoryMappedTensor(torch.zeros(2))
+        >>> t.is_shared(), t.share_memory_() is t, t.is_shared()
+        (False, True, True)
+        """
+        if not self.is_shared():
+            torch.Tensor.share_memory_(self)
         return self
 
     def is_shared(self) -> bool:
-        return True
+        """Whether the tensor's memory is shared between processes.
+
+        True for a tensor mapped from a file, an archive or an anonymous segment; a
+        ``MemoryMappedTensor(tensor)`` that wraps ordinary memory is not, until ``share_memory_()``.
+
+        Returns:
+            Whether another process can map the same memory.
+
+        >>> from tdshare import MemoryMappedTensor
+        >>> MemoryMappedTensor.zeros(2).is_shared(), MemoryMappedTensor(torch.zeros(2)).is_shared()
+        (True, False)
+        """
+        if self._filename is not None or self._segment is not None or self._offset is not None:
+            return True
+        return torch.Tensor.is_shared(self)
 
     # -- views --------------------------------------------------------------------------------
     def _same_memory(self, out: Any) -> Any:
@@ -477,12 +583,64 @@ class MemoryMappedTensor(MemmapFactories, torch.Tensor):
         return self._same_memory(torch.Tensor.__getitem__(self, index))
 
     def unbind(self, dim: int = 0) -> tuple[Any, ...]:
+        """Split along ``dim`` into its slices, each a MemoryMappedTensor view of the same memory.
+
+        Args:
+            dim: the dimension to remove.
+
+        Returns:
+            A tuple of ``self.shape[dim]`` views (writes to them reach the file).
+
+        Raises:
+            IndexError: ``dim`` is out of range (torch's error).
+
+        >>> from tdshare import MemoryMappedTensor
+        >>> rows = MemoryMappedTensor.from_tensor(torch.arange(6).reshape(2, 3)).unbind(0)
+        >>> [type(r).__name__ for r in rows], rows[1].tolist()
+        (['MemoryMappedTensor', 'MemoryMappedTensor'], [3, 4, 5])
+        """
         return tuple(self._same_memory(t) for t in torch.Tensor.unbind(self, dim))
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple[Any, ...]:
+        """Split into ``chunks`` pieces along ``dim`` (as ``torch.chunk``), views of the same memory.
+
+        Args:
+            chunks: the number of pieces (the last may be smaller, and there may be fewer).
+            dim: the dimension to split.
+
+        Returns:
+            A tuple of MemoryMappedTensor views.
+
+        Raises:
+            RuntimeError, IndexError: torch's errors for a bad ``chunks`` or ``dim``.
+
+        >>> from tdshare import MemoryMappedTensor
+        >>> t = MemoryMappedTensor.from_tensor(torch.arange(5))
+        >>> first, second = t.chunk(2)
+        >>> first[0] = 9
+        >>> first.tolist(), second.tolist(), t[0].item()
+        ([9, 1, 2], [3, 4], 9)
+        """
         return tuple(self._same_memory(t) for t in torch.Tensor.chunk(self, chunks, dim))
 
     def split(self, split_size: Any, dim: int = 0) -> tuple[Any, ...]:
+        """Split along ``dim`` into pieces of ``split_size`` (as ``torch.split``), views of the same memory.
+
+        Args:
+            split_size: the size of each piece (the last may be smaller), or a list of sizes.
+            dim: the dimension to split.
+
+        Returns:
+            A tuple of MemoryMappedTensor views.
+
+        Raises:
+            RuntimeError, IndexError: torch's errors for sizes that do not add up or a bad ``dim``.
+
+        >>> from tdshare import MemoryMappedTensor
+        >>> pieces = MemoryMappedTensor.from_tensor(torch.arange(5)).split([2, 3])
+        >>> [type(p).__name__ for p in pieces], [p.tolist() for p in pieces]
+        (['MemoryMappedTensor', 'MemoryMappedTensor'], [[0, 1], [2, 3, 4]])
+        """
         return tuple(self._same_memory(t) for t in torch.Tensor.split(self, split_size, dim))
 
     # -- pickling -----------------------------------------------------------------------------

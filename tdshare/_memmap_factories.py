@@ -59,6 +59,7 @@ class MemmapFactories:
             MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
 
         Example:
+            >>> from tdshare import MemoryMappedTensor
             >>> MemoryMappedTensor.empty(2, 3).shape
             torch.Size([2, 3])
         """
@@ -96,6 +97,7 @@ class MemmapFactories:
             MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
 
         Example:
+            >>> from tdshare import MemoryMappedTensor
             >>> MemoryMappedTensor.zeros((2,)).tolist()
             [0.0, 0.0]
         """
@@ -133,6 +135,7 @@ class MemmapFactories:
             MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
 
         Example:
+            >>> from tdshare import MemoryMappedTensor
             >>> MemoryMappedTensor.ones(2, dtype=torch.int64).tolist()
             [1, 1]
         """
@@ -172,6 +175,7 @@ class MemmapFactories:
             MemmapError: ``filename`` is a symbolic link, or ``device`` is not the CPU.
 
         Example:
+            >>> from tdshare import MemoryMappedTensor
             >>> MemoryMappedTensor.full(2, fill_value=7.0).tolist()
             [7.0, 7.0]
         """
@@ -192,6 +196,7 @@ class MemmapFactories:
         Raises:
             MemmapError: ``filename`` is a symbolic link.
 
+        >>> from tdshare import MemoryMappedTensor
         >>> MemoryMappedTensor.empty_like(torch.ones(2, 3)).shape
         torch.Size([2, 3])
         """
@@ -208,6 +213,7 @@ class MemmapFactories:
         Returns:
             The new :class:`MemoryMappedTensor`.
 
+        >>> from tdshare import MemoryMappedTensor
         >>> MemoryMappedTensor.zeros_like(torch.ones(2)).tolist()
         [0.0, 0.0]
         """
@@ -224,6 +230,7 @@ class MemmapFactories:
         Returns:
             The new :class:`MemoryMappedTensor`.
 
+        >>> from tdshare import MemoryMappedTensor
         >>> MemoryMappedTensor.ones_like(torch.zeros(2, dtype=torch.int64)).tolist()
         [1, 1]
         """
@@ -243,6 +250,7 @@ class MemmapFactories:
         Returns:
             The new :class:`MemoryMappedTensor`.
 
+        >>> from tdshare import MemoryMappedTensor
         >>> MemoryMappedTensor.full_like(torch.zeros(2), 7.0).tolist()
         [7.0, 7.0]
         """

@@ -26,7 +26,7 @@ from ._entries import (
     storage_entry_checks,
     write_non_tensor,
 )
-from ._errors import NotMemmapError, NotSupportedError
+from ._errors import ArgumentTypeError, NotMemmapError, NotSupportedError
 from ._files import no_data_error
 from ._future import TensorDictFuture
 from ._keys import NestedKey
@@ -371,13 +371,36 @@ class MemmapFamily(
     dumps = save
 
     def is_memmap(self) -> bool:
-        """Whether the leaves are memory-mapped (True from ``memmap_()`` until ``unlock_()``)."""
+        """Whether the leaves are memory-mapped (True from ``memmap_()`` until ``unlock_()``).
+
+        Returns:
+            True for a tensordict memory-mapped in place (to a folder or anonymous shared memory)
+            and still locked; False otherwise, a ``load_memmap()`` result included.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
+        >>> td.is_memmap(), td.memmap_().is_memmap(), td.unlock_().is_memmap()
+        (False, True, False)
+        """
         return self._is_memmap
 
     @property
-    def saved_path(self) -> str:
-        """The directory the tensordict is memory-mapped to."""
-        if not self._is_memmap or self._memmap_prefix is None:
+    def saved_path(self) -> str | None:
+        """The directory the tensordict is memory-mapped to; None when it is in anonymous shared memory.
+
+        Raises:
+            AttributeError: the tensordict is not memory-mapped (never was, or was unlocked since).
+
+        >>> import os, tempfile
+        >>> from tdshare import TensorDict
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     td = TensorDict(a=torch.zeros(2), batch_size=[2]).memmap_(path)
+        ...     print(td.saved_path == path, sorted(os.listdir(td.saved_path)))
+        True ['a.memmap', 'meta.json']
+        >>> print(TensorDict(a=torch.zeros(2), batch_size=[2]).memmap_().saved_path)
+        None
+        """
+        if not self._is_memmap:
             raise AttributeError(
                 f"The tensordict has no saved path (is_memmap()={self._is_memmap}, path={self._memmap_prefix})."
             )
@@ -400,10 +423,41 @@ class MemmapFamily(
     ) -> T:
         """Load a saved tensordict, mapping its leaf files (no payload is read).
 
-        ``mode``: None writes through where the file is writable, ``"r"`` keeps writes private to
-        this process, ``"r+"`` writes through and raises ``PermissionError`` on a read-only file.
-        ``allow_pickle``: None loads pickled non-tensor values with a ``FutureWarning``, False
-        refuses them, True loads them.
+        The result holds :class:`MemoryMappedTensor` leaves, is unlocked and ``is_memmap()`` is
+        False; ``memmap_()`` on it (no argument) makes it memory-mapped there without writing.
+        ``load`` is the same method.
+
+        Args:
+            prefix: the folder, or the ``.tdz`` archive file, to read.
+            device: the device of the result (None: the saved device).
+            non_blocking: accepted for the reference's signature, and ignored.
+            out: a tensordict to load into (see :meth:`load_memmap_`).
+            robust_key: the key encoding the data was saved with (see :meth:`memmap_`).
+            subpath: the key of a nested tensordict to load alone.
+            mode: None writes through where the file is writable, ``"r"`` keeps writes private
+                to this process, ``"r+"`` writes through and raises ``PermissionError`` on a
+                read-only file.
+            num_threads: threads that read an archive's entries (0: the calling thread).
+            allow_pickle: None loads pickled non-tensor values with a ``FutureWarning``, False
+                refuses them, True loads them.
+
+        Returns:
+            The loaded tensordict (``out`` when it is given).
+
+        Raises:
+            FileNotFoundError: no saved tensordict at ``prefix`` (:class:`MissingMetadataError`).
+            ValueError: a ``mode`` other than None, ``"r"``, ``"r+"``; damaged files
+                (:class:`CorruptDataError`).
+            RuntimeError: a format version or dtype this version does not read; pickled data
+                with ``allow_pickle=False``; a locked ``out``.
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     _ = TensorDict(a=torch.arange(3.0), batch_size=[3]).save(path)
+        ...     loaded = TensorDict.load_memmap(path)
+        ...     print(loaded["a"].tolist(), type(loaded["a"]).__name__, loaded.is_memmap())
+        [0.0, 1.0, 2.0] MemoryMappedTensor False
         """
         return load_tree(
             cls,
@@ -429,8 +483,31 @@ class MemmapFamily(
     ) -> T:
         """Load a saved tensordict into ``self`` (nested tensordicts reused, leaves replaced).
 
-        A memory-mapped ``self`` ends memory-mapped into the loaded folder and locked (nothing is
-        written); ``self`` is unchanged if the load fails.
+        Keys that are not in the saved data are removed; the old leaves' storage is not written
+        (``td.update_(TensorDict.load_memmap(prefix))`` does that).  A memory-mapped ``self`` ends
+        memory-mapped into the loaded folder and locked (nothing is written); with no folder (an
+        archive, ``mode="r"``) it ends unlocked and not memory-mapped.  ``self`` is unchanged if
+        the load fails.
+
+        Args:
+            prefix: the folder, or the ``.tdz`` archive file, to read.
+            robust_key: the key encoding the data was saved with (see :meth:`memmap_`).
+            allow_pickle, mode: as for :meth:`load_memmap`.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            RuntimeError: ``self`` is locked and not memory-mapped (:class:`LockedError`).
+            The errors of :meth:`load_memmap`.
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     _ = TensorDict(a=torch.ones(3), batch_size=[3]).save(path)
+        ...     td = TensorDict(a=torch.zeros(3), b=torch.zeros(3), batch_size=[3])
+        ...     print(td.load_memmap_(path) is td, list(td.keys()), td["a"].tolist())
+        True ['a'] [1.0, 1.0, 1.0]
         """
         return load_into(self, prefix, robust_key, allow_pickle=allow_pickle, mode=mode)
 
@@ -445,16 +522,67 @@ class MemmapFamily(
     ) -> MemoryMappedTensor:
         """Add a zero-filled memory-mapped entry at ``key`` (allowed while locked) and return it.
 
-        Other processes sharing the folder see it after ``memmap_refresh_()``.
+        Its file is written in the tensordict's folder (none in anonymous shared memory). Other
+        processes sharing the folder see it after ``memmap_refresh_()``.
+
+        Args:
+            key: the new entry's key; a tuple creates the missing nested tensordicts.
+            shape: its shape, starting with the batch size.
+            dtype: its dtype (None: ``torch.get_default_dtype()``).
+            robust_key: as for :meth:`memmap_`.
+
+        Returns:
+            The new :class:`MemoryMappedTensor`.
+
+        Raises:
+            RuntimeError: the tensordict is not memory-mapped (:class:`NotMemmapError`), the key
+                exists (:class:`MemmapError`), or ``shape`` does not start with the batch size
+                (:class:`BatchSizeError`).
+            TypeError: a key that is not a string or tuple of strings.
+
+        >>> import os, tempfile
+        >>> from tdshare import TensorDict
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     td = TensorDict(a=torch.ones(3), batch_size=[3]).memmap_(path)
+        ...     b = td.make_memmap("b", [3, 2], dtype=torch.int64)
+        ...     print(b.shape, b.dtype, b.sum().item(), td.is_locked, sorted(os.listdir(path)))
+        torch.Size([3, 2]) torch.int64 0 True ['a.memmap', 'b.memmap', 'meta.json']
         """
         return add_entry(self, key, shape, dtype, robust_key, build_empty)
 
     def make_memmap_from_tensor(
         self, key: NestedKey, tensor: torch.Tensor, *, copy_data: bool = True, robust_key: bool | None = True
     ) -> MemoryMappedTensor:
-        """Add a memory-mapped copy of ``tensor`` at ``key`` (``copy_data=False``: zeros of its shape)."""
+        """Add a memory-mapped copy of ``tensor`` at ``key`` and return it (allowed while locked).
+
+        A nested (jagged) tensor is stored packed, with its pieces' shapes.  Other processes
+        sharing the folder see the entry after ``memmap_refresh_()``.
+
+        Args:
+            key: the new entry's key; a tuple creates the missing nested tensordicts.
+            tensor: the data to copy; its shape must start with the batch size.
+            copy_data: False writes zeros of the tensor's shape and dtype instead of its data.
+            robust_key: as for :meth:`memmap_`.
+
+        Returns:
+            The new :class:`MemoryMappedTensor`.
+
+        Raises:
+            TypeError: ``tensor`` is not a ``torch.Tensor``.
+            NotImplementedError: a nested tensor with a layout other than ``torch.strided``, or a
+                meta tensor (it has no data) with ``copy_data=True``.
+            RuntimeError: as for :meth:`make_memmap`.
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     td = TensorDict(a=torch.ones(3), batch_size=[3]).memmap_(path)
+        ...     print(td.make_memmap_from_tensor("b", torch.arange(3.0)).tolist(),
+        ...           td.make_memmap_from_tensor("c", torch.ones(3), copy_data=False).tolist())
+        [0.0, 1.0, 2.0] [0.0, 0.0, 0.0]
+        """
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"make_memmap_from_tensor expects a torch.Tensor, got {type(tensor).__name__}.")
+            raise ArgumentTypeError(f"make_memmap_from_tensor expects a torch.Tensor, got {type(tensor).__name__}.")
         if tensor.is_nested:  # the packed elements, with the pieces' shapes as the tensor of shapes
             if tensor.layout is not torch.strided:
                 raise NotSupportedError(
@@ -484,9 +612,32 @@ class MemmapFamily(
     ) -> MemoryMappedTensor:
         """Add an entry at ``key`` that reads its data from ``storage`` (no copy) and return it.
 
-        A storage with a file must be the entry's own file; a file-less one is used as it is and
-        is dropped by ``load_memmap``/``memmap_refresh_`` (with a ``FutureWarning``) when the
-        tensordict has a folder.
+        Allowed while locked. A storage with a file must be the entry's own file; a file-less one
+        is used as it is, its data is not written to the folder, and ``load_memmap`` and
+        ``memmap_refresh_`` drop the entry: when the tensordict has a folder and the storage is
+        not empty, the call emits a ``FutureWarning`` saying so (use
+        :meth:`make_memmap_from_tensor` to copy the data into the folder).
+
+        Args:
+            key: the new entry's key; a tuple creates the missing nested tensordicts.
+            storage: the ``torch.UntypedStorage`` to read, in physical memory.
+            shape: the entry's shape, or a tensor of shapes for a nested tensor.
+            dtype: its dtype (None: ``torch.get_default_dtype()``).
+            robust_key: as for :meth:`memmap_`.
+
+        Returns:
+            The new :class:`MemoryMappedTensor`.
+
+        Raises:
+            RuntimeError: the tensordict is not memory-mapped, the key exists, the storage is
+                smaller than ``shape`` needs, or its file is not the new entry's file.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.ones(3), batch_size=[3]).memmap_()  # anonymous: no warning
+        >>> storage = torch.arange(3.0).untyped_storage()
+        >>> entry = td.make_memmap_from_storage("b", storage, [3])
+        >>> entry.tolist(), entry.untyped_storage().data_ptr() == storage.data_ptr()
+        ([0.0, 1.0, 2.0], True)
         """
         if not self._is_memmap:
             raise NotMemmapError(
@@ -502,6 +653,27 @@ class MemmapFamily(
         """Map the entries other processes added or changed since this tensordict last looked.
 
         Returns at once (one memory read) when nothing was committed since; never writes.
+
+        Args:
+            allow_pickle: as for :meth:`load_memmap`, for the non-tensor values it reads.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            RuntimeError: the tensordict is not memory-mapped (:class:`NotMemmapError`);
+                ``memmap_()`` a ``load_memmap()`` result first.  An anonymous tree (``memmap_()``
+                without a prefix) refreshes from its shared runtime store, where the reference
+                raises.
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     writer = TensorDict(a=torch.ones(3), batch_size=[3]).memmap_(path)
+        ...     reader = TensorDict.load_memmap(path).memmap_()  # another process, usually
+        ...     _ = writer.make_memmap_from_tensor("b", torch.arange(3.0))
+        ...     print("b" in reader, reader.memmap_refresh_()["b"].tolist())
+        False [0.0, 1.0, 2.0]
         """
         refresh(self, allow_pickle)
         return self

@@ -33,7 +33,7 @@ class MetaData(NonTensorData):
         ArgumentTypeError: for ``MetaData[cls]``, a value that is not a ``cls`` (a ``TypeError``).
 
     >>> import torch
-    >>> from tdshare import TensorDict
+    >>> from tdshare import MetaData, TensorDict
     >>> config = {"lr": 0.1}
     >>> td = TensorDict(a=torch.zeros(3), batch_size=[3])
     >>> td["config"] = MetaData(config, batch_size=[3])
@@ -68,7 +68,17 @@ class MetaData(NonTensorData):
         return typed
 
     def clone(self) -> MetaData:
-        """A new entry of the same class over the same value and batch size."""
+        """A new entry of the same class over the same value (not copied) and batch size.
+
+        Returns:
+            The new ``MetaData`` (a ``MetaData[cls]`` stays one).
+
+        >>> from tdshare import MetaData
+        >>> meta = MetaData[list]([1, 2], batch_size=[3])
+        >>> copy = meta.clone()
+        >>> copy is meta, copy.data is meta.data, type(copy).__name__, copy.batch_size
+        (False, True, 'MetaData[list]', torch.Size([3]))
+        """
         return type(self)(self.data, batch_size=self.batch_size, device=self.device)
 
     def __repr__(self) -> str:

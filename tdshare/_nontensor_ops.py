@@ -133,6 +133,7 @@ class NonTensorOps:
         Returns:
             ``self``.
 
+        >>> from tdshare import NonTensorData
         >>> v = NonTensorData("a")
         >>> v.update_(NonTensorData("b")).data
         'b'
@@ -171,6 +172,7 @@ class NonTensorOps:
         Raises:
             LockedError: the value's tensordict is locked and ``inplace`` is False.
 
+        >>> from tdshare import NonTensorData
         >>> NonTensorData(1).update(NonTensorData(2)).data
         2
         """
@@ -232,6 +234,7 @@ class NonTensorOps:
         Raises:
             BatchSizeError: ``condition`` does not broadcast to the batch shape.
 
+        >>> from tdshare import NonTensorStack
         >>> import torch
         >>> NonTensorStack("a", "a").where(torch.tensor([True, False]), "b").tolist()
         ['a', 'b']
@@ -275,7 +278,7 @@ class LinkedList(list):
         td: the ``NonTensorStack`` to write back to (None: a plain, unlinked list).
 
     >>> from tdshare import TensorDict
-    >>> td = TensorDict(names=["a", "b"], batch_size=[2])
+    >>> td = TensorDict({"names": ["a", "b"]}, batch_size=[2])
     >>> values = td["names"]
     >>> values[0] = "z"
     >>> td.get("names").tolist(), values

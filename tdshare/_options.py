@@ -16,7 +16,19 @@ from typing import Any
 from ._errors import ArgumentTypeError, InvalidArgumentError, NotSupportedError
 from ._progress import ProgressCallback, check_progress
 
-__all__ = ["SaveOptions"]
+__all__ = ["SaveOptions", "check_path"]
+
+
+def check_path(value: object, name: str = "prefix", none_ok: bool = False) -> str | None:
+    """Check that ``value`` is a path (``str`` or ``os.PathLike``), or None where ``none_ok``; return it as a str.
+
+    Raises:
+        ArgumentTypeError: it is not (a ``TypeError``).
+    """
+    if not isinstance(value, (str, os.PathLike)) and not (none_ok and value is None):
+        expected = "a path (str or os.PathLike)" + (" or None" if none_ok else "")
+        raise ArgumentTypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}.")
+    return None if value is None else str(os.fspath(value))
 
 
 def _flag(name: str, value: object) -> bool:
@@ -83,17 +95,14 @@ class SaveOptions:
                 ``compression`` for a folder.
             NotSupportedError: ``return_early`` together with ``atomic``.
         """
-        if prefix is not None and not isinstance(prefix, (str, os.PathLike)):
-            raise ArgumentTypeError(
-                f"prefix must be a path (str or os.PathLike) or None, got {type(prefix).__name__} {prefix!r}."
-            )
+        path = check_path(prefix, "prefix", none_ok=True)
         if isinstance(num_threads, bool) or not isinstance(num_threads, int):
             raise ArgumentTypeError(f"num_threads must be an int, got {type(num_threads).__name__} {num_threads!r}.")
         if num_threads < 0:
             raise InvalidArgumentError(f"num_threads must be a non-negative int, got {num_threads}.")
         robust = True if robust_key is None else _flag("robust_key", robust_key)
         if archive is None:
-            is_archive = prefix is not None and pathlib.PurePath(os.fspath(prefix)).suffix == ".tdz"
+            is_archive = path is not None and pathlib.PurePath(path).suffix == ".tdz"
         else:
             is_archive = _flag("archive", archive)
         if is_archive and prefix is None:

@@ -44,7 +44,7 @@ class TensorDictParams(nn.Module):
         ArgumentTypeError: ``parameters`` is neither a tensordict nor a mapping.
 
     >>> import torch
-    >>> from tdshare import TensorDict
+    >>> from tdshare import TensorDict, TensorDictParams
     >>> params = TensorDictParams(TensorDict(w=torch.zeros(3), b=torch.ones(()), batch_size=[]))
     >>> sorted(name for name, _ in params.named_parameters()), type(params["w"]).__name__
     (['b', 'w'], 'Parameter')
@@ -90,7 +90,7 @@ class TensorDictParams(nn.Module):
             NotSupportedError: always (a ``NotImplementedError``, so a ``RuntimeError`` as in the reference).
 
         >>> import torch
-        >>> from tdshare import TensorDict, NotSupportedError
+        >>> from tdshare import TensorDict, TensorDictParams, NotSupportedError
         >>> try:
         ...     TensorDictParams(TensorDict(w=torch.zeros(2))).map(lambda t: t)
         ... except NotSupportedError as e:
@@ -106,11 +106,35 @@ class TensorDictParams(nn.Module):
 
     @property
     def data(self) -> TensorDictBase:
-        """The tensordict of the parameters' data (plain tensors, no gradient history)."""
+        """The tensordict of the parameters' data (plain tensors, no gradient history).
+
+        The tensors share the parameters' memory: writing into them changes the parameters.
+
+        >>> from tdshare import TensorDict, TensorDictParams
+        >>> params = TensorDictParams(TensorDict(w=torch.zeros(3)))
+        >>> data = params.data
+        >>> data["w"] += 1
+        >>> type(data["w"]).__name__, data["w"].requires_grad, params["w"].tolist()
+        ('Tensor', False, [1.0, 1.0, 1.0])
+        """
         return self._param_td.apply(lambda t: t.data)
 
     def to_tensordict(self, *args: Any, **kwargs: Any) -> TensorDictBase:
-        """A plain tensordict copy of the parameters' data (see ``TensorDict.to_tensordict``)."""
+        """A plain tensordict copy of the parameters' data (see ``TensorDict.to_tensordict``).
+
+        Args:
+            *args, **kwargs: as for ``TensorDict.to_tensordict``.
+
+        Returns:
+            A new ``TensorDict`` whose tensors are copies (writing into them leaves the parameters).
+
+        >>> from tdshare import TensorDict, TensorDictParams
+        >>> params = TensorDictParams(TensorDict(w=torch.zeros(3)))
+        >>> copy = params.to_tensordict()
+        >>> copy["w"] += 1
+        >>> type(copy).__name__, copy["w"].tolist(), params["w"].tolist()
+        ('TensorDict', [1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
+        """
         return self.data.to_tensordict(*args, **kwargs)
 
     def __getitem__(self, idx: Any) -> Any:

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, cast
 
 import torch
 
-from ._errors import InvalidArgumentError, MemmapError, NotSupportedError
+from ._errors import FileExistsRuntimeError, InvalidArgumentError, MemmapError, NotSupportedError
 from ._files import no_data_error
 from ._format import (
     JAGGED_FIELD,
@@ -218,8 +218,8 @@ def plan_tree(
 
     Raises:
         InvalidArgumentError: a key that cannot be a file name, two keys stored under one name.
-        MemmapError: a leaf mapped to another file without ``copy_existing``, an existing file
-            with ``existsok=False``.
+        MemmapError: a leaf mapped to another file without ``copy_existing``.
+        FileExistsRuntimeError: an existing file with ``existsok=False`` (a ``MemmapError``).
         NotSupportedError: a nested or sparse tensor, a kind of node that cannot be saved.
     """
     own = kind_of(td)
@@ -386,7 +386,7 @@ def _plan_nested(
         data_file, sizes_file = head + name + LEAF_SUFFIX, head + name + ".shape" + LEAF_SUFFIX
         for file in (data_file, sizes_file):
             if not existsok and os.path.lexists(file):
-                raise MemmapError(
+                raise FileExistsRuntimeError(
                     f"The file {file!r} already exists and existsok=False. Pass existsok=True to overwrite it."
                 )
         level.entries[key] = leaf_entry(sizes.shape, value.dtype, is_nested=True)
@@ -420,7 +420,7 @@ def _plan_pending(
                     f"The keys {used[name]!r} and {key!r} (in {where}) would both be stored as {name!r}; rename one."
                 )
             if not existsok:
-                raise MemmapError(
+                raise FileExistsRuntimeError(
                     f"The file {file!r} already exists and existsok=False (the leaf already maps it: existsok=True "
                     "keeps that file and writes nothing). Pass existsok=True to overwrite it."
                 )
@@ -462,7 +462,7 @@ def _plan_leaf(
         own = ""
         if leaf.reuse is not None:
             own = " (the leaf already maps it: existsok=True keeps that file and writes nothing)"
-        raise MemmapError(
+        raise FileExistsRuntimeError(
             f"The file {file!r} already exists and existsok=False{own}. Pass existsok=True to overwrite it."
         )
     return leaf

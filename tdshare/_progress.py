@@ -6,6 +6,7 @@ with the number of archive entries.  :class:`TerminalProgress` is the callback t
 uses: it redraws ``label: done/total`` on one line of a terminal and stays silent when its
 stream is not a terminal (a pipe, a file, CI).
 
+>>> from tdshare._progress import counted
 >>> seen = []
 >>> list(counted(["a", "b"], 2, lambda done, total: seen.append((done, total))))
 ['a', 'b']
@@ -61,6 +62,19 @@ class TerminalProgress:
 
     Silent unless ``stream`` (default: ``sys.stderr``) is a terminal; redraws at most every
     0.1 s, and always for the last step.  :meth:`close` ends the line.
+
+    Args:
+        label: the text before the counts.
+        stream: where to draw (None: ``sys.stderr``).
+
+    >>> import io
+    >>> from tdshare import TerminalProgress
+    >>> class Terminal(io.StringIO):
+    ...     def isatty(self):
+    ...         return True
+    >>> bar = TerminalProgress("save", Terminal())
+    >>> bar(3, 3); bar.close(); bar.stream.getvalue()
+    '\\rsave: 3/3\\n'
     """
 
     def __init__(self, label: str, stream: IO[str] | None = None) -> None:
@@ -82,7 +96,14 @@ class TerminalProgress:
         self._drawn = True
 
     def close(self) -> None:
-        """End the progress line (nothing when nothing was drawn)."""
+        """End the progress line (nothing when nothing was drawn).
+
+        >>> import io
+        >>> from tdshare import TerminalProgress
+        >>> bar = TerminalProgress("save", io.StringIO())  # not a terminal: silent
+        >>> bar(1, 2); bar.close(); bar.enabled, bar.stream.getvalue()
+        (False, '')
+        """
         if self._drawn:
             self.stream.write("\n")
             self.stream.flush()

@@ -50,6 +50,7 @@ from ._keys import encode_key, unravel_key
 from ._lazy_leaves import is_pending, raw_get, raw_items, rebuilt, resolved, track
 from ._nodes import kind_for_tag, kind_of
 from ._nontensor import NonTensorData, NonTensorStack, nested_shape
+from ._options import check_path
 from ._stack_load import load_members, member_template, templates_apply
 from ._store import Deferred, DirectoryStore, Store, check_load_args, member_without_meta, read_meta, user_stacklevel
 from ._tdz import Archive
@@ -406,6 +407,7 @@ def load_tree(
     A file is read through an :class:`ArchiveStore`, a folder through a :class:`DirectoryStore`;
     the same walker (:func:`_load_level`) reads both."""
     check_load_args(mode, allow_pickle)
+    check_path(prefix)
     cls = cls._level_class()  # type: ignore[assignment]  # a lazy stack's levels are TensorDicts
     path = os.path.abspath(os.fspath(prefix))
     robust = True if robust_key is None else bool(robust_key)

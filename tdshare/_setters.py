@@ -121,7 +121,28 @@ class SetOps:
     def set(self: T, key: NestedKey, value: Any, inplace: bool = False, *, non_blocking: bool = False) -> T:
         """Add or replace ``key``. ``inplace=True`` writes into an existing entry instead.
 
-        ``non_blocking`` is accepted as in the reference (cpu copies are synchronous).
+        Args:
+            key: the key; a tuple creates the missing nested tensordicts.
+            value: a tensor (or a dict, a tensordict, a non-tensor value) whose shape starts with
+                the batch size.
+            inplace: write into the existing entry (allowed while locked); a missing key is added.
+            non_blocking: accepted as in the reference (cpu copies are synchronous).
+
+        Returns:
+            ``self``.
+
+        Raises:
+            LockedError: the tensordict is locked and ``inplace`` is False (a ``RuntimeError``).
+            BatchSizeError: the value's shape does not start with the batch size (a ``RuntimeError``).
+            KeyTypeError: a key that is not a string or tuple of strings (a ``TypeError``).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(3), batch_size=[3])
+        >>> a = td["a"]
+        >>> td.set(("n", "b"), torch.ones(3)).set("a", torch.ones(3), inplace=True) is td
+        True
+        >>> a.tolist(), td["n"].batch_size, td["n", "b"].tolist()
+        ([1.0, 1.0, 1.0], torch.Size([3]), [1.0, 1.0, 1.0])
         """
         self._set(unravel_key(key), value, inplace)
         return self
@@ -158,7 +179,27 @@ class SetOps:
             self._set_at(idx, value)
 
     def set_(self: T, key: NestedKey, value: Any) -> T:
-        """Write ``value`` into the existing entry ``key`` (allowed while locked)."""
+        """Write ``value`` into the existing entry ``key`` (allowed while locked).
+
+        The entry keeps its tensor (and memory: a memory-mapped leaf writes to its file).
+
+        Args:
+            key: the key (or nested key) of an existing entry.
+            value: a tensor that fits the entry.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            MissingKeyError: ``key`` is not in the tensordict (a ``KeyError``).
+            BatchSizeError: the value's shape does not start with the batch size (a ``RuntimeError``).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(3), batch_size=[3]).lock_()
+        >>> a = td["a"]
+        >>> td.set_("a", torch.full((3,), 2.0))["a"] is a, a.tolist()
+        (True, [2.0, 2.0, 2.0])
+        """
         parts = unravel_key(key)
         td: Any = self
         parent = td._get_leaf(parts[:-1]) if len(parts) > 1 else self
@@ -302,9 +343,21 @@ class SetOps:
     def pop(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
         """Remove the entry ``key`` and return its value (``default`` if given and the key is missing).
 
+        Args:
+            key: the key (or nested key) to remove.
+            default: returned when ``key`` is missing (no default: raise).
+
+        Returns:
+            The removed value (a non-tensor entry's value, unwrapped), or ``default``.
+
         Raises:
-            MissingKeyError: a missing key and no default.
-            LockedError: the tensordict is locked.
+            MissingKeyError: a missing key and no default (a ``KeyError``).
+            LockedError: the tensordict is locked (a ``RuntimeError``).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.arange(3), b=torch.zeros(3), batch_size=[3])
+        >>> td.pop("a").tolist(), td.pop("missing", None), list(td.keys())
+        ([0, 1, 2], None, ['b'])
         """
         parts = unravel_key(key)
         td: Any = self
@@ -319,7 +372,23 @@ class SetOps:
         return leaf.data if isinstance(leaf, NonTensorData) else leaf
 
     def del_(self: T, key: NestedKey) -> T:
-        """Remove the entry ``key`` and return self (``LockedError`` on a locked tensordict)."""
+        """Remove the entry ``key`` and return self.
+
+        Args:
+            key: the key (or nested key) to remove.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            MissingKeyError: ``key`` is not in the tensordict (a ``KeyError``).
+            LockedError: the tensordict is locked (a ``RuntimeError``).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(3), n={"b": torch.zeros(3)}, batch_size=[3])
+        >>> list(td.del_(("n", "b")).del_("a").keys(include_nested=True))
+        ['n']
+        """
         self.pop(key)
         return self
 

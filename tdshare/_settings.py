@@ -45,7 +45,15 @@ class _Switch:
         self._saved: list[bool] = []
 
     def set(self) -> None:
-        """Use the mode from now on in this process."""
+        """Use the mode from now on in this process (until another ``set()``; a ``with`` block
+        restores the mode that was current when it began).
+
+        >>> import tdshare
+        >>> tdshare.set_list_to_stack(False).set()
+        >>> tdshare.list_to_stack()
+        False
+        >>> tdshare.set_list_to_stack(True).set()  # back to the default
+        """
         _STATE[self._name] = self.mode
 
     def __enter__(self) -> None:

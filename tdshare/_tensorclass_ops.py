@@ -34,6 +34,7 @@ from ._shape_torch import shape_torch_function
 from ._tensorclass_io import TensorClassIO
 from ._tensorclass_options import TensorClassOptions, stored_value
 from ._tensorclass_stack import combine_instances, plain_collection
+from ._tensorclass_state import TensorClassState
 from ._tensordict import TensorDict
 from ._tensordict_base import TensorDictBase, wrapped_collection
 
@@ -61,7 +62,7 @@ def is_tensorclass(obj: Any) -> bool:
     return isinstance(getattr(cls, FIELDS_ATTR, None), tuple)
 
 
-class TensorClassOps(TensorClassIO):
+class TensorClassOps(TensorClassIO, TensorClassState):
     """The in-memory methods that :func:`tensorclass` gives a class (see its docstring)."""
 
     _tensordict: TensorDict
@@ -323,53 +324,6 @@ class TensorClassOps(TensorClassIO):
             self.set(key, value, inplace=inplace)
         return self
 
-    # -- batch --------------------------------------------------------------------------------
-    @property
-    def batch_size(self) -> torch.Size:
-        """The batch size (settable, like a TensorDict's)."""
-        return self._tensordict.batch_size
-
-    @batch_size.setter
-    def batch_size(self, value: Any) -> None:
-        self._tensordict.batch_size = value
-
-    @property
-    def shape(self) -> torch.Size:
-        """The batch size."""
-        return self._tensordict.batch_size
-
-    @property
-    def names(self) -> list:
-        """The names of the batch dimensions (settable)."""
-        return self._tensordict.names
-
-    @names.setter
-    def names(self, value: Any) -> None:
-        self._tensordict.names = value
-
-    @property
-    def device(self) -> torch.device | None:
-        """The device of the fields (None: mixed or unset)."""
-        return self._tensordict.device
-
-    @property
-    def batch_dims(self) -> int:
-        """The number of batch dimensions."""
-        return self._tensordict.batch_dims
-
-    ndim = batch_dims
-
-    def dim(self) -> int:
-        """The number of batch dimensions."""
-        return self._tensordict.batch_dims
-
-    def numel(self) -> int:
-        """The number of elements of the batch."""
-        return self._tensordict.numel()
-
-    def __len__(self) -> int:
-        return len(self._tensordict)
-
     # -- indexing -----------------------------------------------------------------------------
     def __getitem__(self: T, idx: Any) -> Any:
         if is_key(idx):
@@ -420,7 +374,18 @@ class TensorClassOps(TensorClassIO):
         return self if td is self._tensordict else type(self)._from_tensordict(td)
 
     def cpu(self: T) -> T:
-        """``to("cpu")``."""
+        """``to("cpu")``: a copy on the CPU (``self`` when every field already is there).
+
+        Returns:
+            An instance of the class whose device is the CPU.
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.zeros(2), batch_size=[2]).cpu()
+        >>> type(obs).__name__, obs.device
+        ('Obs', device(type='cpu'))
+        """
         return self.to("cpu")
 
     def clone(self: T, recurse: bool = True) -> T:
@@ -437,7 +402,22 @@ class TensorClassOps(TensorClassIO):
         return type(self)._from_tensordict(self._tensordict.clone(recurse))
 
     def contiguous(self: T, *, canonical: bool = False, inplace: bool = False) -> T:
-        """A copy whose tensors are contiguous (``self`` with ``inplace=True``); see ``TensorDict.contiguous``."""
+        """A copy whose tensors are contiguous (``self`` with ``inplace=True``); see ``TensorDict.contiguous``.
+
+        Args:
+            canonical, inplace: as for ``TensorDict.contiguous``.
+
+        Returns:
+            A new instance of the class, or ``self`` with ``inplace=True``.
+
+        >>> from tdshare import TensorClass
+        >>> class Obs(TensorClass):
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.zeros(3, 2).t(), batch_size=[2])
+        >>> out = obs.contiguous()
+        >>> type(out).__name__, obs.x.is_contiguous(), out.x.is_contiguous()
+        ('Obs', False, True)
+        """
         out = self._tensordict.contiguous(canonical=canonical, inplace=inplace)
         return self if inplace else type(self)._from_tensordict(out)
 
@@ -466,47 +446,6 @@ class TensorClassOps(TensorClassIO):
         'TensorDict'
         """
         return plain_collection(self._tensordict).clone()
-
-    # -- locking and shared memory ------------------------------------------------------------
-    @property
-    def is_locked(self) -> bool:
-        """Whether structural changes (setting a field) are refused."""
-        return self._tensordict.is_locked
-
-    @property
-    def _lock_parents_weakrefs(self) -> list[Any]:
-        """Weak references to the locked collections this instance is nested in (its tensordict's)."""
-        return self._tensordict._lock_parents_weakrefs
-
-    def lock_(self: T) -> T:
-        """Refuse setting fields from now on (in-place writes still work); return ``self``."""
-        self._tensordict.lock_()
-        return self
-
-    def unlock_(self: T) -> T:
-        """Allow setting fields again (a memory-mapped instance stops being one); return ``self``."""
-        self._tensordict.unlock_()
-        return self
-
-    def __enter__(self: T) -> T:
-        self._tensordict.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._tensordict.__exit__(*exc)
-
-    def share_memory_(self: T) -> T:
-        """Move every tensor to shared memory (in place) and lock; return ``self``.
-
-        Raises:
-            MemmapError: the instance is memory-mapped.
-        """
-        self._tensordict.share_memory_()
-        return self
-
-    def is_shared(self) -> bool:
-        """Whether the tensors are in shared memory (``share_memory_()``)."""
-        return self._tensordict.is_shared()
 
     # -- comparison, representation, pickling, torch functions -------------------------------
     def __eq__(self: T, other: object) -> T:  # type: ignore[override]

@@ -31,6 +31,7 @@ class TensorDict(MemmapFamily):
     :class:`tdshare._memmap_family.MemmapFamily`.
 
     >>> import tempfile, torch
+    >>> from tdshare import TensorDict
     >>> td = TensorDict(obs=torch.zeros(3, 4), batch_size=[3])
     >>> td.memmap_(tempfile.mkdtemp()).is_memmap()
     True
@@ -38,7 +39,27 @@ class TensorDict(MemmapFamily):
 
 
 def load_memmap(prefix: PathLike, *args: Any, **kwargs: Any) -> TensorDict:
-    """``TensorDict.load_memmap(prefix, ...)``."""
+    """Load the tensordict saved at ``prefix``: ``TensorDict.load_memmap(prefix, ...)`` (``load`` is the same).
+
+    Args:
+        prefix: the folder, or the ``.tdz`` archive file, that ``save``/``memmap`` wrote.
+        *args, **kwargs: ``device``, ``mode``, ``allow_pickle``, ... as for
+            :meth:`TensorDict.load_memmap`.
+
+    Returns:
+        The loaded tensordict, its leaves :class:`MemoryMappedTensor` views of the files.
+
+    Raises:
+        The errors of :meth:`TensorDict.load_memmap` (``FileNotFoundError`` when nothing is saved
+        at ``prefix``).
+
+    >>> import tempfile
+    >>> from tdshare import TensorDict, load, save
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     _ = save(TensorDict(a=torch.arange(3), batch_size=[3]), path)
+    ...     print(load(path)["a"].tolist(), load(path, mode="r").batch_size)
+    [0, 1, 2] torch.Size([3])
+    """
     return TensorDict.load_memmap(prefix, *args, **kwargs)
 
 
@@ -67,6 +88,7 @@ def open_memmap(prefix: PathLike, like: Any, *, timeout: float | None = None, al
         :func:`tdshare._open_memmap.open_with`.
 
     >>> import tempfile, torch
+    >>> from tdshare import TensorDict, open_memmap
     >>> folder = tempfile.mkdtemp() + "/buffer"
     >>> open_memmap(folder, lambda: TensorDict(obs=torch.zeros(4, 2), batch_size=[4]))["obs"].shape
     torch.Size([4, 2])
@@ -75,22 +97,105 @@ def open_memmap(prefix: PathLike, like: Any, *, timeout: float | None = None, al
 
 
 def save(td: TensorDict, prefix: PathLike | None = None, *args: Any, **kwargs: Any) -> Any:
-    """``td.save(prefix, ...)``."""
+    """Save ``td`` to ``prefix`` and return a memory-mapped copy: ``td.save(prefix, ...)``.
+
+    Existing files are overwritten; ``td`` is unchanged.  A prefix ending with ``.tdz`` writes one
+    archive file.
+
+    Args:
+        td: the tensordict (or tensorclass instance, or lazy stack) to save.
+        prefix: the folder to write (None: anonymous shared memory).
+        *args, **kwargs: as for :meth:`TensorDict.save`.
+
+    Returns:
+        The memory-mapped copy, or a :class:`TensorDictFuture` of it with ``return_early=True``.
+
+    Raises:
+        The errors of :meth:`TensorDict.save`.
+
+    >>> import os, tempfile
+    >>> from tdshare import TensorDict, save
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     saved = save(TensorDict(a=torch.ones(2), batch_size=[2]), os.path.join(path, "td.tdz"))
+    ...     print(os.listdir(path), saved["a"].tolist())
+    ['td.tdz'] [1.0, 1.0]
+    """
     return td.save(prefix, *args, **kwargs)
 
 
 def memmap(td: TensorDict, prefix: PathLike | None = None, *args: Any, **kwargs: Any) -> Any:
-    """``td.memmap(prefix, ...)``."""
+    """Write ``td``'s files to ``prefix`` and return a new memory-mapped tensordict: ``td.memmap(prefix, ...)``.
+
+    ``td`` is unchanged (:meth:`TensorDict.memmap_` converts in place).
+
+    Args:
+        td: the tensordict (or tensorclass instance, or lazy stack) to write.
+        prefix: the folder to write (None: anonymous shared memory).
+        *args, **kwargs: ``existsok``, ``num_threads``, ``atomic``, ... as for
+            :meth:`TensorDict.memmap`.
+
+    Returns:
+        The new memory-mapped tensordict, or a :class:`TensorDictFuture` of it with
+        ``return_early=True``.
+
+    Raises:
+        The errors of :meth:`TensorDict.memmap` (``RuntimeError`` for an existing file with
+        ``existsok=False``).
+
+    >>> import tempfile
+    >>> from tdshare import TensorDict, memmap
+    >>> td = TensorDict(a=torch.zeros(2), batch_size=[2])
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     out = memmap(td, path)
+    ...     print(out.is_memmap(), td.is_memmap(), out.saved_path == path)
+    True False True
+    """
     return td.memmap(prefix, *args, **kwargs)
 
 
 def from_consolidated(filename: PathLike) -> Any:
-    """``TensorDict.from_consolidated(filename)``: read a file that ``consolidate(filename=...)`` wrote."""
+    """``TensorDict.from_consolidated(filename)``: read a file that ``consolidate(filename=...)`` wrote.
+
+    Args:
+        filename: the file.
+
+    Returns:
+        The tensordict, its leaves views of one copy-on-write mapping of the file.
+
+    Raises:
+        The errors of :meth:`TensorDict.from_consolidated` (``ValueError`` for a damaged file).
+
+    >>> import os, tempfile
+    >>> from tdshare import TensorDict, from_consolidated
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     file = os.path.join(path, "td.bin")
+    ...     _ = TensorDict(a=torch.arange(3), batch_size=[3]).consolidate(filename=file)
+    ...     print(from_consolidated(file)["a"].tolist())
+    [0, 1, 2]
+    """
     return TensorDict.from_consolidated(filename)
 
 
 def from_consolidated_parts(buffer: Any, schema: dict) -> Any:
-    """``TensorDict.from_consolidated_parts(buffer, schema)``: rebuild from :func:`tdshare.consolidated_parts`."""
+    """``TensorDict.from_consolidated_parts(buffer, schema)``: rebuild from :func:`tdshare.consolidated_parts`.
+
+    Args:
+        buffer: the 1-D ``uint8`` storage (its leaves are views of it, no copy).
+        schema: the schema that came with it.
+
+    Returns:
+        The tensordict (a lazy stack or a tensorclass instance where the schema says so).
+
+    Raises:
+        The errors of :meth:`TensorDict.from_consolidated_parts` (``ValueError`` for a buffer that
+        is not a 1-D ``uint8`` tensor).
+
+    >>> from tdshare import TensorDict, consolidated_parts, from_consolidated_parts
+    >>> buffer, schema = consolidated_parts(TensorDict(a=torch.arange(2), batch_size=[2]))
+    >>> td = from_consolidated_parts(buffer, schema)
+    >>> td["a"].tolist(), td["a"].untyped_storage().data_ptr() == buffer.data_ptr()
+    ([0, 1], True)
+    """
     return TensorDict.from_consolidated_parts(buffer, schema)
 
 

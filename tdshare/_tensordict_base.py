@@ -27,7 +27,6 @@ from ._errors import (
     ContainsKeyTypeError,
     InvalidArgumentError,
     LockedError,
-    MemmapError,
     MissingKeyError,
 )
 from ._format import LEVEL, TD_TYPE
@@ -37,13 +36,14 @@ from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
 from ._lazy_leaves import PendingLeaf, raw_items, raw_values
+from ._locking import LockOps
 from ._new_ops import NewOps
 from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData
 from ._pad import PadOps
 from ._pointwise import PointwiseOps
-from ._private_compat import PrivateCompatOps, forget_lock_parents, note_lock_parent, record_lock_parents
+from ._private_compat import PrivateCompatOps, note_lock_parent, record_lock_parents
 from ._pytree_convert import PytreeOps
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_level, encode_level
@@ -51,7 +51,8 @@ from ._setters import SetOps
 from ._shape_ops import ShapeOps
 from ._sub_views import SubViewOps, pull_from_parent
 from ._surface_ops import SurfaceOps
-from ._unbatched import share_unbatched, surface_leaf
+from ._tensor_props import TensorPropsOps
+from ._unbatched import surface_leaf
 from ._updates import UpdateOps
 
 __all__ = ["TensorDictBase", "TENSORDICT", "is_collection", "rebuild_tensordict", "wrapped_collection"]
@@ -70,8 +71,10 @@ _PLAIN_LEAVES = (torch.Tensor, PendingLeaf)
 
 
 class TensorDictBase(
+    LockOps,
     ShapeOps,
     KeyOps,
+    TensorPropsOps,
     SetOps,
     UpdateOps,
     ConversionOps,
@@ -92,7 +95,16 @@ class TensorDictBase(
     PytreeOps,
     NewOps,
 ):
-    """A dictionary of tensors whose leading dimensions all equal ``batch_size``."""
+    """A dictionary of tensors whose leading dimensions all equal ``batch_size``.
+
+    The base class of :class:`TensorDict` and :class:`LazyStackedTensorDict`: ``isinstance(x,
+    TensorDictBase)`` tells a tensor collection from anything else.
+
+    >>> from tdshare import TensorDict, TensorDictBase, lazy_stack
+    >>> td = TensorDict(a=torch.zeros(2, 3), batch_size=[2])
+    >>> isinstance(td, TensorDictBase), isinstance(lazy_stack([td, td]), TensorDictBase), td.shape
+    (True, True, torch.Size([2]))
+    """
 
     _tensordict: dict[str, Any]
     _batch_size: torch.Size
@@ -165,6 +177,12 @@ class TensorDictBase(
 
         Setting it checks every entry first (``BatchSizeError`` naming the key when one does not
         start with the new size); dim names are dropped when the number of dims changes.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2, 3), batch_size=[2])
+        >>> td.batch_size = [2, 3]
+        >>> td.batch_size, td[0].batch_size
+        (torch.Size([2, 3]), torch.Size([3]))
         """
         return self._batch_size
 
@@ -179,22 +197,43 @@ class TensorDictBase(
 
     @property
     def shape(self) -> torch.Size:
-        """The batch size (``td.shape == td.batch_size``)."""
+        """The batch size (``td.shape == td.batch_size``).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(2, 3), batch_size=[2]).shape
+        torch.Size([2])
+        """
         return self._batch_size
 
     @property
     def batch_dims(self) -> int:
-        """The number of batch dimensions (``ndim`` is the same)."""
+        """The number of batch dimensions (``ndim`` is the same).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2, 3, 4), batch_size=[2, 3])
+        >>> td.batch_dims, td.ndim
+        (2, 2)
+        """
         return len(self._batch_size)
 
     ndim = batch_dims
 
     def dim(self) -> int:
-        """The number of batch dimensions."""
+        """The number of batch dimensions (as :attr:`batch_dims`), not of the leaves' dimensions.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(2, 3, 4), batch_size=[2]).dim()
+        1
+        """
         return len(self._batch_size)
 
     def numel(self) -> int:
-        """The number of elements of the batch size (its product; 1 for ``[]``)."""
+        """The number of elements of the batch size (its product; 1 for ``[]``).
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(2, 3, 4), batch_size=[2, 3]).numel(), TensorDict().numel()
+        (6, 1)
+        """
         return self._batch_size.numel()
 
     @property
@@ -203,6 +242,13 @@ class TensorDictBase(
 
         Setting them names every nested level's leading dims the same way; names must be unique
         (``ValueError`` otherwise) and one per batch dimension.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2, 3), n={"b": torch.zeros(2, 3)}, batch_size=[2, 3])
+        >>> before = td.names
+        >>> td.names = ["time", None]
+        >>> before, td.names, td["n"].names
+        ([None, None], ['time', None], ['time', None])
         """
         return list(self._names) if self._names is not None else [None] * self.batch_dims
 
@@ -226,54 +272,16 @@ class TensorDictBase(
 
     @property
     def device(self) -> torch.device | None:
-        """The device every leaf is on, or None when the tensordict sets none."""
+        """The device every leaf is on, or None when the tensordict sets none.
+
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(2)).device, TensorDict(a=torch.zeros(2), device="cpu").device
+        (None, device(type='cpu'))
+        """
         return self._device
 
     def __len__(self) -> int:
         return self._batch_size[0] if self._batch_size else 0
-
-    # -- locking ------------------------------------------------------------------------------
-    @property
-    def is_locked(self) -> bool:
-        """Whether structural changes are refused (see :meth:`lock_`)."""
-        return self._is_locked
-
-    def lock_(self: T) -> T:
-        """Refuse structural changes (add, remove, replace) from now on; in-place writes still work."""
-        changed = not self._is_locked
-        self._propagate(lambda td: setattr(td, "_is_locked", True))
-        self._propagate(lambda td: record_lock_parents(td, td._propagate))  # each level: all its ancestors
-        self._last_op[:] = ["lock_" if changed else None]
-        return self
-
-    def unlock_(self: T) -> T:
-        """Allow structural changes again; a memory-mapped or shared tensordict stops being one."""
-
-        def _unlock(td: TensorDictBase) -> None:
-            td._is_locked = False
-            td._is_memmap = False
-            td._is_shared = False
-            forget_lock_parents(td)
-
-        changed = self._is_locked
-        self._propagate(_unlock)
-        self._last_op[:] = ["unlock_" if changed else None]
-        return self
-
-    def __enter__(self: T) -> T:
-        self._op_queue.append(self._last_op.pop() if self._last_op else None)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """Undo the ``lock_()``/``unlock_()`` that opened the block, if it changed the state."""
-        op = self._op_queue.pop() if self._op_queue else None
-        if op == "unlock_":
-            self.lock_()
-        elif op == "lock_":
-            self.unlock_()
-        elif callable(op):  # an undo action (e.g. to_module's swap puts the old values back)
-            op()
-        self._last_op.clear()
 
     def _propagate(self, fn: Callable[[TensorDictBase], None]) -> None:
         fn(self)
@@ -353,7 +361,23 @@ class TensorDictBase(
                 )
 
     def get_non_tensor(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
-        """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``)."""
+        """The value of the entry ``key`` (a non-tensor entry gives its value, as ``td[key]``).
+
+        Args:
+            key: the key (or nested key).
+            default: returned when ``key`` is missing (no default: raise).
+
+        Returns:
+            The non-tensor value, or the tensor or tensordict stored at ``key``, or ``default``.
+
+        Raises:
+            MissingKeyError: a missing key and no default (a ``KeyError``).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), batch_size=[2]).set_non_tensor("tag", "run-1")
+        >>> td.get_non_tensor("tag"), type(td.get("tag")).__name__, td.get_non_tensor("missing", 0)
+        ('run-1', 'NonTensorData', 0)
+        """
         if default is not NO_DEFAULT:
             leaf = self.get(key, default)
         else:
@@ -422,7 +446,19 @@ class TensorDictBase(
     def values(
         self, include_nested: bool = False, leaves_only: bool = False, is_leaf: Any = None, *, sort: bool = False
     ) -> Iterator[Any]:
-        """Iterate over the values (as :meth:`items`, without the keys)."""
+        """Iterate over the values (as :meth:`items`, without the keys).
+
+        Args:
+            include_nested, leaves_only, is_leaf, sort: as for :meth:`items`.
+
+        Returns:
+            An iterator of the values (tensors, tensordicts, ``NonTensorData`` entries).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(a=torch.zeros(2), n={"b": torch.ones(2)}, batch_size=[2])
+        >>> [type(v).__name__ for v in td.values()], [v.tolist() for v in td.values(True, True)]
+        (['Tensor', 'TensorDict'], [[0.0, 0.0], [1.0, 1.0]])
+        """
         for _, value in self.items(include_nested, leaves_only, is_leaf, sort=sort):
             yield value
 
@@ -492,88 +528,25 @@ class TensorDictBase(
         dev = self._device if device is NO_DEFAULT else device
         return type(self)._from_leaves(leaves, self._batch_size if batch_size is None else batch_size, dev, self._names)
 
-    def to(self: T, *args: Any, inplace: bool = False, **kwargs: Any) -> T:
-        """Move to a device and/or cast to a dtype, like ``torch.Tensor.to``.
-
-        ``self`` comes back when nothing changes (same device, no dtype); a consolidated
-        tensordict moves as its one storage and stays consolidated. ``inplace=True`` replaces the
-        leaves of ``self`` (nested tensordicts keep their identity) and returns ``self``.
-        """
-        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
-        target = None if device is None else torch.device(device)
-        if target is None and dtype is None:
-            return self
-        if dtype is None and target == self._device:
-            return self
-        if inplace:
-            return self._to_inplace(target, dtype, non_blocking)
-        if dtype is None and target is not None and self.is_consolidated():
-            return self._consolidated_to(target, non_blocking)
-
-        def fn(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=target, dtype=dtype, non_blocking=non_blocking)
-
-        out = self._map(fn, device=target if target is not None else self._device)
-        if self._is_locked:  # like the reference: a locked tensordict moves to a locked one
-            out._propagate(lambda td: setattr(td, "_is_locked", True))
-        return out
-
-    def cpu(self: T) -> T:
-        """A copy on the cpu (``to("cpu")``); self when already there."""
-        return self.to("cpu")
-
-    def clone(self: T, recurse: bool = True) -> T:
-        """A copy; with ``recurse=False`` the leaves are shared and only the structure is new."""
-        if recurse:
-            return self._map(lambda t: torch.Tensor.clone(t))
-        return self._map(lambda t: t)
-
-    def zero_(self: T) -> T:
-        """Fill every tensor leaf with zeros, in place; return self."""
-        for leaf in self._stored_tensors():
-            leaf.zero_()
-        return self
-
-    def fill_(self: T, key: NestedKey, value: float | bool) -> T:
-        """Fill the tensor leaf (or every leaf of the nested tensordict) ``key`` with ``value``.
-
-        Raises:
-            InvalidArgumentError: ``key`` holds a non-tensor value.
-        """
-        leaf = self._get_leaf(unravel_key(key))
-        if isinstance(leaf, TensorDictBase):
-            leaf.apply_(lambda t: t.fill_(value))
-        elif isinstance(leaf, NonTensorData):
-            raise InvalidArgumentError(
-                f"fill_ writes a number into tensors, but {key!r} holds a non-tensor value; use set_({key!r}, value)."
-            )
-        else:
-            leaf.fill_(value)
-        return self
-
     def unbind(self, dim: int = 0) -> tuple[Any, ...]:
         """The tensordicts along batch dimension ``dim`` (views of the leaves where torch gives views).
 
+        Args:
+            dim: the batch dimension to remove.
+
+        Returns:
+            A tuple of ``batch_size[dim]`` tensordicts.
+
         Raises:
             IndexError: ``dim`` is out of range.
+
+        >>> from tdshare import TensorDict
+        >>> rows = TensorDict(a=torch.arange(6).reshape(2, 3), batch_size=[2, 3]).unbind(1)
+        >>> len(rows), rows[2].batch_size, rows[2]["a"].tolist()
+        (3, torch.Size([2]), [2, 5])
         """
         dim = check_dim(dim, self.batch_dims)
         return tuple(self._index((slice(None),) * dim + (i,)) for i in range(self._batch_size[dim]))
-
-    # -- shared memory ------------------------------------------------------------------------
-    def share_memory_(self: T) -> T:
-        """Move every leaf to shared memory (in place) and lock the tensordict."""
-        if self._is_memmap:
-            raise MemmapError("memmap and shared memory are mutually exclusive features.")
-        for leaf in self._stored_tensors():
-            leaf.share_memory_()
-        share_unbatched(self)
-        self._propagate(lambda td: setattr(td, "_is_shared", True))
-        return self.lock_()
-
-    def is_shared(self) -> bool:
-        """Whether the leaves are in shared memory (``share_memory_()`` was called)."""
-        return self._is_shared
 
     # -- representation and pickling ----------------------------------------------------------
     def __reduce__(self) -> tuple[Any, ...]:

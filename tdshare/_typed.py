@@ -49,7 +49,7 @@ class TypedTensorDict(TensorDict):
     ...     reward: torch.Tensor
     >>> s = State(obs=torch.zeros(4, 3), reward=torch.ones(4), batch_size=[4])
     >>> s.obs.shape, type(s[1:3]).__name__, s[0]["reward"].item()
-    (torch.Size([3]), 'State', 1.0)
+    (torch.Size([4, 3]), 'State', 1.0)
     """
 
     __tdshare_typed_fields__: ClassVar[dict[str, Any]] = {}

@@ -31,7 +31,9 @@ from tdshare import (
     refresh_archive_checksums,
     unpack_memmap,
 )
-from tdshare._tdz import Archive, crc32_combine, write_archive
+from tdshare._crc import crc32_combine
+from tdshare._tdz import Archive
+from tdshare._tdz_write import write_archive
 
 DTYPES = [*COMMON_DTYPES, *FLOAT8_DTYPES[:2]]
 
@@ -374,7 +376,7 @@ def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     def boom(self: Any) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(tdshare._tdz._Writer, "finish", boom)
+    monkeypatch.setattr(tdshare._tdz_write._Writer, "finish", boom)
     with pytest.raises(OSError, match="disk full"):
         TensorDict(a=torch.zeros(2), big=torch.zeros(1 << 20), batch_size=[]).save(path)
     assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["a.tdz"]

@@ -29,6 +29,7 @@ import torch
 import tdshare
 import tdshare._crc
 import tdshare._tdz
+import tdshare._tdz_write
 import tdshare._write
 from tdshare import (
     CorruptDataError,
@@ -458,7 +459,7 @@ def test_huge_declared_size_of_a_compressed_leaf(tmp_path: Path) -> None:
 # -- differential fuzzing against the previous parser (3b9575a) ----------------------------------
 def _old_parse(buf: memoryview, where: str) -> dict[str, Entry]:
     """The loop of ``_parse`` as of 3b9575a (the end record code is unchanged and shared)."""
-    t = tdshare._tdz
+    t, central = tdshare._tdz, tdshare._tdz_write._CENTRAL_FMT
     n, cd_size, cd_off = t._end_record(buf, where)
     entries: dict[str, Entry] = {}
     spans: list[tuple[int, int, str]] = []
@@ -466,11 +467,9 @@ def _old_parse(buf: memoryview, where: str) -> dict[str, Entry]:
     for _ in range(n):
         if p + 46 > cd_size:
             raise CorruptDataError(f"{where}: the central directory is shorter than its {n} entries.")
-        sig, _, _, flags, method, _, _, crc, csize, usize, nlen, elen, clen, _, _, _, off = t._CENTRAL_FMT.unpack_from(
-            cd, p
-        )
+        sig, _, _, flags, method, _, _, crc, csize, usize, nlen, elen, clen, _, _, _, off = central.unpack_from(cd, p)
         q = p + 46
-        if sig != t._CENTRAL or q + nlen + elen + clen > cd_size:
+        if sig != t.CENTRAL_SIG or q + nlen + elen + clen > cd_size:
             raise CorruptDataError(f"{where}: the central directory record at byte {cd_off + p} is malformed.")
         raw = cd[q : q + nlen]
         if _M32 in (usize, csize, off):
@@ -481,8 +480,8 @@ def _old_parse(buf: memoryview, where: str) -> dict[str, Entry]:
             raise CorruptDataError(f"{where}: the entry {name!r} is encrypted, which tdshare does not read.")
         if name in entries:
             raise CorruptDataError(f"{where} holds the entry {name!r} twice.")
-        local = t._LOCAL_FMT.unpack_from(buf, off) if off + 30 <= cd_off else (0,)
-        if local[0] != t._LOCAL:
+        local = tdshare._tdz_write._LOCAL_FMT.unpack_from(buf, off) if off + 30 <= cd_off else (0,)
+        if local[0] != t.LOCAL_SIG:
             raise CorruptDataError(f"{where}: the local header of {name!r} (byte {off}) is missing.")
         data = off + 30 + local[9] + local[10]
         if buf[off + 30 : off + 30 + local[9]] != raw or data + csize > cd_off:
@@ -932,6 +931,7 @@ def test_isal_missing_falls_back_to_zlib_everywhere(tmp_path: Path, monkeypatch:
     assert fallback is zlib.crc32
     monkeypatch.setattr(tdshare._crc, "crc32", fallback)
     monkeypatch.setattr(tdshare._tdz, "crc32", fallback)
+    monkeypatch.setattr(tdshare._tdz_write, "crc32", fallback)
     path = tmp_path / "z.tdz"
     td = _mixed()
     td.save(path, compression="lzma")

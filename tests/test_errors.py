@@ -217,3 +217,86 @@ def test_loading_a_missing_folder_says_it_does_not_exist(tmp_path: Path) -> None
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"meta\.json is missing"):
         tdshare.TensorDict.load(tmp_path / "empty")
+
+
+# -- the precise class for each bad input (found by running every docstring example) -------------
+@pytest.mark.parametrize("kind", ["tensordict", "tensorclass", "lazy"])
+def test_existsok_false_on_an_existing_file_is_file_exists_runtime_error(tmp_path: Path, kind: str) -> None:
+    from _kinds import build
+
+    build(kind).memmap(tmp_path / "td")
+    with pytest.raises(tdshare.FileExistsRuntimeError, match=r"already exists and existsok=False") as info:
+        build(kind, 1.0).memmap(tmp_path / "td", existsok=False)
+    assert isinstance(info.value, RuntimeError) and ".memmap" in str(info.value)
+    assert tdshare.load_memmap(tmp_path / "td")["a"].tolist() == [0.0, 1.0, 2.0, 3.0]  # the first save is kept
+
+
+def test_a_batch_dim_out_of_range_is_a_dimension_error() -> None:
+    import torch
+
+    td = tdshare.TensorDict(a=torch.zeros(3, 2), batch_size=[3, 2])
+    for call in (lambda: td.unbind(2), lambda: td.unbind(-3), lambda: td.squeeze(5)):
+        with pytest.raises(tdshare.DimensionError) as info:
+            call()
+        assert isinstance(info.value, IndexError)
+    assert [t.batch_size for t in td.unbind(-1)] == [torch.Size([3])] * 2
+
+
+def test_saved_path_is_none_for_anonymous_memory_and_raises_when_not_memory_mapped(tmp_path: Path) -> None:
+    import torch
+
+    td = tdshare.TensorDict(a=torch.zeros(2), batch_size=[2])
+    with pytest.raises(AttributeError, match=r"no saved path"):
+        td.saved_path  # noqa: B018
+    assert td.memmap_().saved_path is None
+    assert tdshare.TensorDict(a=torch.zeros(2), batch_size=[2]).memmap_(tmp_path).saved_path == str(tmp_path)
+
+
+def test_memory_mapped_tensor_is_shared_only_when_its_memory_is(tmp_path: Path) -> None:
+    import torch
+
+    plain = tdshare.MemoryMappedTensor(torch.arange(3.0))
+    assert not plain.is_shared()
+    assert plain.share_memory_() is plain and plain.is_shared() and plain.tolist() == [0.0, 1.0, 2.0]
+    assert tdshare.MemoryMappedTensor.zeros(2).is_shared()
+    assert tdshare.MemoryMappedTensor.zeros(2, filename=tmp_path / "f.memmap")[1:].is_shared()
+
+
+@pytest.mark.parametrize("bad", [3, 2.5, b"\xff".decode("latin-1").encode()])
+def test_a_prefix_that_is_not_a_path_is_an_argument_type_error(tmp_path: Path, bad: object) -> None:
+    import torch
+
+    td = tdshare.TensorDict(a=torch.zeros(2), batch_size=[2])
+    calls = [
+        lambda: tdshare.TensorDict.load_memmap(bad),
+        lambda: td.load_memmap_(bad),
+        lambda: tdshare.unpack_memmap(bad, tmp_path / "out"),
+        lambda: tdshare.refresh_archive_checksums(bad),
+    ]
+    for call in calls:
+        with pytest.raises(tdshare.ArgumentTypeError, match=r"must be a path") as info:
+            call()
+        assert isinstance(info.value, TypeError)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_given_as_an_archive_is_named(tmp_path: Path) -> None:
+    import torch
+
+    tdshare.TensorDict(a=torch.zeros(2), batch_size=[2]).memmap(tmp_path / "td")
+    for call in (
+        lambda: tdshare.refresh_archive_checksums(tmp_path / "td"),
+        lambda: tdshare.unpack_memmap(tmp_path / "td", tmp_path / "out"),
+    ):
+        with pytest.raises(tdshare.InvalidArgumentError, match=r"is a folder, not a \.tdz archive") as info:
+            call()
+        assert str(tmp_path / "td") in str(info.value)
+
+
+def test_make_memmap_from_tensor_of_a_list_is_an_argument_type_error(tmp_path: Path) -> None:
+    import torch
+
+    td = tdshare.TensorDict(a=torch.zeros(2), batch_size=[2]).memmap_(tmp_path)
+    with pytest.raises(tdshare.ArgumentTypeError, match=r"expects a torch.Tensor, got list"):
+        td.make_memmap_from_tensor("k", [1, 2])  # type: ignore[arg-type]
+    assert "k" not in td.keys() and not (tmp_path / "k.memmap").exists()

@@ -54,6 +54,7 @@ LAYERS: dict[str, list[str]] = {
         "_atomic",
         "_debris",
         "_tdz",
+        "_tdz_write",
         "_store",
         "_archive_store",
         "_nontensor_files",
@@ -69,6 +70,7 @@ LAYERS: dict[str, list[str]] = {
         "_reductions",
         "_combine",
         "_surface_ops",
+        "_locking",
         "_tensordict_base",
         "_private_compat",
         "_generic_ops",
@@ -79,6 +81,7 @@ LAYERS: dict[str, list[str]] = {
         "_future",
         "_compact_repr",
         "_key_ops",
+        "_tensor_props",
         "_updates",
         "_conversions",
         "_from_any",
@@ -122,6 +125,7 @@ LAYERS: dict[str, list[str]] = {
         "_tensorclass_io",
         "_tensorclass_stack",
         "_tensorclass_options",
+        "_tensorclass_state",
         "_tensorclass_ops",
         "_tensorclass",
         "_td",
@@ -161,6 +165,15 @@ def _imports(module: str, package: Path = PACKAGE) -> list[tuple[int, str, list[
 
 def test_every_module_has_a_layer() -> None:
     assert sorted(RANK) == MODULES, "place each new module in LAYERS (and in the README's architecture map)"
+
+
+def test_the_readme_maps_every_module_in_its_layer() -> None:
+    readme = (PACKAGE.parent / "README.md").read_text()
+    rows = {"base": "| base |", "storage": "| storage |", "model": "| model |", "io": "| I/O |", "api": "| API |"}
+    for layer, start in rows.items():
+        row = next(line for line in readme.splitlines() if line.startswith(start))
+        missing = [m for m in LAYERS[layer] if m not in ("__init__", "__main__") and f"`{m}`" not in row]
+        assert not missing, f"the README's architecture map lacks {missing} in its {layer!r} row"
 
 
 @pytest.mark.parametrize("module", MODULES)
