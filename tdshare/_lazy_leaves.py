@@ -44,6 +44,7 @@ __all__ = [
     "PendingLeaf",
     "is_pending",
     "mapped_leaves",
+    "new_lazy_leaves",
     "raw_get",
     "raw_items",
     "raw_values",
@@ -313,6 +314,24 @@ class LazyLeaves(dict):
         return (dict, (dict(self.items()),))
 
 
+_NEW_DICT = dict.__new__
+
+
+def new_lazy_leaves() -> LazyLeaves:
+    """An empty :class:`LazyLeaves`, for a loader to fill with ``dict.__setitem__``.
+
+    Made without running ``__init__`` (a Python call that costs four times as much): a load makes
+    one per level.
+
+    >>> d = new_lazy_leaves()
+    >>> type(d).__name__, d, d._lazy
+    ('LazyLeaves', {}, True)
+    """
+    out = _NEW_DICT(LazyLeaves)
+    out._lazy = True
+    return out
+
+
 # -- the bound on the leaves this library keeps mapped ----------------------------------------------
 # (id(dict), key) -> (the dict, the key, the leaf's PendingLeaf, the mapped tensor), weakly, oldest
 # first.  Past max_mapped_leaves() the oldest mapped leaf that nobody else references goes back to
@@ -401,8 +420,9 @@ def mapped_leaves() -> int:
 
 
 def _after_fork_in_child() -> None:
-    global _LRU_LOCK
+    global _LRU_LOCK, _TRACK_LOCK
     _LRU_LOCK = threading.Lock()
+    _TRACK_LOCK = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -411,27 +431,59 @@ if hasattr(os, "register_at_fork"):
 
 # This process's dicts with pending file leaves, by folder: a re-save of a folder here maps them
 # first (:func:`resolve_under`), so that they keep the bytes they were loaded with, as eager ones do.
-_LIVE: dict[str, weakref.WeakValueDictionary[int, LazyLeaves]] = {}  # (a dict is unhashable: by id)
+class _Tracked:
+    """The dicts tracked for one folder, held weakly: ``id(dict)`` -> a plain weak reference.
+
+    Not a ``WeakValueDictionary``: its ``__setitem__`` is Python code and builds a reference with
+    a callback per dict (1 µs each, most of the cost of tracking the members of a lazy stack).
+    Dead references are dropped when the table has doubled since its last sweep (an id reused by
+    a new dict replaces the dead one), so it stays within twice its live dicts, plus 64.
+    """
+
+    __slots__ = ("limit", "refs")
+
+    def __init__(self) -> None:
+        self.refs: dict[int, weakref.ref[LazyLeaves]] = {}  # (a dict is unhashable: by id)
+        self.limit = 64
+
+    def add(self, dicts: Iterable[LazyLeaves]) -> None:
+        ref = weakref.ref
+        with _TRACK_LOCK:
+            refs = self.refs
+            refs.update({id(d): ref(d) for d in dicts})
+            if len(refs) > self.limit:
+                for key in [k for k, r in refs.items() if r() is None]:
+                    del refs[key]
+                self.limit = max(64, 2 * len(refs))
+
+    def values(self) -> list[LazyLeaves]:
+        with _TRACK_LOCK:
+            refs = list(self.refs.values())
+        return [d for d in (r() for r in refs) if d is not None]
+
+
+_TRACK_LOCK = threading.Lock()  # the tables' changes (no weakref callback takes it: no re-entry)
+_LIVE: dict[str, _Tracked] = {}
 _SWEEP_AT = [1024]  # the size of _LIVE at which the folders whose dicts are all gone are forgotten
 
 
-def _live_in(folder: str) -> weakref.WeakValueDictionary[int, LazyLeaves]:
+def _live_in(folder: str) -> _Tracked:
     live = _LIVE.get(folder)
     if live is None:
         if len(_LIVE) >= _SWEEP_AT[0]:  # forget the folders whose dicts are all gone
-            for gone in [w for w, v in _LIVE.items() if not len(v)]:
+            for gone in [w for w, v in list(_LIVE.items()) if not v.values()]:
                 del _LIVE[gone]
             # next sweep when the live ones have doubled: a tree of thousands of levels loaded
             # whole costs O(1) per level, not a sweep of all the others per level
             _SWEEP_AT[0] = max(1024, 2 * len(_LIVE))
-        live = _LIVE[folder] = weakref.WeakValueDictionary()
+        live = _LIVE[folder] = _Tracked()
     return live
 
 
 def track(d: dict, folder: str) -> None:
     """Remember that ``d`` may hold pending leaves of files in ``folder``."""
     if type(d) is LazyLeaves:
-        _live_in(folder)[id(d)] = d
+        _live_in(folder).add((d,))
 
 
 def track_below(dicts: Iterable[dict], folder: str) -> None:
@@ -443,12 +495,9 @@ def track_below(dicts: Iterable[dict], folder: str) -> None:
     >>> d = LazyLeaves()
     >>> track_below([d, {}], "/nowhere")
     """
-    live = None
-    for d in dicts:
-        if type(d) is LazyLeaves:
-            if live is None:
-                live = _live_in(folder)
-            live[id(d)] = d
+    lazy = [d for d in dicts if type(d) is LazyLeaves]
+    if lazy:
+        _live_in(folder).add(lazy)
 
 
 def resolve_under(folder: str, files: set[str] | None = None) -> None:
@@ -463,7 +512,7 @@ def resolve_under(folder: str, files: set[str] | None = None) -> None:
     head = folder.rstrip(os.sep) + os.sep
     wheres = [w for w in _LIVE if w == folder or w.startswith(head)]
     above = [w for w in _LIVE if head.startswith(w.rstrip(os.sep) + os.sep)]  # tracked by track_below
-    dicts = [d for w in wheres + above for d in list(_LIVE[w].values())]
+    dicts = list({id(d): d for w in wheres + above for d in _LIVE[w].values()}.values())
     todo = [
         (d, k, v) for d in dicts for k, v in dict.items(d) if type(v) is PendingLeaf and _among(v.path, head, files)
     ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 import torch
@@ -46,11 +47,11 @@ from ._format import (
     layout_of,
 )
 from ._keys import encode_key, unravel_key
-from ._lazy_leaves import is_pending, raw_get, raw_items, rebuilt, resolved, track, track_below
+from ._lazy_leaves import is_pending, raw_get, raw_items, rebuilt, resolved, track
 from ._nodes import kind_for_tag, kind_of
 from ._nontensor import NonTensorData, NonTensorStack, nested_shape
 from ._options import check_path
-from ._stack_load import MemberTemplate, member_template
+from ._stack_load import load_members, member_template, templates_apply
 from ._store import Deferred, DirectoryStore, Store, check_load_args, member_without_meta, read_meta, user_stacklevel
 from ._tdz import Archive
 from ._tensordict_base import TensorDictBase, is_collection
@@ -137,12 +138,14 @@ def _load_stack(cls: type[T], store: Store, level: str, meta: dict, out: Any, pa
     ndim = members[0].batch_dims + 1
     if type(dim) is not int or not -ndim <= dim < ndim:
         raise CorruptDataError(f"{where}: stack_dim must be an integer below {ndim}, found {dim!r}.")
-    for i, member in enumerate(members):
-        if member.batch_size != members[0].batch_size:
-            raise CorruptDataError(
-                f"{where}: member {i} has batch size {list(member.batch_size)}, member 0 has "
-                f"{list(members[0].batch_size)}; the members of a stack must agree."
-            )
+    first = members[0].batch_size
+    sizes = [member.batch_size for member in members]
+    if sizes.count(first) != len(sizes):  # (one pass in C: a stack of a thousand members)
+        i = next(i for i, size in enumerate(sizes) if size != first)
+        raise CorruptDataError(
+            f"{where}: member {i} has batch size {list(sizes[i])}, member 0 has {list(first)}; the members of a "
+            "stack must agree."
+        )
     kind = kind_for_tag(LAZY_STACK_TYPE)
     if kind is None or kind.wrap is None:  # no lazy class registered: a dense stack
         return cls.stack(members, dim)
@@ -245,42 +248,39 @@ def _load_nontensor_members(cls: type[T], store: Store, level: str, meta: dict, 
 
 
 def _load_members(cls: type[T], store: Store, level: str, device: Any) -> list:
-    """The members ``0/``, ``1/``... of a stack level (a gap in the numbering raises)."""
-    members = []
-    templates: dict[int, MemberTemplate | None] = {}  # id(parsed meta) -> its template (members share it)
-    built: list[dict] = []  # the entries of the members the templates built
-    quick = store.quick_meta if isinstance(store, DirectoryStore) else None
-    for index, sub in enumerate(store.members(level)):
-        meta = quick(sub) if quick is not None else None
-        if meta is not None:  # a real folder with a plain meta.json: no descent guard needed
-            if id(meta) in templates:
-                template = templates[id(meta)]
-            else:
-                template = templates[id(meta)] = member_template(store, meta, store.where(sub, META_FILE), device)
-            member = template.build(cls, sub) if template is not None else None
-            if member is not None:
-                built.append(member._tensordict)
-                members.append(member)
-                continue
-        with store.enter(sub):
+    """The members ``0/``, ``1/``... of a stack level (a gap in the numbering raises).
+
+    A folder's members go through one fused loop (:func:`tdshare._stack_load.load_members`),
+    which hands every member it cannot build from a template to :func:`_member`, in order."""
+
+    def general(index: int, sub: str, meta: dict | None = None, plain: bool = False) -> Any:
+        return _member(cls, store, level, index, sub, meta, plain, device)
+
+    members = None
+    if isinstance(store, DirectoryStore) and templates_apply(store, device):
+        members = load_members(
+            cls, store, level, lambda meta, where: member_template(store, meta, where, device), general
+        )
+    if members is None:
+        members = [general(index, sub) for index, sub in enumerate(store.members(level))]
+    if not members:
+        raise CorruptDataError(f"{store.where(level)!r}: a stacked tensordict with no members.")
+    return members
+
+
+def _member(
+    cls: type[T], store: Store, level: str, index: int, sub: str, meta: dict | None, plain: bool, device: Any
+) -> Any:
+    """Member ``index`` of the stack ``level``, in ``sub``, the general way: from ``meta`` when the
+    caller read it, else from its ``meta.json`` (missing: an error naming the member); ``plain``:
+    ``sub`` is known to be a real folder (no descent guard)."""
+    with nullcontext() if plain else store.enter(sub):
+        if meta is None:
             try:
                 meta = store.read_meta(sub)
             except MissingMetadataError:
                 raise member_without_meta(store, level, index) from None
-            key = id(meta)
-            if key not in templates:
-                templates[key] = member_template(store, meta, store.where(sub, META_FILE), device)
-            template = templates[key]
-            member = template.build(cls, sub) if template is not None else None
-            if member is None:
-                member = load_level(cls, store, sub, meta, None, None, device)
-            else:
-                built.append(member._tensordict)
-            members.append(member)
-    track_below(built, level)  # a re-save here or in a member's folder maps their pending leaves first
-    if not members:
-        raise CorruptDataError(f"{store.where(level)!r}: a stacked tensordict with no members.")
-    return members
+        return load_level(cls, store, sub, meta, None, None, device)
 
 
 Loader = Callable[[Any, Store, str, dict, Any, Any, Any], Any]

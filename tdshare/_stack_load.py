@@ -1,19 +1,25 @@
-"""Loading the members of a saved lazy stack: one template per distinct member ``meta.json``.
+"""Loading the members of a saved lazy stack: one fused loop over the stack's folder.
 
 A lazy stack of n members is n levels of a few leaves each, so its load is bound by the
-per-level Python work, not by the system calls.  The members of a stack usually hold the
-same ``meta.json`` bytes (the same keys, shapes and dtypes), which a load parses once
-(:attr:`tdshare._store.Store.parsed_meta`).  A :class:`MemberTemplate` goes further and
-derives, once per such parse, everything a member's level needs that does not depend on its
-folder: the leaf file names, the bytes each file must hold, the batch size, the dim names, the
-device.  Each member then costs what cannot be shared: reading its metadata, one ``lstat`` per
-leaf, and a new tensordict of pending leaves (:class:`tdshare._lazy_leaves.PendingLeaf`).
+per-member work: the system calls that cannot be shared (a probe for the member's record of new
+entries, reading its ``meta.json``, one ``stat`` per leaf file) and the Python around them.
+:func:`load_members` does that work in one loop, through one descriptor of the stack's folder
+(the paths it hands the kernel are ``"7/meta.json"``, not absolute ones), and nothing else:
 
-Only the common shape of member takes this path: a plain level of a folder (no nested level,
-no nested-tensor or empty leaf), loaded fresh (``mode`` None or ``"r"``, robust key names, no
-target device other than the CPU).  Any other member, and any leaf whose file is not a regular
-file large enough for its metadata, goes through the general walker
-(:func:`tdshare._read.load_level`), which raises the precise errors, naming the file.
+- The members of a stack usually hold the same ``meta.json`` bytes (the same keys, shapes and
+  dtypes): each distinct content is parsed once, and a :class:`MemberTemplate` derives from it,
+  once, everything a member's level needs that does not depend on its folder (the leaf file
+  names, the bytes each file must hold, the batch size, the dim names, the device).
+- Each member then costs its ``meta.json`` read, one ``stat`` per leaf, and a new tensordict of
+  pending leaves (:class:`tdshare._lazy_leaves.PendingLeaf`).
+
+Anything unusual goes to the general walker (:func:`tdshare._read.load_level`), one member at a
+time and in order, so its errors are the ones a load raises, naming the member and the file: a
+member folder that is a symbolic link, holds a record of new entries (``meta.jsonl``) or has no
+readable, small, plain ``meta.json``; a level the template does not cover (a nested level, a
+nested-tensor or empty leaf, another layout); a leaf file that is missing, short or irregular.
+Only a fresh load takes the loop (``mode`` None or ``"r"``, robust key names, no target device
+other than the CPU); a gap in the member numbering raises before any member is read.
 """
 
 from __future__ import annotations
@@ -21,81 +27,64 @@ from __future__ import annotations
 import math
 import os
 import stat
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ._format import LEAF_SUFFIX, LEVEL, META_FILE, layout_of
+from ._format import JOURNAL_FILE, LEAF_SUFFIX, LEVEL, META_FILE, layout_of, loads_json
 from ._keys import encode_key
-from ._lazy_leaves import LazyLeaves, PendingLeaf
-from ._store import DirectoryStore, Store
+from ._lazy_leaves import PendingLeaf, new_lazy_leaves, track_below
+from ._store import DirectoryStore, Store, checked_members, member_entries
 from ._tensordict_base import TensorDictBase
 
-__all__ = ["MemberTemplate", "member_template"]
+__all__ = ["MemberTemplate", "member_template", "templates_apply", "load_members"]
 
 
 class MemberTemplate:
     """What every member level with one parsed ``meta.json`` shares.
 
     Attributes:
-        store: the folder being loaded.
         meta: the parsed metadata (shared by the members, never changed).
-        leaves: per leaf, ``(key, file name, bytes its file must hold, dtype, shape)``, in the
-            metadata's order.
+        leaves: per leaf, ``(key, "/" and its file's name, bytes the file must hold, dtype, shape)``,
+            in the metadata's order.
         batch_size: the members' batch size.
         names: the dim names, or None.
         device: the device of a loaded member.
     """
 
-    __slots__ = ("batch_size", "device", "leaves", "meta", "names", "store")
+    __slots__ = ("batch_size", "device", "leaves", "meta", "names")
 
     def __init__(
         self,
-        store: DirectoryStore,
         meta: dict,
         leaves: list[tuple[str, str, int, torch.dtype, tuple[int, ...]]],
         batch_size: torch.Size,
         names: list | None,
         device: torch.device | None,
     ) -> None:
-        self.store, self.meta, self.leaves = store, meta, leaves
+        self.meta, self.leaves = meta, leaves
         self.batch_size, self.names, self.device = batch_size, names, device
 
-    def build(self, cls: type[TensorDictBase], level: str) -> TensorDictBase | None:
-        """The member saved in the folder ``level``, as a ``cls`` of pending leaves.
 
-        Args:
-            cls: the collection class of the member levels.
-            level: the member's folder (its ``meta.json`` parsed as :attr:`meta`).
+def templates_apply(store: Store, device: Any) -> bool:
+    """Whether the members of a stack in ``store``, loaded to ``device``, may be built from templates.
 
-        Returns the member, or None when a leaf needs the general walker (a missing, short or
-        irregular file: the walker raises the error that names it).  Raises nothing itself.
+    Args:
+        store: the store being loaded.
+        device: the ``device`` the load was asked for (None: the saved one).
 
-        >>> import tempfile, tdshare
-        >>> folder = tempfile.mkdtemp()
-        >>> store = DirectoryStore(folder, True, None, None)
-        >>> MemberTemplate(store, {}, [], torch.Size([]), None, None).build(tdshare.TensorDict, folder).batch_size
-        torch.Size([])
-        """
-        store = self.store
-        prefix = level + os.sep
-        where = prefix + META_FILE
-        mode = store.mode
-        lstat, isreg, pending = os.lstat, stat.S_ISREG, PendingLeaf
-        guard = store.guard
-        values: dict = LazyLeaves() if self.leaves else {}
-        for key, name, need, dtype, shape in self.leaves:
-            path = prefix + name
-            try:
-                st = lstat(path)
-            except OSError:
-                return None
-            if st.st_size < need or not isreg(st.st_mode):
-                return None
-            dict.__setitem__(values, key, pending(dtype, shape, path, mode, None, 0, st.st_ino, where, guard))
-        out = cls._from_leaves(values, self.batch_size, self.device, None if self.names is None else list(self.names))
-        store.annotate(out, level, self.meta)
-        return out
+    Returns True for a fresh load of a folder (``mode`` None or ``"r"``, robust key names,
+    leaves mapped on first read) to the CPU or the saved device; False otherwise.
+
+    >>> templates_apply(None, None)  # not a folder's store
+    False
+    """
+    if not isinstance(store, DirectoryStore):
+        return False
+    if not store.robust or store.mode == "r+" or not store.lazy or store.defers:
+        return False
+    return device is None or torch.device(device).type == "cpu"
 
 
 def member_template(store: Store, meta: dict, where: str, device: Any) -> MemberTemplate | None:
@@ -115,12 +104,7 @@ def member_template(store: Store, meta: dict, where: str, device: Any) -> Member
     >>> member_template(None, {"shape": []}, "meta.json", None) is None  # not a folder's store
     True
     """
-    if not isinstance(store, DirectoryStore) or layout_of(meta) != LEVEL:
-        return None
-    if not store.robust or store.mode == "r+" or not store.lazy or store.defers:
-        return None
-    target = torch.device(device) if device is not None else None
-    if target is not None and target.type != "cpu":
+    if not templates_apply(store, device) or layout_of(meta) != LEVEL:
         return None
     parsed = store.parse(meta, where)
     if parsed.children:
@@ -132,7 +116,144 @@ def member_template(store: Store, meta: dict, where: str, device: Any) -> Member
         if nested or not numel or shape[: len(batch)] != batch:
             return None  # the general walker builds it, or raises naming the leaf
         name = (key if key.isidentifier() else encode_key(key)) + LEAF_SUFFIX
-        leaves.append((key, name, numel * dtype.itemsize, dtype, shape))
+        leaves.append((key, os.sep + name, numel * dtype.itemsize, dtype, shape))
     names = None if parsed.names is None else list(parsed.names)
-    loaded_on = target if target is not None else store.default_device(meta)
-    return MemberTemplate(store, meta, leaves, torch.Size(batch), names, loaded_on)
+    loaded_on = torch.device(device) if device is not None else store.default_device(meta)
+    return MemberTemplate(meta, leaves, torch.Size(batch), names, loaded_on)
+
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_READ = 1 << 16  # a meta.json this long or longer goes the general way (read in full there)
+_DIR_FD = os.open in os.supports_dir_fd and os.stat in os.supports_dir_fd and os.access in os.supports_dir_fd
+
+
+def load_members(
+    cls: type[TensorDictBase],
+    store: DirectoryStore,
+    level: str,
+    template_of: Callable[[dict, str], MemberTemplate | None],
+    general: Callable[[int, str, dict | None, bool], TensorDictBase],
+) -> list[TensorDictBase] | None:
+    """The members ``0/``, ``1/``... of the lazy stack saved in the folder ``level``, in order.
+
+    Args:
+        cls: the collection class of the member levels.
+        store: the folder being loaded (see :func:`templates_apply`).
+        level: the stack's folder.
+        template_of: the template for a parsed member ``meta.json`` and how errors name it, or
+            None (:func:`member_template`).
+        general: builds member ``index`` in folder ``sub`` the general way, from its parsed
+            ``meta``, or reading it when None; ``plain``: the folder is known to be no symbolic link.
+
+    Returns the members (those built here hold pending leaves and are tracked for re-saves
+    under ``level``), or None when the folder cannot be opened or listed (the general walker
+    then raises the error).
+
+    Raises:
+        CorruptDataError: a gap in the member numbering (before any member is read), a
+            ``meta.json`` that is not valid JSON, and whatever ``general`` raises (naming the member).
+
+    >>> import tempfile, tdshare
+    >>> folder = tempfile.mkdtemp()
+    >>> _ = tdshare.LazyStackedTensorDict(tdshare.TensorDict(), tdshare.TensorDict()).memmap_(folder)
+    >>> len(tdshare.LazyStackedTensorDict.load_memmap(folder).tensordicts)
+    2
+    """
+    if not _DIR_FD:  # pragma: no cover - platforms without *at() system calls
+        return None
+    try:
+        dfd = os.open(level, _DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        try:
+            with os.scandir(dfd) as scan:
+                plain = {e.name: not e.is_symlink() for e in member_entries(scan)}
+        except OSError:
+            return None
+        try:
+            return _build(cls, store, dfd, level, plain, template_of, general)
+        except Exception:
+            # a gap in the numbering is what the general walker raises first, before any member's error
+            checked_members(store, level, {int(name) for name in plain}, lambda i: f"{level}{os.sep}{i}", False)
+            raise
+    finally:
+        os.close(dfd)
+
+
+def _build(
+    cls: type[TensorDictBase],
+    store: DirectoryStore,
+    dfd: int,
+    level: str,
+    plain: dict[str, bool],
+    template_of: Callable[[dict, str], MemberTemplate | None],
+    general: Callable[[int, str, dict | None, bool], TensorDictBase],
+) -> list[TensorDictBase]:
+    """The loop of :func:`load_members`: member ``i`` is read through ``dfd`` as ``"i/..."``; a
+    name missing from ``plain`` (a gap) raises ``KeyError`` (the caller raises the gap's error)."""
+    access, open_, read, close, stat_, isreg = os.access, os.open, os.read, os.close, os.stat, stat.S_ISREG
+    new_leaves, setitem, pending, from_leaves = new_lazy_leaves, dict.__setitem__, PendingLeaf, cls._from_leaves
+    exists, nofollow, journal, meta_file = os.F_OK, _NOFOLLOW, os.sep + JOURNAL_FILE, os.sep + META_FILE
+    mode, guard, annotate = store.mode, store.guard, store.annotate
+    parsed: dict[bytes, tuple[dict, MemberTemplate | None]] = {}  # meta.json bytes -> (meta, template)
+    shared = store.parsed_meta  # so that the members the general walker builds share the parses too
+    base = level + os.sep
+    members: list[TensorDictBase] = []
+    built: list[dict] = []
+    for index in range(len(plain)):
+        name = str(index)
+        sub = base + name
+        if not plain[name] or access(name + journal, exists, dir_fd=dfd, follow_symlinks=False):
+            members.append(general(index, sub, None, False))  # a link is checked, a record read there
+            continue
+        try:
+            fd = open_(name + meta_file, nofollow, dir_fd=dfd)
+        except OSError:
+            members.append(general(index, sub, None, True))  # missing, a link, unreadable: named there
+            continue
+        try:
+            raw = read(fd, _READ)
+        except OSError:  # a directory, an I/O error: named there
+            raw = b""
+        finally:
+            close(fd)
+        if not raw:  # (an empty file too: not valid JSON, named there)
+            members.append(general(index, sub, None, True))
+            continue
+        where = sub + meta_file
+        hit = parsed.get(raw)
+        if hit is None:
+            if len(raw) >= _READ:
+                members.append(general(index, sub, None, True))
+                continue
+            meta = shared.get(raw)
+            if meta is None:
+                meta = shared[raw] = loads_json(raw, where)
+            hit = parsed[raw] = (meta, template_of(meta, where))
+        meta, template = hit
+        if template is None:
+            members.append(general(index, sub, meta, True))
+            continue
+        leaves = template.leaves
+        values: dict = new_leaves() if leaves else {}
+        for key, file, need, dtype, shape in leaves:
+            try:
+                st = stat_(name + file, dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                break
+            if st.st_size < need or not isreg(st.st_mode):
+                break
+            setitem(values, key, pending(dtype, shape, sub + file, mode, None, 0, st.st_ino, where, guard))
+        else:
+            names = template.names
+            member = from_leaves(values, template.batch_size, template.device, None if names is None else list(names))
+            annotate(member, sub, meta)
+            if leaves:
+                built.append(values)
+            members.append(member)
+            continue
+        members.append(general(index, sub, meta, True))  # a missing, short or irregular file: named there
+    track_below(built, level)  # a re-save here or in a member's folder maps their pending leaves first
+    return members

@@ -19,7 +19,7 @@ import stat
 import sys
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +52,7 @@ __all__ = [
     "member_without_meta",
     "read_meta",
     "checked_members",
+    "member_entries",
 ]
 
 
@@ -302,6 +303,20 @@ def checked_members(
     return [path_of(i) for i in range(len(found))]
 
 
+def member_entries(entries: Iterable[os.DirEntry]) -> list[os.DirEntry]:
+    """The entries of a folder's listing that are a stack's member folders: named ``0``, ``1``...
+    (ASCII digits, no leading zero), directories or symbolic links to one.
+
+    >>> member_entries([])
+    []
+    """
+    return [
+        e
+        for e in entries
+        if (name := e.name).isdigit() and name.isascii() and (name[0] != "0" or name == "0") and e.is_dir()
+    ]
+
+
 def member_without_meta(store: Store, level: str, index: int) -> CorruptDataError:
     """The error for a stacked member folder that holds no ``meta.json``."""
     return CorruptDataError(f"{store.where(level)!r}: the stacked member folder {index!r} has no {META_FILE}.")
@@ -385,30 +400,6 @@ class DirectoryStore(Store):
     def has_level(self, level: str) -> bool:
         return os.path.isfile(os.path.join(level, META_FILE))
 
-    def quick_meta(self, level: str) -> dict | None:
-        """The parsed ``meta.json`` of a member level found as a real folder, by the shortest path.
-
-        For the members of a lazy stack, where a load reads one small ``meta.json`` per member:
-        None whenever :meth:`read_meta` (and :meth:`enter`) must do the work instead, which then
-        raises the error that names the file: the level is a symbolic link, holds a record of new
-        entries (``meta.jsonl``), or its ``meta.json`` is missing, a link, unreadable or large.
-        """
-        if level not in self._plain:
-            return None
-        base = level + _SEP
-        if _may_exist(base + JOURNAL_FILE):
-            return None
-        try:
-            raw = _read_file(base + META_FILE, _NOFOLLOW)
-        except OSError:
-            return None
-        hit = self.parsed_meta.get(raw)
-        if hit is None:
-            if len(raw) > _CACHED_META_BYTES:
-                return None
-            hit = self.parsed_meta[raw] = loads_json(raw, base + META_FILE)
-        return hit
-
     def child(self, level: str, key: str) -> str | None:
         found = self._find(level, key, "", True)
         if found is None:
@@ -439,7 +430,7 @@ class DirectoryStore(Store):
     def members(self, level: str) -> Iterator[str]:
         try:
             with os.scandir(level) as scan:
-                entries = [e for e in scan if e.name.isdigit() and str(int(e.name)) == e.name and e.is_dir()]
+                entries = member_entries(scan)
         except OSError:
             entries = []
         for e in entries:  # a real folder needs no lstat when it is entered; a link is checked then
