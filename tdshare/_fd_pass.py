@@ -117,7 +117,18 @@ _TABLE: list[_Table | None] = [None]
 _USABLE: list[bool | None] = [None]
 
 
+_TABLE_LOCK = threading.Lock()
+
+
 def _table() -> _Table | None:
+    table = _TABLE[0]
+    if table is None:
+        with _TABLE_LOCK:  # (two threads pickling at once make one table)
+            return _new_table()
+    return table
+
+
+def _new_table() -> _Table | None:
     table = _TABLE[0]
     if table is None:
         if _USABLE[0] is None:
@@ -297,8 +308,9 @@ def _after_fork_in_child() -> None:
     table = _TABLE[0]
     _TABLE[0] = None
     _SENDERS.clear()
-    global _SENDERS_LOCK
+    global _SENDERS_LOCK, _TABLE_LOCK
     _SENDERS_LOCK = threading.Lock()
+    _TABLE_LOCK = threading.Lock()
     if table is not None:
         for _, dup in table.held.values():
             try:

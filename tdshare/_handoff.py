@@ -236,7 +236,8 @@ def reduce_tree(root: Any) -> tuple[Any, ...] | None:
     """
     held = root.__dict__.get(_MEMO)
     memo = held[0] if held is not None else None
-    if memo is None or not memo.still_valid():
+    # (checks[0] is the root's own: a memo copied along with a __dict__ is not this tree's)
+    if memo is None or memo.checks[0][0]() is not root or not memo.still_valid():
         memo = _build(root)
         if memo is None:
             root.__dict__.pop(_MEMO, None)

@@ -172,9 +172,11 @@ def test_a_leaf_written_after_pickling_is_seen_and_a_replaced_file_is_named(tmp_
 
 
 # -- across processes ------------------------------------------------------------------------
-def _reader(inbox: Any, out: Any) -> None:
+def _reader(inbox: Any, go: Any, out: Any) -> None:
     while (item := inbox.get(timeout=WAIT)) is not None:
         td, note = item
+        out.put(("received", note))  # unpickled (so pickled): nothing read yet
+        assert go.get(timeout=WAIT) == note
         out.put((note, _values(td), td["sub", "x"].data_ptr() != 0))
         del td, item
         gc.collect()
@@ -187,18 +189,20 @@ def _reader(inbox: Any, out: Any) -> None:
 def test_a_live_worker_reads_the_values_and_later_writes(method: str, where: str, tmp_path: Path) -> None:
     ctx = _ctx(method)
     td = _tree(str(tmp_path / f"td-{uuid.uuid4().hex}") if where == "folder" else None)
-    inbox, out = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_reader, args=(inbox, out))
+    inbox, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_reader, args=(inbox, go, out))
     proc.start()
     try:
         for round_ in range(3):  # the same tree again and again (the remembered schema, the copies)
             td["a"][0, 0] = float(round_)
             inbox.put((td, round_))
-            td["key with space"][0] = 10.0 + round_  # written after the put: seen at the first read
+            assert out.get(timeout=WAIT) == ("received", round_)
+            td["key with space"][0] = 10.0 + round_  # written after the pickling: seen at the first read
+            go.put(round_)
             note, values, mapped = out.get(timeout=WAIT)
             assert note == round_ and mapped
-            expected = _values(td)
-            assert values == expected
+            assert values == _values(td)
+            assert values["key with space"][0] == 10.0 + round_ and values["a"][0][0] == float(round_)
             assert out.get(timeout=WAIT) == "dropped"
     finally:
         inbox.put(None)
