@@ -249,7 +249,7 @@ def reduce_tree(root: Any) -> tuple[Any, ...] | None:
 # attributes, entries (pending leaves) and children, to copy when the same bytes come again.
 _TREES: dict[bytes, list[tuple[Any, ...]]] = {}
 _TREES_MAX = 8
-_TREE_LEAVES_MAX = 1 << 16
+_TREE_LEAVES_MAX = 1 << 14  # per tree; all of them then hold at most 8 x 16,384 pending leaves (~34 MB)
 
 
 def _template(blob: bytes, segments: tuple[Segment, ...]) -> list[tuple[Any, ...]]:

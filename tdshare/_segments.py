@@ -6,7 +6,9 @@ leak.  Many leaves share one segment (an *arena*): each leaf is a view at a 64-b
 offset, so 10,000 leaves cost one descriptor and one mapping instead of two per leaf.
 
 Segments cross processes by descriptor: inherited under fork, passed with ``SCM_RIGHTS`` by
-:mod:`multiprocessing` when pickled (spawn/forkserver arguments, queues, pipes).
+:mod:`multiprocessing` to a process being spawned (spawn/forkserver arguments), and otherwise
+(queues, pipes, plain pickle) opened by the receiver through ``/proc/<pid>/fd`` (see
+:mod:`tdshare._fd_pass`), or through :mod:`multiprocessing`'s resource sharer where that cannot be.
 """
 
 from __future__ import annotations
