@@ -6,7 +6,9 @@ leak.  Many leaves share one segment (an *arena*): each leaf is a view at a 64-b
 offset, so 10,000 leaves cost one descriptor and one mapping instead of two per leaf.
 
 Segments cross processes by descriptor: inherited under fork, passed with ``SCM_RIGHTS`` by
-:mod:`multiprocessing` when pickled (spawn/forkserver arguments, queues, pipes).
+:mod:`multiprocessing` to a process being spawned (spawn/forkserver arguments), and otherwise
+(queues, pipes, plain pickle) opened by the receiver through ``/proc/<pid>/fd`` (see
+:mod:`tdshare._fd_pass`), or through :mod:`multiprocessing`'s resource sharer where that cannot be.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import errno
 import os
 import weakref
 from multiprocessing import reduction
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import torch
 
 from ._errors import MemmapError
+from ._fd_pass import receive_fd, release, send_fd
 from ._indexing import contiguous_strides
 
 __all__ = ["Segment", "ALIGN", "align"]
@@ -117,9 +121,29 @@ class Segment:
         return tensor.data_ptr() - self.buffer.data_ptr()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # DupFd sends the descriptor with SCM_RIGHTS (directly to a process being spawned,
-        # otherwise through multiprocessing's resource sharer while this process lives).
+        # To a process being spawned, DupFd sends the descriptor with SCM_RIGHTS along with the
+        # spawn.  Otherwise the receiver opens it through /proc (see _fd_pass: ~20 µs, where
+        # multiprocessing's resource sharer costs a socket connection and an HMAC hand-shake
+        # with a thread of this process, ~1 ms); the resource sharer where /proc cannot serve.
+        if get_spawning_popen() is None and self.size:
+            code = send_fd(self.fd)
+            if code is not None:
+                return (_receive_segment, (code, self.size))
         return (_rebuild_segment, (reduction.DupFd(self.fd), self.size))
+
+
+def _receive_segment(code: tuple[Any, ...], size: int) -> Segment:
+    known = _BY_INODE.get((code[3], code[4]))
+    if known is not None and known.size == size:
+        release(code)  # already mapped here: the same memory, one mapping
+        return known
+    fd = receive_fd(code)
+    try:
+        buffer = _map_fd(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return Segment(fd, size, buffer)
 
 
 def _rebuild_segment(dupfd: Any, size: int) -> Segment:

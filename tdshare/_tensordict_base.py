@@ -32,6 +32,7 @@ from ._errors import (
 from ._format import LEVEL, TD_TYPE
 from ._from_any import AnyConversions
 from ._generic_ops import GenericOps
+from ._handoff import reduce_tree
 from ._indexing import as_size, check_dim, index_names, is_key, normalize_index
 from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
@@ -550,7 +551,10 @@ class TensorDictBase(
 
     # -- representation and pickling ----------------------------------------------------------
     def __reduce__(self) -> tuple[Any, ...]:
-        # memory-mapped leaves travel as compact handles (see _reductions), never as bytes
+        # memory-mapped leaves travel as compact handles (see _reductions), never as bytes; a whole
+        # tree of them as one schema, remembered while it is unchanged (see _handoff)
+        if self._is_memmap and (whole := reduce_tree(self)) is not None:
+            return whole
         prefix = self._memmap_prefix
         state = (
             encode_level(self._tensordict, prefix),  # pending leaves stay unmapped

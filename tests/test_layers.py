@@ -40,6 +40,7 @@ LAYERS: dict[str, list[str]] = {
     "storage": [
         "_mapping_limits",
         "_files",
+        "_fd_pass",
         "_segments",
         "_futex",
         "_flock",
@@ -71,6 +72,7 @@ LAYERS: dict[str, list[str]] = {
         "_unbatched",
         "_metadata",
         "_reductions",
+        "_handoff",
         "_combine",
         "_surface_ops",
         "_locking",
