@@ -506,7 +506,7 @@ def consolidated_parts(td: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         The 1-D ``uint8`` buffer and the schema dict (do not modify it).
 
     >>> import torch
-    >>> from tdshare import TensorDict
+    >>> from tdshare import TensorDict, consolidated_parts
     >>> buffer, schema = consolidated_parts(TensorDict(a=torch.zeros(3), batch_size=[3]))
     >>> buffer.dtype, buffer.numel(), schema["leaves"]["a"]
     (torch.uint8, 16, ['torch.float32', [3], 0, 16, 4])

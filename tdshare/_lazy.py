@@ -67,6 +67,7 @@ class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
         ArgumentTypeError: a member that is not a tensordict (the message names it).
         BatchSizeError: members whose batch sizes differ (the message names the member).
 
+    >>> from tdshare import TensorDict, LazyStackedTensorDict
     >>> import torch
     >>> a = TensorDict(x=torch.zeros(3, 2), y=torch.ones(3), batch_size=[3])
     >>> b = TensorDict(x=torch.ones(3, 5), batch_size=[3])
@@ -104,6 +105,7 @@ class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
     def lazy_stack(cls: type[T], tds: Sequence[TensorDictBase], dim: int = 0) -> T:
         """``LazyStackedTensorDict(*tds, stack_dim=dim)`` (the reference's spelling).
 
+        >>> from tdshare import TensorDict, LazyStackedTensorDict
         >>> LazyStackedTensorDict.lazy_stack([TensorDict(batch_size=[2])] * 3, 1).batch_size
         torch.Size([2, 3])
         """
@@ -269,6 +271,7 @@ class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
         Raises:
             NotSupportedError: the members' values cannot be stacked (e.g. their shapes differ).
 
+        >>> from tdshare import TensorDict, LazyStackedTensorDict
         >>> ls = LazyStackedTensorDict(TensorDict(x=torch.zeros(2), batch_size=[2]),
         ...                            TensorDict(x=torch.ones(2), batch_size=[2]))
         >>> ls.get("x").tolist()

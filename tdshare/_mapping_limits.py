@@ -17,6 +17,7 @@ tdshare stays under both:
   raises :class:`ResourceLimitError` before anything is written; a limit reached anyway is
   turned into the same error by :func:`limit_error`.
 
+>>> from tdshare import max_mapped_leaves
 >>> max_mapped_leaves() <= max_map_count()
 True
 """
@@ -120,6 +121,7 @@ def max_mapped_leaves() -> int:
     The default is ``min(8192, vm.max_map_count // 8)``, read at each call; the mappings of
     leaves held elsewhere (a tensor the caller keeps) are the caller's and are never taken.
 
+    >>> from tdshare import max_mapped_leaves
     >>> 64 <= max_mapped_leaves() <= 8192
     True
     """

@@ -54,6 +54,7 @@ class NonTensorData(NonTensorOps, NonTensorFiles):
         device: kept for the reference's signature; a non-tensor value lives on no device.
         names: accepted for the reference's signature (the tensordict holding it names the dims).
 
+    >>> from tdshare import NonTensorData
     >>> NonTensorData("a", batch_size=[2]).tolist()
     ['a', 'a']
     """
@@ -222,6 +223,7 @@ class NonTensorStack(NonTensorData):
         InvalidArgumentError: no values.
         BatchSizeError: members with different batch sizes (the message names the member).
 
+    >>> from tdshare import NonTensorStack
     >>> s = NonTensorStack("a", "b")
     >>> s.tolist(), s[1].data, s.batch_size
     (['a', 'b'], 'b', torch.Size([2]))
@@ -263,6 +265,7 @@ class NonTensorStack(NonTensorData):
             ArgumentTypeError: ``data`` is not a list.
             BatchSizeError: the nesting does not match ``batch_size``.
 
+        >>> from tdshare import NonTensorStack
         >>> NonTensorStack.from_list([["a", "b"], ["c", "d"]]).batch_size
         torch.Size([2, 2])
         """

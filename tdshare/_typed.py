@@ -43,6 +43,7 @@ class TypedTensorDict(TensorDict):
             (a ``TypeError``, as the reference raises).
         ReservedFieldError: a subclass declares a field named like a TensorDict attribute.
 
+    >>> from tdshare import TypedTensorDict
     >>> import torch
     >>> class State(TypedTensorDict):
     ...     obs: torch.Tensor
@@ -121,6 +122,7 @@ class TypedTensorDict(TensorDict):
         Raises:
             ArgumentTypeError: a field is missing or ``td`` holds an entry that is not a field.
 
+        >>> from tdshare import TensorDict, TypedTensorDict
         >>> import torch
         >>> class S(TypedTensorDict):
         ...     x: torch.Tensor

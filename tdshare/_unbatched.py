@@ -45,6 +45,7 @@ class UnbatchedTensor(torch.Tensor):
     results of the same batch size; Python conversions (``int``, ``float``, ``str``, ``format``,
     ``numpy``...) behave as they do for the payload.
 
+    >>> from tdshare import UnbatchedTensor
     >>> import torch
     >>> from tdshare import TensorDict
     >>> td = TensorDict(a=UnbatchedTensor(torch.zeros(3, 4)), b=torch.zeros(2, 5), batch_size=[2])
@@ -83,6 +84,7 @@ class UnbatchedTensor(torch.Tensor):
     def with_batch_size(self, batch_size: Sequence[int] | torch.Size) -> UnbatchedTensor:
         """An alias of this tensor (same memory) whose ``batch_size`` is ``batch_size``.
 
+        >>> from tdshare import UnbatchedTensor
         >>> UnbatchedTensor(torch.ones(2)).with_batch_size([3]).batch_size
         torch.Size([3])
         """
@@ -199,6 +201,7 @@ class UnbatchedEntry(NonTensorData):
 
     ``data`` is the tensor; :meth:`for_batch` gives it with a batch size (one alias per size).
 
+    >>> from tdshare import UnbatchedTensor
     >>> e = UnbatchedEntry(UnbatchedTensor(torch.ones(2)))
     >>> e.for_batch(torch.Size([3])).batch_size
     torch.Size([3])

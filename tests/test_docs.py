@@ -56,6 +56,24 @@ def test_quickstart_example_runs(tmp_path: Path) -> None:
 MODULES = sorted(p.stem for p in (ROOT / "tdshare").glob("*.py") if p.stem != "__main__")
 
 
+def _public_objects() -> set[int]:
+    """The ids of tdshare's public names and of the public methods and properties of its public classes."""
+    import inspect
+
+    import tdshare
+
+    ids: set[int] = set()
+    for name in tdshare.__all__:
+        obj = getattr(tdshare, name)
+        ids.add(id(obj))
+        if inspect.isclass(obj):
+            for attr in dir(obj):
+                if not attr.startswith("_"):
+                    static = inspect.getattr_static(obj, attr)
+                    ids.update((id(static), id(getattr(static, "__func__", static))))
+    return ids
+
+
 def _finder(module: Any) -> Any:
     """A doctest finder that assigns every docstring to the module that defines it.
 
@@ -63,11 +81,17 @@ def _finder(module: Any) -> Any:
     stock finder skips their methods everywhere (in ``tdshare`` their functions' globals differ, in
     the defining module the class looks foreign).  Here a function belongs where its globals are,
     and a class where it is defined (its ``class`` statement is in the module's source).
+
+    The example of a public name runs with ``torch`` alone, as a user types it (it imports every
+    tdshare name it uses); one of an internal helper also sees its module's names.
     """
     import doctest
     import inspect
 
+    import torch
+
     source = Path(module.__file__).read_text()
+    public = _public_objects()
 
     class Finder(doctest.DocTestFinder):
         def _from_module(self, mod: Any, obj: Any) -> bool:
@@ -79,13 +103,18 @@ def _finder(module: Any) -> Any:
                 return mod.__dict__.get(obj.__name__) is obj and f"\nclass {obj.__name__}" in source
             return bool(super()._from_module(mod, obj))
 
+        def _get_test(self, obj: Any, name: str, mod: Any, globs: dict, source_lines: Any) -> Any:
+            if id(obj) in public or id(getattr(obj, "__func__", obj)) in public:
+                globs = {"torch": torch, "__name__": mod.__name__}
+            return super()._get_test(obj, name, mod, globs, source_lines)  # type: ignore[misc]
+
     return Finder(exclude_empty=True)
 
 
 @pytest.mark.parametrize("module", MODULES)
 def test_docstring_examples_run(module: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every ``>>>`` example in tdshare's docstrings runs and prints what it says (``torch`` imported,
-    as a user's session has it; every tdshare name the example uses is imported in it)."""
+    """Every ``>>>`` example in tdshare's docstrings runs and prints what it says; a public name's
+    example has ``torch`` imported, as a user's session has it, and imports every tdshare name it uses."""
     import doctest
     import importlib
     import tempfile
