@@ -1,4 +1,4 @@
-"""The write halves of a folder and of anonymous memory: :class:`FolderWriter`, :class:`AnonymousWriter`.
+"""The write half of a folder: :class:`FolderWriter` (anonymous memory: :mod:`tdshare._write_anon`).
 
 A write runs in three phases, so that a bad input never leaves a half-written directory:
 
@@ -23,38 +23,33 @@ import concurrent.futures
 import errno
 import os
 import threading
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from ._atomic import atomic_directory
 from ._coordination import SharedRegistry, unchanged_since
 from ._debris import sweep_staging, sweep_tree
-from ._errors import InvalidArgumentError, MemmapError, NotAFolderError
-from ._files import check_not_symlink, jagged_from_buffer, nested_from_buffer, replace_file, tmp_name
-from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR
+from ._errors import MemmapError, NotAFolderError
+from ._files import check_not_symlink, replace_file, tmp_name
+from ._format import META_FILE
 from ._future import TensorDictFuture
 from ._journal import drop_journal
-from ._keys import encode_key
-from ._lazy_leaves import is_pending, raw_items, rebuilt, resolve_under, track
+from ._lazy_leaves import resolve_under
 from ._leaf_files import Listing, write_batch, write_leaf
 from ._mapping_limits import check_descriptors, is_limit_error, limit_error
 from ._memmap import MemoryMappedTensor
-from ._nodes import kind_of
 from ._nontensor_files import replace_if_changed, write_nontensor
 from ._options import SaveOptions
-from ._plan import LevelEncodings, PlannedLeaf, PlannedLevel, TreeWriter, encode_value, plan_tree
+from ._plan import LevelEncodings, PlannedLeaf, PlannedLevel, TreeWriter, plan_tree
 from ._progress import ProgressCallback
-from ._runtime import ensure_store, new_store_path
-from ._segments import Segment, align
-from ._shared_nontensor import SharedNonTensorData, SharedNonTensorStack
-from ._tensordict_base import TensorDictBase, is_collection
+from ._tensordict_base import TensorDictBase
+from ._write_install import blank, install, rebase_results
 from ._write_results import lazy_results, leaf_file, remove_written, replaced_files, set_leaf_file
 
-__all__ = ["AnonymousWriter", "FolderWriter"]
+__all__ = ["FolderWriter"]
 
 T = TypeVar("T", bound=TensorDictBase)
-_CPU = torch.device("cpu")
 
 
 # -- phase 2: write ---------------------------------------------------------------------------
@@ -262,158 +257,6 @@ def _commit_metadata(
     return after if not kept or unchanged_since(seen, before) else seen
 
 
-def _write_anonymous(root: PlannedLevel) -> None:
-    """Copy every new leaf of the tree into one shared segment (an arena)."""
-    pending = []
-    total = 0
-    for level in root.walk():
-        for leaf in level.leaves:
-            if leaf.reuse is not None:
-                leaf.result = leaf.reuse
-            elif leaf.src.numel() == 0:
-                leaf.result = MemoryMappedTensor._wrap(
-                    torch.empty(leaf.src.shape, dtype=leaf.src.dtype), None, None, None
-                )
-            else:
-                pending.append((leaf, total))
-                total += align(leaf.src.numel() * leaf.src.dtype.itemsize)
-    if not pending:
-        return
-    seg = Segment.create(total)
-    for leaf, offset in pending:
-        view = seg.view(offset, leaf.src.dtype, leaf.src.shape)
-        src = leaf.src.detach()
-        view.copy_(src.resolve_conj().resolve_neg() if src.is_complex() else src)
-        leaf.result = MemoryMappedTensor._wrap(view, None, seg, None)
-
-
-# -- phase 3: install -------------------------------------------------------------------------
-def _blank(td: T) -> T:
-    """An empty tensordict of ``td``'s shape and class for ``memmap()`` to install into; a lazy
-    stack's has one blank member per member."""
-    kind = kind_of(td)
-    if kind is not None and kind.layout == STACK and kind.unwrap is not None and kind.wrap is not None:
-        members, fields = kind.unwrap(td)
-        return cast(T, kind.wrap([_blank(m) for m in members], fields))
-    return type(td)._from_leaves({}, td.batch_size, None, td._names)
-
-
-def _install_stack(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool) -> None:
-    """Install a lazy stack's members into ``dest``'s members (its own, for ``memmap_``)."""
-    assert level.stack is not None and level.stack.unwrap is not None
-    members, _ = level.stack.unwrap(dest)
-    head = None if final_path is None else os.path.join(final_path, "")
-    for (key, child), member in zip(level.children, members, strict=True):
-        path = None if head is None else head + key
-        src = child.src
-        if child.stack is None and len(child.plain_out) == len(src._tensordict) and not child.leaves:
-            # a member of written plain leaves only (the usual one): what _install would do, in short
-            member._tensordict = dict(zip(child.plain_keys, child.plain_out, strict=True))
-            member._device, member._names, member._memmap_prefix = _CPU, src._names, path
-            member._is_memmap, member._is_shared, member._is_locked = True, False, True
-            continue
-        _install(child, member, path, share)
-    dest._is_memmap = True
-    dest._is_shared = False
-    dest._memmap_prefix = final_path
-    dest._is_locked = True
-
-
-def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool | None = None) -> None:
-    share = level.share if share is None else share
-    if level.stack is not None:
-        _install_stack(level, dest, final_path, share)
-        return
-    in_place = dest is level.src
-    values = dict(raw_items(dest._tensordict)) if in_place else {}
-    values.update(zip(level.plain_keys, level.plain_out, strict=True))
-    for leaf in level.leaves:
-        assert leaf.result is not None
-        if not leaf.part:
-            values[leaf.key] = leaf.result
-    for key, data, table, jagged in level.nested:  # a nested tensor viewing its mapped, packed elements
-        assert data.result is not None and table.result is not None
-        assert not is_pending(data.result) and not is_pending(table.result)  # never lazy (see _write_leaf)
-        values[key] = (jagged_from_buffer if jagged else nested_from_buffer)(
-            cast(MemoryMappedTensor, data.result), cast(MemoryMappedTensor, table.result)
-        )
-    for nt in level.nontensors:
-        folder, store = None, None
-        if share and nt.store is not None and nt.path is not None:  # an anonymous tree's, in its store
-            folder, store = nt.path, nt.store
-        elif share and final_path is not None and nt.path is not None:
-            folder = os.path.join(final_path, os.path.basename(nt.path))
-        if folder is None:
-            values[nt.key] = nt.value if in_place else nt.value.clone()
-        elif kind_of(nt.value).layout == VALUE_STACK:  # type: ignore[union-attr]
-            # the writer made these files, so it may read its own pickles back
-            values[nt.key] = SharedNonTensorStack(nt.value.tolist(), nt.value.batch_size, folder, True, store)
-        else:
-            values[nt.key] = SharedNonTensorData(nt.value.data, folder, allow_pickle=True, store=store)
-    for w in level.wrapped:
-        wrapper_dir = None
-        if final_path is not None and w.path is not None:
-            wrapper_dir = os.path.join(final_path, os.path.basename(w.path))
-        inner = _install_child(w.inner, type(w.inner.src), in_place, wrapper_dir, WRAPPED_DIR, share)
-        assert w.kind.wrap is not None
-        values[w.key] = w.value if in_place else w.kind.wrap(inner, w.fields)
-    for key, child in level.children:
-        values[key] = _install_child(child, type(dest), in_place, final_path, child.path, share)
-    # keep the source's key order
-    dest._tensordict = rebuilt([(k, values[k]) for k in level.src._tensordict])
-    if final_path is not None:
-        track(dest._tensordict, os.path.abspath(final_path))  # when it holds leaves not mapped yet
-    dest._device = _CPU
-    dest._names = level.src._names
-    dest._is_memmap = True
-    dest._is_shared = False
-    dest._memmap_prefix = final_path
-    dest._is_locked = True
-
-
-def _install_child(
-    child: PlannedLevel, cls: type[TensorDictBase], in_place: bool, parent: str | None, name: str | None, share: bool
-) -> TensorDictBase:
-    """Install a child level: into its source (``memmap_``) or a new ``cls`` (``memmap``), mapped
-    under ``parent``/basename(``name``)."""
-    src = child.src
-    if in_place:
-        dest = src
-    elif child.stack is not None:
-        dest = _blank(src)
-    else:
-        dest = cls._from_leaves({}, src.batch_size, None, src._names)
-    path = None if parent is None or name is None else os.path.join(parent, os.path.basename(name))
-    _install(child, dest, path, share)
-    return dest
-
-
-def _assign_store(td: TensorDictBase, store: str, key: tuple[str, ...]) -> None:
-    """Give every level of an anonymous tree the runtime store through which entries are shared."""
-    td._anon_store = (store, key)
-    kind = kind_of(td)
-    if kind is not None and kind.layout == STACK and kind.unwrap is not None:
-        for i, member in enumerate(kind.unwrap(td)[0]):
-            _assign_store(member, store, (*key, str(i)))
-        return
-    for name, value in td._tensordict.items():
-        child = kind_of(value)
-        if (child is not None and child.layout == STACK) or is_collection(value):
-            _assign_store(value, store, (*key, name))
-
-
-def _rebase(level: PlannedLevel, staging: str, final: str) -> None:
-    cut = len(staging)
-    for lvl in level.walk():
-        for out in lvl.plain_out:
-            set_leaf_file(out, final + cast(str, leaf_file(out))[cut:])
-        for leaf in lvl.leaves:
-            r = leaf.result
-            name = leaf_file(r) if r is not None and r is not leaf.reuse else None
-            if name is not None:
-                set_leaf_file(r, final + name[cut:])
-
-
 # -- entry point ------------------------------------------------------------------------------
 _EXECUTORS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 _EXECUTORS_LOCK = threading.Lock()
@@ -437,54 +280,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class AnonymousWriter(TreeWriter):
-    """The write half of anonymous shared memory: every new leaf of the tree in one memfd segment."""
-
-    name = "anonymous memory"
-    unsupported: ClassVar[dict[str, tuple[type[Exception], str]]] = {
-        "atomic": (InvalidArgumentError, "atomic=True needs a prefix to write the directory to."),
-    }
-
-    def save(self, td: T, opts: SaveOptions, *, inplace: bool) -> T:
-        """Write every new leaf into one segment; with ``share_non_tensor``, every non-tensor value
-        into the tree's runtime store (``values/<key path>/``), shared by every process."""
-        root = plan_tree(td, None, opts.robust_key, opts.copy_existing, opts.existsok)
-        store = td._anon_store[0] if inplace and td._anon_store is not None else new_store_path()
-        if opts.share_non_tensor:
-            root.share = True
-            ensure_store(store)
-            registry = SharedRegistry.for_directory(store)
-            with registry.lock():
-                if _write_shared_values(root, store, os.path.join(store, _VALUES)):
-                    registry.bump()  # other processes holding the values read them again
-        _write_anonymous(root)
-        if opts.progress is not None:
-            total = sum(len(level.leaves) for level in root.walk())
-            opts.progress(total, total)  # one copy into one segment: done at once
-        dest = td if inplace else _blank(td)
-        _install(root, dest, None)
-        _assign_store(dest, store, ())
-        return dest
-
-
-_VALUES = "values"  # the folder of an anonymous tree's shared non-tensor values, in its runtime store
-
-
-def _write_shared_values(level: PlannedLevel, store: str, folder: str) -> bool:
-    """Write the non-tensor values of an anonymous tree into its store, one folder per key path;
-    return whether any file changed (the caller holds the store's lock)."""
-    changed = False
-    for nt in level.nontensors:
-        nt.path, nt.store = os.path.join(folder, encode_key(nt.key)), store
-        nt.meta, nt.pickled, nt.pickle_name = encode_value(nt.value, f"key {nt.key!r}")
-        changed = write_nontensor(nt.path, nt.meta, nt.pickled, nt.pickle_name) or changed
-    for key, child in level.children:
-        changed = _write_shared_values(child, store, os.path.join(folder, encode_key(key))) or changed
-    for w in level.wrapped:
-        changed = _write_shared_values(w.inner, store, os.path.join(folder, encode_key(w.key), WRAPPED_DIR)) or changed
-    return changed
 
 
 _FILES_PER_WRITE = 8  # a leaf file, a metadata file, the tree's lock and control files, with room
@@ -527,7 +322,7 @@ class FolderWriter(TreeWriter):
             resolve_under(os.path.abspath(path), replaced_files(root))
         lazy = lazy_results(root)
         check_descriptors(_FILES_PER_WRITE + opts.num_threads, f"Saving to {path!r}")
-        dest = td if inplace else _blank(td)
+        dest = td if inplace else blank(td)
         staged = None
         if not fresh:  # never damage the saved tree: new files under new names, moved in at the commit
             _check_space(root, path)
@@ -548,7 +343,7 @@ class FolderWriter(TreeWriter):
             raise
         if not fresh:
             gen = _commit_metadata(root, registry, seen, staged)
-        _install(root, dest, path)
+        install(root, dest, path)
         dest._generation = gen
         return dest
 
@@ -578,9 +373,9 @@ class FolderWriter(TreeWriter):
                 if registry is not None:
                     registry.mark_replacing()  # before the swap: see EpochGuard
             gen = registry.bump(files_replaced=True) if registry is not None else None
-        _rebase(root, staging, path)
-        dest = td if inplace else _blank(td)
-        _install(root, dest, path)
+        rebase_results(root, staging, path)
+        dest = td if inplace else blank(td)
+        install(root, dest, path)
         dest._generation = gen
         return dest
 
@@ -647,7 +442,7 @@ def _write_in_background(
                     _discard(staged)
                 raise
             gen = _commit_metadata(root, registry, seen, staged)
-            _install(root, dest, path)
+            install(root, dest, path)
             dest._generation = gen
         except BaseException as err:  # delivered by TensorDictFuture.result()
             committed.set_exception(err)
