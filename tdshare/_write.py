@@ -6,9 +6,11 @@ A write runs in three phases, so that a bad input never leaves a half-written di
    pickle (:func:`tdshare._plan.plan_tree`) without touching the disk;
 2. **write**: leaf files first (in threads when asked), then non-tensor folders, then each
    level's ``meta.json`` replaced whole, children before parents (data first, metadata last);
-3. **install**: swap the new MemoryMappedTensors into the tensordict (``memmap_``) or into a new
-   one (``memmap``), then lock it.  The source tensordict is changed only after every file is
-   written, so an error leaves it as it was.
+   each leaf file is written and closed, not mapped: its result is a
+   :class:`~tdshare._lazy_leaves.PendingLeaf` (with the file's inode), mapped on first read;
+3. **install**: put the results into the tensordict (``memmap_``) or into a new one
+   (``memmap``), then lock it (:mod:`tdshare._write_install`).  The source tensordict is changed
+   only after every file is written, so an error leaves it as it was.
 
 Over a folder that already holds a saved tree, a non-atomic write puts every leaf file under a
 temporary name first (:func:`_stage`) and moves them over the old files only under the tree's
@@ -45,7 +47,7 @@ from ._plan import LevelEncodings, PlannedLeaf, PlannedLevel, TreeWriter, plan_t
 from ._progress import ProgressCallback
 from ._tensordict_base import TensorDictBase
 from ._write_install import blank, install, rebase_results
-from ._write_results import lazy_results, leaf_file, remove_written, replaced_files, set_leaf_file
+from ._write_results import leaf_file, remove_written, replaced_files, set_leaf_file
 
 __all__ = ["FolderWriter"]
 
@@ -53,26 +55,26 @@ T = TypeVar("T", bound=TensorDictBase)
 
 
 # -- phase 2: write ---------------------------------------------------------------------------
-def _write_leaf(leaf: PlannedLeaf, existsok: bool, lazy: bool = False) -> None:
+def _write_leaf(leaf: PlannedLeaf, existsok: bool) -> None:
     if leaf.reuse is not None:
         leaf.result = leaf.reuse
     elif leaf.src.numel() == 0:
         leaf.result = MemoryMappedTensor._wrap(torch.empty(leaf.src.shape, dtype=leaf.src.dtype), None, None, None)
     else:
         assert leaf.path is not None
-        leaf.result = write_leaf(leaf.src, leaf.path, existsok, lazy and not leaf.part)
+        leaf.result = write_leaf(leaf.src, leaf.path, existsok, mapped=leaf.part)  # a nested tensor's part: mapped
 
 
-def _write_level(level: PlannedLevel, existsok: bool, listing: Listing, lazy: bool = False) -> None:
+def _write_level(level: PlannedLevel, existsok: bool, listing: Listing) -> None:
     """Write a level's leaves in the calling thread; the plain ones of a folder found empty as one batch."""
     if level.plain:
         assert level.path is not None
         if level.empty:
-            level.plain_out = write_batch(level.path, level.plain, existsok, listing, lazy)
+            level.plain_out = write_batch(level.path, level.plain, existsok, listing)
         else:
-            level.plain_out = [write_leaf(src, path, existsok, lazy) for src, path, _ in level.plain]
+            level.plain_out = [write_leaf(src, path, existsok) for src, path, _ in level.plain]
     for leaf in level.leaves:
-        _write_leaf(leaf, existsok, lazy)
+        _write_leaf(leaf, existsok)
 
 
 def _as_records(root: PlannedLevel) -> None:
@@ -320,7 +322,6 @@ class FolderWriter(TreeWriter):
         root.share = opts.share_non_tensor
         if not fresh:  # this process's leaves loaded from the files replaced and not read yet keep their bytes
             resolve_under(os.path.abspath(path), replaced_files(root))
-        lazy = lazy_results(root)
         check_descriptors(_FILES_PER_WRITE + opts.num_threads, f"Saving to {path!r}")
         dest = td if inplace else blank(td)
         staged = None
@@ -329,9 +330,9 @@ class FolderWriter(TreeWriter):
             staged = _stage(root)
         made = _make_dirs(root)
         if opts.return_early and opts.num_threads > 1:
-            return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen, staged, lazy)
+            return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen, staged)
         try:
-            _run_writes(root, opts.num_threads, opts.existsok, opts.progress, lazy)
+            _run_writes(root, opts.num_threads, opts.existsok, opts.progress)
             gen = _commit_metadata(root, registry, seen, staged) if fresh else None
         except BaseException as err:
             if staged:
@@ -366,7 +367,7 @@ class FolderWriter(TreeWriter):
                 try:
                     _check_space(root, staging)
                     _make_dirs(root)
-                    _run_writes(root, opts.num_threads, True, opts.progress, lazy_results(root))
+                    _run_writes(root, opts.num_threads, True, opts.progress)
                     _write_metadata(root, fresh=True)
                 except OSError as err:  # name the target, not the staging folder
                     raise _renamed(err, staging, path) from err
@@ -380,18 +381,16 @@ class FolderWriter(TreeWriter):
         return dest
 
 
-def _run_writes(
-    root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None, lazy: bool = False
-) -> None:
+def _run_writes(root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None) -> None:
     """Write every leaf file of the tree; ``progress(done, total)`` after each level (each leaf
-    with threads), from the calling thread.  ``lazy``: the results are pending leaves, mapped on
-    first read."""
+    with threads), from the calling thread.  The results are pending leaves, mapped on first read
+    (the parts of a nested tensor excepted)."""
     levels = root.walk()
     total = sum(len(lvl.leaves) + len(lvl.plain) for lvl in levels)
     if num_threads > 1 and total > 1:  # only when asked
         _as_records(root)
         leaves = [leaf for lvl in levels for leaf in lvl.leaves]
-        futures = [_executor(num_threads).submit(_write_leaf, leaf, existsok, lazy) for leaf in leaves]
+        futures = [_executor(num_threads).submit(_write_leaf, leaf, existsok) for leaf in leaves]
         done = 0
         for _ in concurrent.futures.as_completed(futures):  # every one finishes before an error is raised
             done += 1
@@ -403,7 +402,7 @@ def _run_writes(
         listing = Listing()
         done = 0
         for level in levels:
-            _write_level(level, existsok, listing, lazy)
+            _write_level(level, existsok, listing)
             if progress is not None and (level.leaves or level.plain):
                 done += len(level.leaves) + len(level.plain)
                 progress(done, total)
@@ -418,7 +417,6 @@ def _write_in_background(
     registry: SharedRegistry | None,
     seen: tuple[int, int] | None,
     staged: Staged | None = None,
-    lazy: bool = False,
 ) -> TensorDictFuture[T]:
     """Write the leaves in the pool; the last one to finish commits the metadata and installs.
 
@@ -457,7 +455,7 @@ def _write_in_background(
             commit()
 
     ex = _executor(num_threads)
-    futures.extend(ex.submit(_write_leaf, leaf, existsok, lazy) for leaf in leaves)
+    futures.extend(ex.submit(_write_leaf, leaf, existsok) for leaf in leaves)
     if not leaves:
         commit()
     for f in list(futures):

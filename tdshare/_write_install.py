@@ -51,7 +51,9 @@ def _install_stack(level: PlannedLevel, dest: TensorDictBase, final_path: str | 
         src = child.src
         if child.stack is None and len(child.plain_out) == len(src._tensordict) and not child.leaves:
             # a member of written plain leaves only (the usual one): what install would do, in short
-            member._tensordict = dict(zip(child.plain_keys, child.plain_out, strict=True))
+            member._tensordict = rebuilt(zip(child.plain_keys, child.plain_out, strict=True))
+            if path is not None:
+                track(member._tensordict, path)  # its leaves are mapped on first read
             member._device, member._names, member._memmap_prefix = _CPU, src._names, path
             member._is_memmap, member._is_shared, member._is_locked = True, False, True
             continue
