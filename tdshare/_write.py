@@ -33,7 +33,7 @@ from ._atomic import atomic_directory
 from ._coordination import SharedRegistry, unchanged_since
 from ._debris import sweep_staging, sweep_tree
 from ._errors import MemmapError, NotAFolderError
-from ._files import check_not_symlink, replace_file, tmp_name
+from ._files import check_not_symlink, replace_file, tmp_name, write_file
 from ._format import META_FILE
 from ._future import TensorDictFuture
 from ._journal import drop_journal
@@ -127,7 +127,7 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
         if level.stack is not None:  # a lazy stack: its members are written (walk() lists them first)
             target = level.path + os.sep + META_FILE
             if fresh:
-                replace_file(target, level.stack_meta)
+                _put_meta(level, root, level.stack_meta)
                 changed = True
             else:
                 changed = replace_if_changed(target, level.stack_meta) or changed
@@ -139,13 +139,29 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
             continue
         data = encodings.data(level)
         if fresh:
-            replace_file(level.path + os.sep + META_FILE, data)
+            _put_meta(level, root, data)
             changed = True
         else:
             changed = replace_if_changed(os.path.join(level.path, META_FILE), data) or changed
             drop_journal(level.path)  # meta.json now says everything: a record left would add stale entries
         src._meta_seen = meta
     return changed, kept
+
+
+def _put_meta(level: PlannedLevel, root: PlannedLevel, data: bytes) -> None:
+    """Write the ``meta.json`` of a level of a tree that held no saved tensordict.
+
+    The root's replaces any file there whole (temporary name, then rename): it is what makes
+    the tree a saved one, so a reader sees none or all of it.  A level below it, in a folder
+    found empty, is written in place (one rename fewer a level): no reader of the tree reads it
+    before the root's exists.
+    """
+    assert level.path is not None
+    target = level.path + os.sep + META_FILE
+    if level is not root and level.empty:
+        write_file(target, data, stat=False)  # (an existing file, made since, is replaced whole)
+    else:
+        replace_file(target, data)
 
 
 # -- staged leaf files (a non-atomic write over a saved tree) -------------------------------------

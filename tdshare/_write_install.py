@@ -17,7 +17,7 @@ import torch
 
 from ._files import jagged_from_buffer, nested_from_buffer
 from ._format import STACK, VALUE_STACK, WRAPPED_DIR
-from ._lazy_leaves import is_pending, raw_items, rebuilt, track
+from ._lazy_leaves import LazyLeaves, is_pending, raw_items, rebuilt, track_below
 from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
 from ._plan import PlannedLevel
@@ -25,7 +25,7 @@ from ._shared_nontensor import SharedNonTensorData, SharedNonTensorStack
 from ._tensordict_base import TensorDictBase
 from ._write_results import leaf_file, set_leaf_file
 
-__all__ = ["blank", "install", "install_child", "rebase_results"]
+__all__ = ["blank", "install", "rebase_results"]
 
 T = TypeVar("T", bound=TensorDictBase)
 _CPU = torch.device("cpu")
@@ -41,7 +41,24 @@ def blank(td: T) -> T:
     return type(td)._from_leaves({}, td.batch_size, None, td._names)
 
 
-def _install_stack(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool) -> None:
+def install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool | None = None) -> None:
+    """Put the written ``level`` into ``dest`` (its source for ``memmap_``, a blank one for ``memmap``),
+    mapped under ``final_path`` (None: anonymous memory), and lock it; ``share``: non-tensor
+    values become shared ones (default: the level's own choice).
+
+    The levels that hold leaves not mapped yet are remembered once, under ``final_path`` (one
+    record for the tree, not one per level folder: ~5 µs a level), so that a later save over any
+    folder of the tree maps them first (:func:`~tdshare._lazy_leaves.resolve_under`).
+    """
+    made: list[dict] = []
+    _install(level, dest, final_path, level.share if share is None else share, made)
+    if final_path is not None and made:
+        track_below(made, os.path.abspath(final_path))
+
+
+def _install_stack(
+    level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool, made: list[dict]
+) -> None:
     """Install a lazy stack's members into ``dest``'s members (its own, for ``memmap_``)."""
     assert level.stack is not None and level.stack.unwrap is not None
     members, _ = level.stack.unwrap(dest)
@@ -50,30 +67,28 @@ def _install_stack(level: PlannedLevel, dest: TensorDictBase, final_path: str | 
         path = None if head is None else head + key
         src = child.src
         if child.stack is None and len(child.plain_out) == len(src._tensordict) and not child.leaves:
-            # a member of written plain leaves only (the usual one): what install would do, in short
+            # a member of written plain leaves only (the usual one): what _install would do, in short
             member._tensordict = rebuilt(zip(child.plain_keys, child.plain_out, strict=True))
-            if path is not None:
-                track(member._tensordict, path)  # its leaves are mapped on first read
+            made.append(member._tensordict)
             member._device, member._names, member._memmap_prefix = _CPU, src._names, path
             member._is_memmap, member._is_shared, member._is_locked = True, False, True
             continue
-        install(child, member, path, share)
+        _install(child, member, path, share, made)
     dest._is_memmap = True
     dest._is_shared = False
     dest._memmap_prefix = final_path
     dest._is_locked = True
 
 
-def install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool | None = None) -> None:
-    """Put the written ``level`` into ``dest`` (its source for ``memmap_``, a blank one for ``memmap``),
-    mapped under ``final_path`` (None: anonymous memory), and lock it; ``share``: non-tensor
-    values become shared ones (default: the level's own choice)."""
-    share = level.share if share is None else share
+def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool, made: list[dict]) -> None:
     if level.stack is not None:
-        _install_stack(level, dest, final_path, share)
+        _install_stack(level, dest, final_path, share, made)
         return
     in_place = dest is level.src
-    values = dict(raw_items(dest._tensordict)) if in_place else {}
+    values: dict = {}
+    if in_place:  # the copy has the source's key order, and every entry keeps its position
+        pending = level.plain_out or any(is_pending(leaf.result) for leaf in level.leaves)
+        values = (LazyLeaves if pending else dict)(raw_items(dest._tensordict))
     values.update(zip(level.plain_keys, level.plain_out, strict=True))
     for leaf in level.leaves:
         assert leaf.result is not None
@@ -102,15 +117,17 @@ def install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, s
         wrapper_dir = None
         if final_path is not None and w.path is not None:
             wrapper_dir = os.path.join(final_path, os.path.basename(w.path))
-        inner = install_child(w.inner, type(w.inner.src), in_place, wrapper_dir, WRAPPED_DIR, share)
+        inner = _install_child(w.inner, type(w.inner.src), in_place, wrapper_dir, WRAPPED_DIR, share, made)
         assert w.kind.wrap is not None
         values[w.key] = w.value if in_place else w.kind.wrap(inner, w.fields)
     for key, child in level.children:
-        values[key] = install_child(child, type(dest), in_place, final_path, child.path, share)
-    # keep the source's key order
-    dest._tensordict = rebuilt([(k, values[k]) for k in level.src._tensordict])
-    if final_path is not None:
-        track(dest._tensordict, os.path.abspath(final_path))  # when it holds leaves not mapped yet
+        values[key] = _install_child(child, type(dest), in_place, final_path, child.path, share, made)
+    if in_place:
+        dest._tensordict = values
+    else:  # keep the source's key order
+        dest._tensordict = rebuilt([(k, values[k]) for k in level.src._tensordict])
+    if final_path is not None and type(dest._tensordict) is LazyLeaves:
+        made.append(dest._tensordict)
     dest._device = _CPU
     dest._names = level.src._names
     dest._is_memmap = True
@@ -119,8 +136,14 @@ def install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, s
     dest._is_locked = True
 
 
-def install_child(
-    child: PlannedLevel, cls: type[TensorDictBase], in_place: bool, parent: str | None, name: str | None, share: bool
+def _install_child(
+    child: PlannedLevel,
+    cls: type[TensorDictBase],
+    in_place: bool,
+    parent: str | None,
+    name: str | None,
+    share: bool,
+    made: list[dict],
 ) -> TensorDictBase:
     """Install a child level: into its source (``memmap_``) or a new ``cls`` (``memmap``), mapped
     under ``parent``/basename(``name``)."""
@@ -132,7 +155,7 @@ def install_child(
     else:
         dest = cls._from_leaves({}, src.batch_size, None, src._names)
     path = None if parent is None or name is None else os.path.join(parent, os.path.basename(name))
-    install(child, dest, path, share)
+    _install(child, dest, path, share, made)
     return dest
 
 
