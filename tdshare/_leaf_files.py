@@ -1,11 +1,14 @@
-"""Leaf files: write a tensor's bytes to its own file and map the file back as a MemoryMappedTensor.
+"""Leaf files: write a tensor's bytes to its own file and hand back the leaf, mapped on first read.
 
 A saved folder holds one file per leaf, so saving ten thousand small leaves is mostly system
 calls: per leaf, a create, a write, an ``fstat`` for the inode (handles and refreshes use it to
-tell a file from its replacement), a close, and the mapping.  :func:`write_batch` writes the
-leaves of a folder that was empty when the write began with one system call fewer each: it creates,
-writes and closes every file, then lists the folder once and takes the inode numbers from the
-listing, then maps the files.
+tell a file from its replacement) and a close.  The file is not mapped: the result is a
+:class:`~tdshare._lazy_leaves.PendingLeaf`, mapped on first read, as a loaded leaf is (a mapping
+costs ~4.6 µs a leaf, a quarter of a small write, and one entry of ``vm.max_map_count``).  The
+parts of a nested tensor, which a view joins at once, are mapped (``write_leaf(mapped=True)``).
+:func:`write_batch` writes the leaves of a folder that was empty when the write began with one
+system call fewer each: it creates, writes and closes every file, then lists the folder once and
+takes the inode numbers from the listing.
 
 A listing's inode numbers are not always ``st_ino`` (overlayfs and some FUSE file systems report
 others), so a batch uses them only when they agree with ``fstat`` on its first file; when they do
@@ -78,14 +81,14 @@ def _map(src: torch.Tensor, path: str, ino: int) -> MemoryMappedTensor:
     return _adopt(flat if src.dim() == 1 else shaped(flat, tuple(src.shape)), path, ino)
 
 
-def write_leaf(src: torch.Tensor, path: str, existsok: bool, lazy: bool = False) -> MemoryMappedTensor | PendingLeaf:
-    """Write the non-empty ``src`` as the file ``path`` (a new file, or a replacement) and map it
-    (``lazy``: return the :class:`PendingLeaf` that maps it on first read instead)."""
+def write_leaf(
+    src: torch.Tensor, path: str, existsok: bool, *, mapped: bool = False
+) -> MemoryMappedTensor | PendingLeaf:
+    """Write the non-empty ``src`` as the file ``path`` (a new file, or a replacement); return the
+    :class:`PendingLeaf` that maps it on first read (``mapped``: the file mapped now instead)."""
     ino = write_file(path, tensor_buffer(src, path), existsok=existsok)
     assert ino is not None
-    if lazy:
-        return _pending(src, path, ino)
-    return _map(src, path, ino)
+    return _map(src, path, ino) if mapped else _pending(src, path, ino)
 
 
 def _pending(src: torch.Tensor, path: str, ino: int) -> PendingLeaf:
@@ -116,7 +119,8 @@ def _leaf_bytes(files: Sequence[tuple[torch.Tensor, str, LeafPlan]]) -> list[tup
             else:
                 if not flat.is_cpu:
                     flat = flat.cpu()
-                blob = memoryview(string_at(flat.data_ptr(), flat.nbytes))
+                # bytes, not a memoryview: slicing a few KiB copies them faster than a view is made
+                blob = string_at(flat.data_ptr(), flat.nbytes)
                 start = 0
                 for _, p, inf in run:
                     end = start + inf.nbytes
@@ -139,21 +143,20 @@ class Listing:
 
 
 def write_batch(
-    folder: str,
-    files: Sequence[tuple[torch.Tensor, str, LeafPlan]],
-    existsok: bool,
-    listing: Listing,
-    lazy: bool = False,
-) -> list[MemoryMappedTensor] | list[PendingLeaf]:
-    """Write the non-empty leaves ``(tensor, path, info)`` into ``folder`` (empty when the write began); map them
-    (``lazy``: return :class:`PendingLeaf` handles, mapped on first read, instead).
+    folder: str, files: Sequence[tuple[torch.Tensor, str, LeafPlan]], existsok: bool, listing: Listing
+) -> list[PendingLeaf]:
+    """Write the non-empty leaves ``(tensor, path, info)`` into ``folder`` (empty when the write
+    began); return their :class:`PendingLeaf` handles, mapped on first read.
 
-    Every file is written and closed before the first is mapped; their inode numbers come from
-    one listing of ``folder`` (see the module docstring).  The loops are written out: they run
-    once per leaf, and a function call costs about as much as a system call here.
+    Every file is written and closed; their inode numbers come from one listing of ``folder``
+    (see the module docstring).  The loops are written out: they run once per leaf, and a
+    function call costs about as much as a system call here.
     """
     if not listing.trusted or len(files) < 2:
-        return [write_leaf(src, path, existsok, lazy) for src, path, _ in files]  # type: ignore[return-value]
+        return [
+            _pending(src, path, cast(int, write_file(path, tensor_buffer(src, path), existsok=existsok)))
+            for src, path, _ in files
+        ]
     data = _leaf_bytes(files)
     first = write_file(*data[0], existsok=existsok)
     write_files(data[1:], existsok=existsok)
@@ -165,37 +168,10 @@ def write_batch(
         listed = {}
     if listed.get(files[0][1][cut:]) != first:
         listing.trusted = False
-        if lazy:
-            return [_pending(src, path, os.stat(path).st_ino) for src, path, _ in files]
-        return [_map(src, path, os.stat(path).st_ino) for src, path, _ in files]
-    if lazy:
-        get, where, pend = listed.get, folder + os.sep + META_FILE, PendingLeaf
-        lazy_out = []
-        for _, path, info in files:
-            ino = get(path[cut:])
-            lazy_out.append(
-                pend(
-                    info.dtype,
-                    info.shape,
-                    path,
-                    None,
-                    None,
-                    0,
-                    os.stat(path).st_ino if ino is None else ino,
-                    where,
-                )
-            )
-        return lazy_out
-    get, mapped, cls = listed.get, from_file, MemoryMappedTensor
+        return [_pending(src, path, os.stat(path).st_ino) for src, path, _ in files]
+    get, where, pend, stat = listed.get, folder + os.sep + META_FILE, PendingLeaf, os.stat
     out = []
     for _, path, info in files:
-        flat = mapped(path, True, info.numel, info.dtype)
-        if info.dims is not None:
-            flat = shaped(flat, info.dims)
-        flat.__class__ = cls  # what _adopt does, written out
-        leaf = cast(MemoryMappedTensor, flat)
-        leaf._filename = path
         ino = get(path[cut:])
-        leaf._ino = os.stat(path).st_ino if ino is None else ino
-        out.append(leaf)
+        out.append(pend(info.dtype, info.shape, path, None, None, 0, stat(path).st_ino if ino is None else ino, where))
     return out

@@ -8,8 +8,8 @@ write and read paths keep at one.
 
 tdshare stays under both:
 
-* a folder write of more leaves than :func:`max_mapped_leaves` (or than the room left in the
-  memory map) returns leaves that are mapped on first read (:mod:`tdshare._lazy_leaves`);
+* a folder write returns leaves that are mapped on first read, as a load does
+  (:mod:`tdshare._lazy_leaves`);
 * the leaves tdshare maps on first read are kept in a least-recently-used list of at most
   :func:`max_mapped_leaves`: past it the oldest one that nobody else references is unmapped (it
   is mapped again, from the same file, when read next);

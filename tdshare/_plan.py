@@ -168,8 +168,16 @@ class LevelEncodings:
 
     def __init__(self) -> None:
         self._seen: dict[tuple, list[Any]] = {}  # key -> [metadata dict, its bytes or None]
+        self._last: tuple[PlannedLevel | None, list[Any]] = (None, [])  # meta() then data() of one level
 
     def _entry(self, level: PlannedLevel) -> list[Any]:
+        if self._last[0] is level:
+            return self._last[1]
+        hit = self._lookup(level)
+        self._last = (level, hit)
+        return hit
+
+    def _lookup(self, level: PlannedLevel) -> list[Any]:
         key: tuple = (id(level),)  # a level with other entries: its own (it lives as long as the write)
         if len(level.texts) == len(level.entries):  # every entry a leaf whose JSON text is known
             names = level.names

@@ -18,7 +18,8 @@ from ._errors import MemmapError
 from ._options import SaveOptions
 from ._plan import TreeWriter
 from ._tensordict_base import TensorDictBase
-from ._write import AnonymousWriter, FolderWriter
+from ._write import FolderWriter
+from ._write_anon import AnonymousWriter
 
 __all__ = ["save_tree", "writer_for"]
 

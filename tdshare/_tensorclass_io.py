@@ -20,7 +20,7 @@ import shutil
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -32,6 +32,7 @@ from ._errors import InvalidArgumentError, MemmapError, UnsupportedFormatError
 from ._format import META_FILE, WRAPPED, WRAPPED_DIR, dumps_json, layout_of
 from ._future import TensorDictFuture
 from ._keys import NestedKey
+from ._lazy_leaves import is_pending, raw_items, track
 from ._memmap import MemoryMappedTensor
 from ._nodes import kind_for_tag, kind_of
 from ._nontensor_files import write_nontensor
@@ -44,6 +45,7 @@ from ._store import read_meta
 from ._tdz import Archive
 from ._tensordict import TensorDict
 from ._tensordict_base import TensorDictBase, is_collection
+from ._write_results import leaf_file, set_leaf_file
 
 __all__ = ["TensorClassIO", "class_tag"]
 
@@ -512,9 +514,10 @@ def _rebase(td: TensorDictBase, old: str | None, new: str | None) -> None:
 
     if td._memmap_prefix is not None:
         td._memmap_prefix = moved(td._memmap_prefix)
-    for key, value in td._tensordict.items():
-        if isinstance(value, MemoryMappedTensor) and value._filename is not None:
-            value._filename = moved(value._filename)
+        track(td._tensordict, td._memmap_prefix)  # its leaves not read yet are in the new folder now
+    for key, value in list(raw_items(td._tensordict)):  # leaves not read yet are renamed, not mapped
+        if is_pending(value) or (isinstance(value, MemoryMappedTensor) and value._filename is not None):
+            set_leaf_file(value, moved(cast(str, leaf_file(value))))
         elif is_shared_value(value) and value._store is None:
             td._tensordict[key] = value.relocated(moved(value._folder))
         elif is_collection(value):

@@ -1,4 +1,4 @@
-"""The write halves of a folder and of anonymous memory: :class:`FolderWriter`, :class:`AnonymousWriter`.
+"""The write half of a folder: :class:`FolderWriter` (anonymous memory: :mod:`tdshare._write_anon`).
 
 A write runs in three phases, so that a bad input never leaves a half-written directory:
 
@@ -6,9 +6,11 @@ A write runs in three phases, so that a bad input never leaves a half-written di
    pickle (:func:`tdshare._plan.plan_tree`) without touching the disk;
 2. **write**: leaf files first (in threads when asked), then non-tensor folders, then each
    level's ``meta.json`` replaced whole, children before parents (data first, metadata last);
-3. **install**: swap the new MemoryMappedTensors into the tensordict (``memmap_``) or into a new
-   one (``memmap``), then lock it.  The source tensordict is changed only after every file is
-   written, so an error leaves it as it was.
+   each leaf file is written and closed, not mapped: its result is a
+   :class:`~tdshare._lazy_leaves.PendingLeaf` (with the file's inode), mapped on first read;
+3. **install**: put the results into the tensordict (``memmap_``) or into a new one
+   (``memmap``), then lock it (:mod:`tdshare._write_install`).  The source tensordict is changed
+   only after every file is written, so an error leaves it as it was.
 
 Over a folder that already holds a saved tree, a non-atomic write puts every leaf file under a
 temporary name first (:func:`_stage`) and moves them over the old files only under the tree's
@@ -23,61 +25,56 @@ import concurrent.futures
 import errno
 import os
 import threading
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from ._atomic import atomic_directory
 from ._coordination import SharedRegistry, unchanged_since
 from ._debris import sweep_staging, sweep_tree
-from ._errors import InvalidArgumentError, MemmapError, NotAFolderError
-from ._files import check_not_symlink, jagged_from_buffer, nested_from_buffer, replace_file, tmp_name
-from ._format import META_FILE, STACK, VALUE_STACK, WRAPPED_DIR
+from ._errors import MemmapError, NotAFolderError
+from ._files import check_not_symlink, replace_file, tmp_name, write_file
+from ._format import META_FILE
 from ._future import TensorDictFuture
 from ._journal import drop_journal
-from ._keys import encode_key
-from ._lazy_leaves import is_pending, raw_items, rebuilt, resolve_under, track
+from ._lazy_leaves import resolve_under
 from ._leaf_files import Listing, write_batch, write_leaf
 from ._mapping_limits import check_descriptors, is_limit_error, limit_error
 from ._memmap import MemoryMappedTensor
-from ._nodes import kind_of
 from ._nontensor_files import replace_if_changed, write_nontensor
 from ._options import SaveOptions
-from ._plan import LevelEncodings, PlannedLeaf, PlannedLevel, TreeWriter, encode_value, plan_tree
+from ._plan import LevelEncodings, PlannedLeaf, PlannedLevel, TreeWriter, plan_tree
 from ._progress import ProgressCallback
-from ._runtime import ensure_store, new_store_path
-from ._segments import Segment, align
-from ._shared_nontensor import SharedNonTensorData, SharedNonTensorStack
-from ._tensordict_base import TensorDictBase, is_collection
-from ._write_results import lazy_results, leaf_file, remove_written, replaced_files, set_leaf_file
+from ._tensordict_base import TensorDictBase
+from ._write_install import blank, install, rebase_results
+from ._write_results import leaf_file, remove_written, replaced_files, set_leaf_file
 
-__all__ = ["AnonymousWriter", "FolderWriter"]
+__all__ = ["FolderWriter"]
 
 T = TypeVar("T", bound=TensorDictBase)
-_CPU = torch.device("cpu")
 
 
 # -- phase 2: write ---------------------------------------------------------------------------
-def _write_leaf(leaf: PlannedLeaf, existsok: bool, lazy: bool = False) -> None:
+def _write_leaf(leaf: PlannedLeaf, existsok: bool) -> None:
     if leaf.reuse is not None:
         leaf.result = leaf.reuse
     elif leaf.src.numel() == 0:
         leaf.result = MemoryMappedTensor._wrap(torch.empty(leaf.src.shape, dtype=leaf.src.dtype), None, None, None)
     else:
         assert leaf.path is not None
-        leaf.result = write_leaf(leaf.src, leaf.path, existsok, lazy and not leaf.part)
+        leaf.result = write_leaf(leaf.src, leaf.path, existsok, mapped=leaf.part)  # a nested tensor's part: mapped
 
 
-def _write_level(level: PlannedLevel, existsok: bool, listing: Listing, lazy: bool = False) -> None:
+def _write_level(level: PlannedLevel, existsok: bool, listing: Listing) -> None:
     """Write a level's leaves in the calling thread; the plain ones of a folder found empty as one batch."""
     if level.plain:
         assert level.path is not None
         if level.empty:
-            level.plain_out = write_batch(level.path, level.plain, existsok, listing, lazy)
+            level.plain_out = write_batch(level.path, level.plain, existsok, listing)
         else:
-            level.plain_out = [write_leaf(src, path, existsok, lazy) for src, path, _ in level.plain]
+            level.plain_out = [write_leaf(src, path, existsok) for src, path, _ in level.plain]
     for leaf in level.leaves:
-        _write_leaf(leaf, existsok, lazy)
+        _write_leaf(leaf, existsok)
 
 
 def _as_records(root: PlannedLevel) -> None:
@@ -130,7 +127,7 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
         if level.stack is not None:  # a lazy stack: its members are written (walk() lists them first)
             target = level.path + os.sep + META_FILE
             if fresh:
-                replace_file(target, level.stack_meta)
+                _put_meta(level, root, level.stack_meta)
                 changed = True
             else:
                 changed = replace_if_changed(target, level.stack_meta) or changed
@@ -142,13 +139,29 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
             continue
         data = encodings.data(level)
         if fresh:
-            replace_file(level.path + os.sep + META_FILE, data)
+            _put_meta(level, root, data)
             changed = True
         else:
             changed = replace_if_changed(os.path.join(level.path, META_FILE), data) or changed
             drop_journal(level.path)  # meta.json now says everything: a record left would add stale entries
         src._meta_seen = meta
     return changed, kept
+
+
+def _put_meta(level: PlannedLevel, root: PlannedLevel, data: bytes) -> None:
+    """Write the ``meta.json`` of a level of a tree that held no saved tensordict.
+
+    The root's replaces any file there whole (temporary name, then rename): it is what makes
+    the tree a saved one, so a reader sees none or all of it.  A level below it, in a folder
+    found empty, is written in place (one rename fewer a level): no reader of the tree reads it
+    before the root's exists.
+    """
+    assert level.path is not None
+    target = level.path + os.sep + META_FILE
+    if level is not root and level.empty:
+        write_file(target, data, stat=False)  # (an existing file, made since, is replaced whole)
+    else:
+        replace_file(target, data)
 
 
 # -- staged leaf files (a non-atomic write over a saved tree) -------------------------------------
@@ -262,158 +275,6 @@ def _commit_metadata(
     return after if not kept or unchanged_since(seen, before) else seen
 
 
-def _write_anonymous(root: PlannedLevel) -> None:
-    """Copy every new leaf of the tree into one shared segment (an arena)."""
-    pending = []
-    total = 0
-    for level in root.walk():
-        for leaf in level.leaves:
-            if leaf.reuse is not None:
-                leaf.result = leaf.reuse
-            elif leaf.src.numel() == 0:
-                leaf.result = MemoryMappedTensor._wrap(
-                    torch.empty(leaf.src.shape, dtype=leaf.src.dtype), None, None, None
-                )
-            else:
-                pending.append((leaf, total))
-                total += align(leaf.src.numel() * leaf.src.dtype.itemsize)
-    if not pending:
-        return
-    seg = Segment.create(total)
-    for leaf, offset in pending:
-        view = seg.view(offset, leaf.src.dtype, leaf.src.shape)
-        src = leaf.src.detach()
-        view.copy_(src.resolve_conj().resolve_neg() if src.is_complex() else src)
-        leaf.result = MemoryMappedTensor._wrap(view, None, seg, None)
-
-
-# -- phase 3: install -------------------------------------------------------------------------
-def _blank(td: T) -> T:
-    """An empty tensordict of ``td``'s shape and class for ``memmap()`` to install into; a lazy
-    stack's has one blank member per member."""
-    kind = kind_of(td)
-    if kind is not None and kind.layout == STACK and kind.unwrap is not None and kind.wrap is not None:
-        members, fields = kind.unwrap(td)
-        return cast(T, kind.wrap([_blank(m) for m in members], fields))
-    return type(td)._from_leaves({}, td.batch_size, None, td._names)
-
-
-def _install_stack(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool) -> None:
-    """Install a lazy stack's members into ``dest``'s members (its own, for ``memmap_``)."""
-    assert level.stack is not None and level.stack.unwrap is not None
-    members, _ = level.stack.unwrap(dest)
-    head = None if final_path is None else os.path.join(final_path, "")
-    for (key, child), member in zip(level.children, members, strict=True):
-        path = None if head is None else head + key
-        src = child.src
-        if child.stack is None and len(child.plain_out) == len(src._tensordict) and not child.leaves:
-            # a member of written plain leaves only (the usual one): what _install would do, in short
-            member._tensordict = dict(zip(child.plain_keys, child.plain_out, strict=True))
-            member._device, member._names, member._memmap_prefix = _CPU, src._names, path
-            member._is_memmap, member._is_shared, member._is_locked = True, False, True
-            continue
-        _install(child, member, path, share)
-    dest._is_memmap = True
-    dest._is_shared = False
-    dest._memmap_prefix = final_path
-    dest._is_locked = True
-
-
-def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, share: bool | None = None) -> None:
-    share = level.share if share is None else share
-    if level.stack is not None:
-        _install_stack(level, dest, final_path, share)
-        return
-    in_place = dest is level.src
-    values = dict(raw_items(dest._tensordict)) if in_place else {}
-    values.update(zip(level.plain_keys, level.plain_out, strict=True))
-    for leaf in level.leaves:
-        assert leaf.result is not None
-        if not leaf.part:
-            values[leaf.key] = leaf.result
-    for key, data, table, jagged in level.nested:  # a nested tensor viewing its mapped, packed elements
-        assert data.result is not None and table.result is not None
-        assert not is_pending(data.result) and not is_pending(table.result)  # never lazy (see _write_leaf)
-        values[key] = (jagged_from_buffer if jagged else nested_from_buffer)(
-            cast(MemoryMappedTensor, data.result), cast(MemoryMappedTensor, table.result)
-        )
-    for nt in level.nontensors:
-        folder, store = None, None
-        if share and nt.store is not None and nt.path is not None:  # an anonymous tree's, in its store
-            folder, store = nt.path, nt.store
-        elif share and final_path is not None and nt.path is not None:
-            folder = os.path.join(final_path, os.path.basename(nt.path))
-        if folder is None:
-            values[nt.key] = nt.value if in_place else nt.value.clone()
-        elif kind_of(nt.value).layout == VALUE_STACK:  # type: ignore[union-attr]
-            # the writer made these files, so it may read its own pickles back
-            values[nt.key] = SharedNonTensorStack(nt.value.tolist(), nt.value.batch_size, folder, True, store)
-        else:
-            values[nt.key] = SharedNonTensorData(nt.value.data, folder, allow_pickle=True, store=store)
-    for w in level.wrapped:
-        wrapper_dir = None
-        if final_path is not None and w.path is not None:
-            wrapper_dir = os.path.join(final_path, os.path.basename(w.path))
-        inner = _install_child(w.inner, type(w.inner.src), in_place, wrapper_dir, WRAPPED_DIR, share)
-        assert w.kind.wrap is not None
-        values[w.key] = w.value if in_place else w.kind.wrap(inner, w.fields)
-    for key, child in level.children:
-        values[key] = _install_child(child, type(dest), in_place, final_path, child.path, share)
-    # keep the source's key order
-    dest._tensordict = rebuilt([(k, values[k]) for k in level.src._tensordict])
-    if final_path is not None:
-        track(dest._tensordict, os.path.abspath(final_path))  # when it holds leaves not mapped yet
-    dest._device = _CPU
-    dest._names = level.src._names
-    dest._is_memmap = True
-    dest._is_shared = False
-    dest._memmap_prefix = final_path
-    dest._is_locked = True
-
-
-def _install_child(
-    child: PlannedLevel, cls: type[TensorDictBase], in_place: bool, parent: str | None, name: str | None, share: bool
-) -> TensorDictBase:
-    """Install a child level: into its source (``memmap_``) or a new ``cls`` (``memmap``), mapped
-    under ``parent``/basename(``name``)."""
-    src = child.src
-    if in_place:
-        dest = src
-    elif child.stack is not None:
-        dest = _blank(src)
-    else:
-        dest = cls._from_leaves({}, src.batch_size, None, src._names)
-    path = None if parent is None or name is None else os.path.join(parent, os.path.basename(name))
-    _install(child, dest, path, share)
-    return dest
-
-
-def _assign_store(td: TensorDictBase, store: str, key: tuple[str, ...]) -> None:
-    """Give every level of an anonymous tree the runtime store through which entries are shared."""
-    td._anon_store = (store, key)
-    kind = kind_of(td)
-    if kind is not None and kind.layout == STACK and kind.unwrap is not None:
-        for i, member in enumerate(kind.unwrap(td)[0]):
-            _assign_store(member, store, (*key, str(i)))
-        return
-    for name, value in td._tensordict.items():
-        child = kind_of(value)
-        if (child is not None and child.layout == STACK) or is_collection(value):
-            _assign_store(value, store, (*key, name))
-
-
-def _rebase(level: PlannedLevel, staging: str, final: str) -> None:
-    cut = len(staging)
-    for lvl in level.walk():
-        for out in lvl.plain_out:
-            set_leaf_file(out, final + cast(str, leaf_file(out))[cut:])
-        for leaf in lvl.leaves:
-            r = leaf.result
-            name = leaf_file(r) if r is not None and r is not leaf.reuse else None
-            if name is not None:
-                set_leaf_file(r, final + name[cut:])
-
-
 # -- entry point ------------------------------------------------------------------------------
 _EXECUTORS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 _EXECUTORS_LOCK = threading.Lock()
@@ -437,54 +298,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class AnonymousWriter(TreeWriter):
-    """The write half of anonymous shared memory: every new leaf of the tree in one memfd segment."""
-
-    name = "anonymous memory"
-    unsupported: ClassVar[dict[str, tuple[type[Exception], str]]] = {
-        "atomic": (InvalidArgumentError, "atomic=True needs a prefix to write the directory to."),
-    }
-
-    def save(self, td: T, opts: SaveOptions, *, inplace: bool) -> T:
-        """Write every new leaf into one segment; with ``share_non_tensor``, every non-tensor value
-        into the tree's runtime store (``values/<key path>/``), shared by every process."""
-        root = plan_tree(td, None, opts.robust_key, opts.copy_existing, opts.existsok)
-        store = td._anon_store[0] if inplace and td._anon_store is not None else new_store_path()
-        if opts.share_non_tensor:
-            root.share = True
-            ensure_store(store)
-            registry = SharedRegistry.for_directory(store)
-            with registry.lock():
-                if _write_shared_values(root, store, os.path.join(store, _VALUES)):
-                    registry.bump()  # other processes holding the values read them again
-        _write_anonymous(root)
-        if opts.progress is not None:
-            total = sum(len(level.leaves) for level in root.walk())
-            opts.progress(total, total)  # one copy into one segment: done at once
-        dest = td if inplace else _blank(td)
-        _install(root, dest, None)
-        _assign_store(dest, store, ())
-        return dest
-
-
-_VALUES = "values"  # the folder of an anonymous tree's shared non-tensor values, in its runtime store
-
-
-def _write_shared_values(level: PlannedLevel, store: str, folder: str) -> bool:
-    """Write the non-tensor values of an anonymous tree into its store, one folder per key path;
-    return whether any file changed (the caller holds the store's lock)."""
-    changed = False
-    for nt in level.nontensors:
-        nt.path, nt.store = os.path.join(folder, encode_key(nt.key)), store
-        nt.meta, nt.pickled, nt.pickle_name = encode_value(nt.value, f"key {nt.key!r}")
-        changed = write_nontensor(nt.path, nt.meta, nt.pickled, nt.pickle_name) or changed
-    for key, child in level.children:
-        changed = _write_shared_values(child, store, os.path.join(folder, encode_key(key))) or changed
-    for w in level.wrapped:
-        changed = _write_shared_values(w.inner, store, os.path.join(folder, encode_key(w.key), WRAPPED_DIR)) or changed
-    return changed
 
 
 _FILES_PER_WRITE = 8  # a leaf file, a metadata file, the tree's lock and control files, with room
@@ -525,18 +338,17 @@ class FolderWriter(TreeWriter):
         root.share = opts.share_non_tensor
         if not fresh:  # this process's leaves loaded from the files replaced and not read yet keep their bytes
             resolve_under(os.path.abspath(path), replaced_files(root))
-        lazy = lazy_results(root)
         check_descriptors(_FILES_PER_WRITE + opts.num_threads, f"Saving to {path!r}")
-        dest = td if inplace else _blank(td)
+        dest = td if inplace else blank(td)
         staged = None
         if not fresh:  # never damage the saved tree: new files under new names, moved in at the commit
             _check_space(root, path)
             staged = _stage(root)
         made = _make_dirs(root)
         if opts.return_early and opts.num_threads > 1:
-            return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen, staged, lazy)
+            return _write_in_background(root, dest, path, opts.num_threads, opts.existsok, registry, seen, staged)
         try:
-            _run_writes(root, opts.num_threads, opts.existsok, opts.progress, lazy)
+            _run_writes(root, opts.num_threads, opts.existsok, opts.progress)
             gen = _commit_metadata(root, registry, seen, staged) if fresh else None
         except BaseException as err:
             if staged:
@@ -548,7 +360,7 @@ class FolderWriter(TreeWriter):
             raise
         if not fresh:
             gen = _commit_metadata(root, registry, seen, staged)
-        _install(root, dest, path)
+        install(root, dest, path)
         dest._generation = gen
         return dest
 
@@ -571,32 +383,30 @@ class FolderWriter(TreeWriter):
                 try:
                     _check_space(root, staging)
                     _make_dirs(root)
-                    _run_writes(root, opts.num_threads, True, opts.progress, lazy_results(root))
+                    _run_writes(root, opts.num_threads, True, opts.progress)
                     _write_metadata(root, fresh=True)
                 except OSError as err:  # name the target, not the staging folder
                     raise _renamed(err, staging, path) from err
                 if registry is not None:
                     registry.mark_replacing()  # before the swap: see EpochGuard
             gen = registry.bump(files_replaced=True) if registry is not None else None
-        _rebase(root, staging, path)
-        dest = td if inplace else _blank(td)
-        _install(root, dest, path)
+        rebase_results(root, staging, path)
+        dest = td if inplace else blank(td)
+        install(root, dest, path)
         dest._generation = gen
         return dest
 
 
-def _run_writes(
-    root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None, lazy: bool = False
-) -> None:
+def _run_writes(root: PlannedLevel, num_threads: int, existsok: bool, progress: ProgressCallback | None = None) -> None:
     """Write every leaf file of the tree; ``progress(done, total)`` after each level (each leaf
-    with threads), from the calling thread.  ``lazy``: the results are pending leaves, mapped on
-    first read."""
+    with threads), from the calling thread.  The results are pending leaves, mapped on first read
+    (the parts of a nested tensor excepted)."""
     levels = root.walk()
     total = sum(len(lvl.leaves) + len(lvl.plain) for lvl in levels)
     if num_threads > 1 and total > 1:  # only when asked
         _as_records(root)
         leaves = [leaf for lvl in levels for leaf in lvl.leaves]
-        futures = [_executor(num_threads).submit(_write_leaf, leaf, existsok, lazy) for leaf in leaves]
+        futures = [_executor(num_threads).submit(_write_leaf, leaf, existsok) for leaf in leaves]
         done = 0
         for _ in concurrent.futures.as_completed(futures):  # every one finishes before an error is raised
             done += 1
@@ -608,7 +418,7 @@ def _run_writes(
         listing = Listing()
         done = 0
         for level in levels:
-            _write_level(level, existsok, listing, lazy)
+            _write_level(level, existsok, listing)
             if progress is not None and (level.leaves or level.plain):
                 done += len(level.leaves) + len(level.plain)
                 progress(done, total)
@@ -623,7 +433,6 @@ def _write_in_background(
     registry: SharedRegistry | None,
     seen: tuple[int, int] | None,
     staged: Staged | None = None,
-    lazy: bool = False,
 ) -> TensorDictFuture[T]:
     """Write the leaves in the pool; the last one to finish commits the metadata and installs.
 
@@ -647,7 +456,7 @@ def _write_in_background(
                     _discard(staged)
                 raise
             gen = _commit_metadata(root, registry, seen, staged)
-            _install(root, dest, path)
+            install(root, dest, path)
             dest._generation = gen
         except BaseException as err:  # delivered by TensorDictFuture.result()
             committed.set_exception(err)
@@ -662,7 +471,7 @@ def _write_in_background(
             commit()
 
     ex = _executor(num_threads)
-    futures.extend(ex.submit(_write_leaf, leaf, existsok, lazy) for leaf in leaves)
+    futures.extend(ex.submit(_write_leaf, leaf, existsok) for leaf in leaves)
     if not leaves:
         commit()
     for f in list(futures):

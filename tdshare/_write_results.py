@@ -1,8 +1,5 @@
 """What a folder write gives back and cleans up, for trees of any size (issue 22).
 
-- :func:`lazy_results`: whether the written leaves come back mapped, or as
-  :class:`~tdshare._lazy_leaves.PendingLeaf` handles mapped on first read (past
-  :func:`~tdshare._mapping_limits.max_mapped_leaves` files, or past the room left in the memory map);
 - :func:`replaced_files`: the leaf files a write replaces (this process's unread leaves of those
   files are mapped first, to keep their bytes);
 - :func:`leaf_file` / :func:`set_leaf_file`: the file of a written leaf, mapped or pending;
@@ -18,22 +15,9 @@ from typing import Any
 
 from ._format import META_FILE
 from ._lazy_leaves import is_pending
-from ._mapping_limits import map_room, max_mapped_leaves
 from ._plan import PlannedLevel
 
-__all__ = ["file_leaves", "lazy_results", "leaf_file", "remove_written", "replaced_files", "set_leaf_file"]
-
-
-def file_leaves(root: PlannedLevel) -> int:
-    """How many leaf files the write makes (each one mapping when its result is mapped at once)."""
-    return sum(len(lvl.plain) + sum(1 for leaf in lvl.leaves if leaf.reuse is None) for lvl in root.walk())
-
-
-def lazy_results(root: PlannedLevel) -> bool:
-    """Whether the written leaves come back mapped on first read: past :func:`max_mapped_leaves`
-    files, or more than the memory map has room for (small writes keep their leaves mapped)."""
-    n = file_leaves(root)
-    return n > max_mapped_leaves() or (n > 256 and n > map_room())
+__all__ = ["leaf_file", "remove_written", "replaced_files", "set_leaf_file"]
 
 
 def replaced_files(root: PlannedLevel) -> set[str]:

@@ -110,7 +110,9 @@ LAYERS: dict[str, list[str]] = {
     "io": [
         "_plan",
         "_write_results",
+        "_write_install",
         "_write",
+        "_write_anon",
         "_archive",
         "_stack_load",
         "_read",

@@ -316,14 +316,21 @@ def test_leaf_data_is_written_before_metadata(tmp_path: Path, monkeypatch: pytes
     events: list[str] = []
     real_leaf, real_replace = tdshare._files._write_all, os.replace
 
+    metas: set[str] = set()
+
+    def meta(path: str) -> None:
+        if os.path.basename(path) == "meta.json" and path not in metas:
+            metas.add(path)
+            events.append("meta")
+
     def leaf(fd: int, data: Any, path: str) -> None:
         if path.endswith(".memmap"):
             events.append("leaf")
+        meta(path)  # a level below the root of a new tree writes its meta.json in place
         real_leaf(fd, data, path)
 
     def replace(src: Any, dst: Any) -> None:
-        if os.path.basename(os.fspath(dst)) == "meta.json":
-            events.append("meta")
+        meta(os.fspath(dst))
         real_replace(src, dst)
 
     monkeypatch.setattr(tdshare._files, "_write_all", leaf)
