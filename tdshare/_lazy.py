@@ -126,12 +126,26 @@ class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
     # -- the members and the shape -----------------------------------------------------------
     @property
     def tensordicts(self) -> list[TensorDictBase]:
-        """The members, in stack order (the list itself: replacing one changes the stack)."""
+        """The members, in stack order (the list itself: replacing one changes the stack).
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> a, b = TensorDict(x=torch.zeros(2)), TensorDict(x=torch.ones(2))
+        >>> ls = LazyStackedTensorDict(a, b)
+        >>> ls.tensordicts[1] = TensorDict(x=torch.full((2,), 5.0))
+        >>> ls.tensordicts[0] is a, ls["x"].tolist()
+        (True, [[0.0, 0.0], [5.0, 5.0]])
+        """
         return self._members
 
     @property
     def stack_dim(self) -> int:
-        """The batch dimension the members are stacked along (non-negative)."""
+        """The batch dimension the members are stacked along (non-negative).
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> ls = LazyStackedTensorDict(*[TensorDict(batch_size=[2]) for _ in range(3)], stack_dim=-1)
+        >>> ls.stack_dim, ls.batch_size
+        (1, torch.Size([2, 3]))
+        """
         return self._stack_dim
 
     @property
@@ -161,7 +175,16 @@ class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
 
     @property
     def batch_size(self) -> torch.Size:
-        """The members' batch size with the stack dimension inserted."""
+        """The members' batch size with the stack dimension inserted.
+
+        Setting it is allowed only to the same value (:class:`NotSupportedError` otherwise): the batch
+        size follows the members, so set theirs.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> ls = LazyStackedTensorDict(*[TensorDict(batch_size=[4]) for _ in range(3)], stack_dim=1)
+        >>> ls.batch_size, ls.tensordicts[0].batch_size
+        (torch.Size([4, 3]), torch.Size([4]))
+        """
         return self._batch_size
 
     @batch_size.setter
@@ -170,7 +193,18 @@ class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
 
     @property
     def names(self) -> list:
-        """The dimension names: the members' with ``stack_dim_name`` at the stack dimension."""
+        """The dimension names: the members' with ``stack_dim_name`` at the stack dimension.
+
+        Setting it names the stack dimension and the members' dimensions (None clears them all).
+
+        Raises:
+            InvalidArgumentError: setting a list whose length is not the number of batch dimensions.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> a, b = TensorDict(batch_size=[2], names=["n"]), TensorDict(batch_size=[2], names=["n"])
+        >>> LazyStackedTensorDict(a, b, stack_dim_name="s").names
+        ['s', 'n']
+        """
         names = list(self._members[0].names)
         names.insert(self._stack_dim, self._stack_dim_name)
         return names
@@ -193,13 +227,28 @@ class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
 
     @property
     def device(self) -> torch.device | None:
-        """The members' common device (None when they differ or have none)."""
+        """The members' common device (None when they differ or have none).
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> cpu = LazyStackedTensorDict(TensorDict(device="cpu"), TensorDict(device="cpu"))
+        >>> cpu.device, LazyStackedTensorDict(TensorDict(device="cpu"), TensorDict()).device
+        (device(type='cpu'), None)
+        """
         devices = {td.device for td in self._members}
         return devices.pop() if len(devices) == 1 else None
 
     @property
     def is_locked(self) -> bool:
-        """Whether structural changes are refused: locked itself, or every member locked."""
+        """Whether structural changes are refused: locked itself, or every member locked.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> a, b = TensorDict().lock_(), TensorDict()
+        >>> ls = LazyStackedTensorDict(a, b)
+        >>> one_locked = ls.is_locked
+        >>> _ = b.lock_()
+        >>> one_locked, ls.is_locked
+        (False, True)
+        """
         return self._is_locked or (bool(self._members) and all(td.is_locked for td in self._members))
 
     def _propagate(self, fn: Callable[[TensorDictBase], None]) -> None:
@@ -400,14 +449,49 @@ class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
             td._set(key, piece, inplace)
 
     def set_(self: T, key: NestedKey, value: Any) -> T:
-        """Write ``value`` into the existing entry ``key`` of every member (allowed while locked)."""
+        """Write ``value`` into the existing entry ``key`` of every member (allowed while locked).
+
+        Args:
+            key: the entry (a string or a tuple of strings for a nested one).
+            value: the stacked value; it is split along the stack dimension, one piece per member.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            MissingKeyError: a member has no entry ``key`` (``set()`` adds one).
+            BatchSizeError: ``value`` does not have the stack's batch size.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> ls = LazyStackedTensorDict(TensorDict(x=torch.zeros(2)), TensorDict(x=torch.ones(2)))
+        >>> _ = ls.lock_().set_("x", torch.full((2, 2), 7.0))
+        >>> ls.tensordicts[1]["x"].tolist()
+        [7.0, 7.0]
+        """
         parts = unravel_key(key)
         for td, piece in zip(self._members, self._pieces(parts, value), strict=True):
             td.set_(parts, piece)
         return self
 
     def pop(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
-        """Remove ``key`` from every member; return the stacked value (or ``default``)."""
+        """Remove ``key`` from every member; return the stacked value (or ``default``).
+
+        Args:
+            key: the entry (a string or a tuple of strings for a nested one).
+            default: returned, and nothing removed, when some member lacks ``key``.
+
+        Returns:
+            The value stacked across the members (as ``ls.get(key)``), or ``default``.
+
+        Raises:
+            MissingKeyError: some member lacks ``key`` and no ``default`` is given.
+            LockedError: the stack is locked.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> ls = LazyStackedTensorDict(TensorDict(x=torch.zeros(2)), TensorDict(x=torch.ones(2)))
+        >>> ls.pop("x").tolist(), ls.keys(), ls.pop("x", None)
+        ([[0.0, 0.0], [1.0, 1.0]], [], None)
+        """
         parts = unravel_key(key)
         if not all(parts in td for td in self._members):
             if default is not _NO_DEFAULT:
@@ -417,7 +501,23 @@ class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
         return value
 
     def del_(self: T, key: NestedKey) -> T:
-        """Remove ``key`` from every member (no stacking, so any shapes may differ)."""
+        """Remove ``key`` from every member (no stacking, so any shapes may differ).
+
+        Args:
+            key: the entry (a string or a tuple of strings for a nested one).
+
+        Returns:
+            ``self``.
+
+        Raises:
+            MissingKeyError: a member lacks ``key``.
+            LockedError: the stack is locked.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> ls = LazyStackedTensorDict(TensorDict(x=torch.zeros(1), y=torch.ones(1)), TensorDict(x=torch.zeros(3)))
+        >>> ls.del_("x").tensordicts[0].keys(), ls.tensordicts[1].keys()
+        (['y'], [])
+        """
         if self._is_locked:
             raise LockedError(f"Cannot modify a locked LazyStackedTensorDict (key {key!r}); unlock it first.")
         for td in self._members:
@@ -428,14 +528,41 @@ class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
         self.del_(key)
 
     def rename_key_(self: T, old_key: NestedKey, new_key: NestedKey, safe: bool = False) -> T:
-        """Rename the entry in every member (see ``TensorDict.rename_key_``)."""
+        """Rename the entry in every member (see ``TensorDict.rename_key_``).
+
+        Args:
+            old_key: the entry to rename.
+            new_key: its new name.
+            safe: refuse to overwrite an existing ``new_key``.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            MissingKeyError: a member lacks ``old_key``, or has ``new_key`` already while ``safe``.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> ls = LazyStackedTensorDict(TensorDict(x=torch.zeros(2)), TensorDict(x=torch.ones(2)))
+        >>> ls.rename_key_("x", "z").keys(), ls.tensordicts[1]["z"].tolist()
+        (['z'], [1.0, 1.0])
+        """
         for td in self._members:
             td.rename_key_(old_key, new_key, safe=safe)
         return self
 
     # -- shared memory, memory-mapping ---------------------------------------------------------
     def share_memory_(self: T) -> T:
-        """Move every member to shared memory and lock the stack."""
+        """Move every member to shared memory and lock the stack.
+
+        Returns:
+            ``self``.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> ls = LazyStackedTensorDict(TensorDict(x=torch.zeros(2)), TensorDict(x=torch.ones(2)))
+        >>> _ = ls.share_memory_()
+        >>> ls.is_shared(), ls.is_locked, ls.tensordicts[0]["x"].is_shared()
+        (True, True, True)
+        """
         for td in self._members:
             td.share_memory_()
         self._is_shared = True
@@ -454,9 +581,27 @@ class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
         Every member is reused (``ls.tensordicts[i]`` stays the same object); a memory-mapped
         stack ends memory-mapped into ``prefix`` and locked.
 
+        Args:
+            prefix: the folder a lazy stack was saved into (``memmap``/``memmap_``).
+            robust_key: as for :meth:`load_memmap`.
+            allow_pickle: as for :meth:`load_memmap`, for the non-tensor values it reads.
+            mode: as for :meth:`load_memmap` (``"r"``: read only; the stack gets no folder).
+
+        Returns:
+            ``self``.
+
         Raises:
             InvalidArgumentError: ``prefix`` holds no lazy stack, or one of another member count
                 or stack dimension; nothing is changed then.
+
+        >>> import tempfile
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     _ = LazyStackedTensorDict(TensorDict(a=torch.ones(2)), TensorDict(a=torch.zeros(2))).memmap(path)
+        ...     ls = LazyStackedTensorDict(TensorDict(a=torch.full((2,), 9.0)), TensorDict(a=torch.full((2,), 9.0)))
+        ...     first = ls.tensordicts[0]
+        ...     print(ls.load_memmap_(path)["a"].tolist(), ls.tensordicts[0] is first)
+        [[1.0, 1.0], [0.0, 0.0]] True
         """
         path = os.path.abspath(os.fspath(prefix))
         if not os.path.isdir(path):
@@ -479,13 +624,48 @@ class LazyStackedTensorDict(LazyStackOps, MemmapFamily):
         return self
 
     def memmap_refresh_(self: T, *, allow_pickle: bool | None = None) -> T:
-        """Refresh every member (see ``TensorDict.memmap_refresh_``)."""
+        """Refresh every member: map the entries other processes added since (see ``TensorDict.memmap_refresh_``).
+
+        Args:
+            allow_pickle: as for :meth:`load_memmap`, for the non-tensor values it reads.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            NotMemmapError: a member is not memory-mapped (``memmap_()`` a ``load_memmap()`` result first).
+
+        >>> import tempfile
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     writer = LazyStackedTensorDict(TensorDict(a=torch.ones(2)), TensorDict(a=torch.zeros(2))).memmap_(path)
+        ...     reader = LazyStackedTensorDict.load_memmap(path).memmap_()  # another process, usually
+        ...     _ = writer.tensordicts[0].make_memmap_from_tensor("b", torch.arange(2.0))
+        ...     print("b" in reader.tensordicts[0], reader.memmap_refresh_().tensordicts[0]["b"].tolist())
+        False [0.0, 1.0]
+        """
         for td in self._members:
             td.memmap_refresh_(allow_pickle=allow_pickle)  # type: ignore[attr-defined]
         return self
 
     def make_memmap(self, key: NestedKey, *args: Any, **kwargs: Any) -> Any:
-        """Not for a lazy stack: add the entry to a member (``ls.tensordicts[i].make_memmap``)."""
+        """Not for a lazy stack: add the entry to a member (``ls.tensordicts[i].make_memmap``).
+
+        Args:
+            key: the entry that was to be added.
+            *args: ignored (the arguments of ``TensorDict.make_memmap``).
+            **kwargs: ignored.
+
+        Raises:
+            NotSupportedError: always; the message names the member method to call.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> try:
+        ...     LazyStackedTensorDict(TensorDict(), TensorDict()).make_memmap("w", shape=(2,))
+        ... except NotImplementedError as e:
+        ...     print(type(e).__name__)
+        NotSupportedError
+        """
         raise NotSupportedError(
             f"make_memmap({key!r}) adds an entry to one level; call it on a member: ls.tensordicts[i].make_memmap()."
         )

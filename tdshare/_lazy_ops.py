@@ -72,7 +72,26 @@ class LazyStackOps(TensorDictBase):
         return self._like([td._map(fn, None, device, keep_non_tensor) for td in self._members])
 
     def select(self: T, *keys: NestedKey, inplace: bool = False, strict: bool = True, as_tensordict: bool = False) -> T:
-        """The members' ``select`` (see ``TensorDict.select``), stacked again (or in place)."""
+        """The members' ``select`` (see ``TensorDict.select``), stacked again (or in place).
+
+        Args:
+            *keys: the entries to keep.
+            inplace: drop the other entries from the members and return ``self``.
+            strict: raise for a key some member lacks (False: skip it).
+            as_tensordict: accepted for the reference's signature; the result is a lazy stack.
+
+        Returns:
+            A lazy stack of the selected members (``self`` when ``inplace``).
+
+        Raises:
+            MissingKeyError: a member lacks one of ``keys`` and ``strict`` is True.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> td = TensorDict(x=torch.zeros(2), y=torch.ones(1))
+        >>> ls = LazyStackedTensorDict(td, td.clone())
+        >>> ls.select("x").keys(), ls.select("x", "q", strict=False).batch_size
+        (['x'], torch.Size([2]))
+        """
         if inplace:
             for td in self._members:
                 td.select(*keys, inplace=True, strict=strict)
@@ -80,7 +99,21 @@ class LazyStackOps(TensorDictBase):
         return self._like([td.select(*keys, strict=strict) for td in self._members])
 
     def exclude(self: T, *keys: NestedKey, inplace: bool = False) -> T:
-        """The members' ``exclude`` (see ``TensorDict.exclude``), stacked again (or in place)."""
+        """The members' ``exclude`` (see ``TensorDict.exclude``), stacked again (or in place).
+
+        Args:
+            *keys: the entries to drop (keys a member lacks are skipped).
+            inplace: drop them from the members and return ``self``.
+
+        Returns:
+            A lazy stack of the members without ``keys`` (``self`` when ``inplace``).
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> td = TensorDict(x=torch.zeros(2), y=torch.ones(1))
+        >>> ls = LazyStackedTensorDict(td, td.clone())
+        >>> ls.exclude("x", "q").keys(), ls.keys()
+        (['y'], ['x', 'y'])
+        """
         if inplace:
             for td in self._members:
                 td.exclude(*keys, inplace=True)
@@ -88,7 +121,25 @@ class LazyStackOps(TensorDictBase):
         return self._like([td.exclude(*keys) for td in self._members])
 
     def empty(self: T, recurse: bool = False, *, batch_size: Any = None, device: Any = None) -> T:
-        """A lazy stack of the members emptied (see :meth:`TensorDictBase.empty`)."""
+        """A lazy stack of the members emptied (see :meth:`TensorDictBase.empty`).
+
+        Args:
+            recurse: keep the nested tensordicts (emptied) instead of dropping them.
+            batch_size: a new batch size (not supported for a lazy stack).
+            device: a new device (not supported for a lazy stack).
+
+        Returns:
+            A new lazy stack, of the same batch size, whose members have no entries.
+
+        Raises:
+            NotSupportedError: ``batch_size`` or ``device`` is given.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> td = TensorDict(a=TensorDict(b=torch.ones(1)), c=torch.ones(1))
+        >>> ls = LazyStackedTensorDict(td, td.clone())
+        >>> type(ls.empty()).__name__, ls.empty().keys(), ls.empty(recurse=True).keys()
+        ('LazyStackedTensorDict', [], ['a'])
+        """
         if batch_size is not None or device is not None:
             return super().empty(recurse, batch_size=batch_size, device=device)
         return self._like([td.empty(recurse) for td in self._members])
@@ -99,7 +150,23 @@ class LazyStackOps(TensorDictBase):
         return self
 
     def unbind(self, dim: int = 0) -> tuple[Any, ...]:
-        """The slices along ``dim``: the members themselves along the stack dimension."""
+        """The slices along ``dim``: the members themselves along the stack dimension.
+
+        Args:
+            dim: the batch dimension to slice along (negative counts from the end).
+
+        Returns:
+            A tuple of ``batch_size[dim]`` tensordicts (lazy stacks along any other dimension).
+
+        Raises:
+            DimensionError: ``dim`` is outside the batch dimensions.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> a, b = TensorDict(x=torch.zeros(3), batch_size=[3]), TensorDict(x=torch.ones(3), batch_size=[3])
+        >>> ls = LazyStackedTensorDict(a, b, stack_dim=1)
+        >>> ls.unbind(1)[1] is b, len(ls.unbind(0)), ls.unbind(0)[2]["x"].tolist()
+        (True, 3, [0.0, 1.0])
+        """
         dim = check_dim(dim, self.batch_dims)
         if dim == self._stack_dim:
             return tuple(self._members)
@@ -108,9 +175,21 @@ class LazyStackOps(TensorDictBase):
     def to_tensordict(self, *, retain_none: bool | None = None) -> TensorDict:
         """A dense ``TensorDict`` copy: every entry stacked (the members must share keys and shapes).
 
+        Args:
+            retain_none: accepted for the reference's signature (no effect).
+
+        Returns:
+            A new ``TensorDict`` of the stack's batch size and dimension names.
+
         Raises:
             MissingKeyError: a key some members lack (names them).
             NotSupportedError: an entry whose shapes differ across the members.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> a, b = TensorDict(x=torch.zeros(2), batch_size=[2]), TensorDict(x=torch.ones(2), batch_size=[2])
+        >>> dense = LazyStackedTensorDict(a, b, stack_dim=1).to_tensordict()
+        >>> type(dense).__name__, dense.batch_size, dense["x"].tolist()
+        ('TensorDict', torch.Size([2, 2]), [[0.0, 1.0], [0.0, 1.0]])
         """
         dense = [td.to_tensordict() if isinstance(td, LazyStackOps) else td for td in self._members]
         keys = [set(td.keys(True, True)) for td in dense]
@@ -133,7 +212,24 @@ class LazyStackOps(TensorDictBase):
         return out
 
     def dense_stack(self, dim: int | None = None) -> TensorDict:
-        """``to_tensordict()``: the members stacked densely (``dim`` must be the stack dimension)."""
+        """``to_tensordict()``: the members stacked densely (``dim`` must be the stack dimension).
+
+        Args:
+            dim: the stack dimension (None: the stack's own).
+
+        Returns:
+            A dense ``TensorDict`` copy.
+
+        Raises:
+            InvalidArgumentError: ``dim`` is not the stack dimension.
+            MissingKeyError, NotSupportedError: as for :meth:`to_tensordict`.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> ls = LazyStackedTensorDict(TensorDict(x=torch.zeros(2)), TensorDict(x=torch.ones(2)), stack_dim=0)
+        >>> dense = ls.dense_stack(0)
+        >>> type(dense).__name__, dense["x"].tolist()
+        ('TensorDict', [[0.0, 0.0], [1.0, 1.0]])
+        """
         if dim is not None and check_dim(dim, self.batch_dims) != self._stack_dim:
             raise InvalidArgumentError(f"dense_stack(dim={dim}): the stack dimension is {self._stack_dim}.")
         return self.to_tensordict()

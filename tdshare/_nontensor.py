@@ -82,23 +82,43 @@ class NonTensorData(NonTensorOps, NonTensorFiles):
 
     @property
     def batch_size(self) -> torch.Size:
-        """The batch the value is broadcast over (``torch.Size([])`` unless given)."""
+        """The batch the value is broadcast over (``torch.Size([])`` unless given).
+
+        >>> from tdshare import NonTensorData
+        >>> NonTensorData("a").batch_size, NonTensorData("a", batch_size=[2, 3]).batch_size
+        (torch.Size([]), torch.Size([2, 3]))
+        """
         return getattr(self, "_batch_size", _SCALAR)  # SharedNonTensorData sets none
 
     shape = batch_size
 
     @property
     def batch_dims(self) -> int:
-        """The number of batch dimensions."""
+        """The number of batch dimensions.
+
+        >>> from tdshare import NonTensorData
+        >>> NonTensorData("a").batch_dims, NonTensorData("a", batch_size=[2, 3]).batch_dims
+        (0, 2)
+        """
         return len(self.batch_size)
 
     @property
     def device(self) -> torch.device | None:
-        """The device the value is said to be on (None: none given)."""
+        """The device the value is said to be on (None: none given).
+
+        >>> from tdshare import NonTensorData
+        >>> NonTensorData("a").device, NonTensorData("a", device="cpu").device
+        (None, device(type='cpu'))
+        """
         return getattr(self, "_device", None)
 
     def tolist(self) -> Any:
-        """The value, broadcast over ``batch_size`` as nested lists (the value itself without a batch)."""
+        """The value, broadcast over ``batch_size`` as nested lists (the value itself without a batch).
+
+        >>> from tdshare import NonTensorData
+        >>> NonTensorData("a", batch_size=[2, 1]).tolist(), NonTensorData(5).tolist()
+        ([['a'], ['a']], 5)
+        """
         return nest_values([self.data] * self.batch_size.numel(), self.batch_size)
 
     # -- the tensordict holding the value ---------------------------------------------------
@@ -117,7 +137,16 @@ class NonTensorData(NonTensorOps, NonTensorFiles):
             self.data = other.data
 
     def clone(self) -> NonTensorData:
-        """A new, unshared ``NonTensorData`` with the same value and batch size."""
+        """A new, unshared ``NonTensorData`` with the same value and batch size.
+
+        The value itself is not copied: a mutable value is shared with the original.
+
+        >>> from tdshare import NonTensorData
+        >>> value = NonTensorData(["a"], batch_size=[2])
+        >>> copy = value.clone()
+        >>> copy is value, copy.data is value.data, copy.batch_size
+        (False, True, torch.Size([2]))
+        """
         return NonTensorData(self.data, batch_size=self.batch_size, device=self.device)
 
     def _index(self, idx: Any) -> NonTensorData:
@@ -277,7 +306,18 @@ class NonTensorStack(NonTensorData):
     # -- the value --------------------------------------------------------------------------
     @property
     def data(self) -> Any:
-        """The values as nested lists (what ``tolist()`` gives)."""
+        """The values as nested lists (what ``tolist()`` gives); setting it takes nested lists of the
+        stack's batch size.
+
+        Raises:
+            BatchSizeError: setting nested lists that do not match the batch size.
+
+        >>> from tdshare import NonTensorStack
+        >>> stack = NonTensorStack.from_list([["a", "b"], ["c", "d"]])
+        >>> stack.data = [["w", "x"], ["y", "z"]]
+        >>> stack.data, stack[1, 0].data
+        ([['w', 'x'], ['y', 'z']], 'y')
+        """
         return self.tolist()
 
     @data.setter
@@ -285,11 +325,24 @@ class NonTensorStack(NonTensorData):
         self._values = flatten_values(value, self._batch_size, "the new value")
 
     def tolist(self) -> Any:
-        """The values as nested lists, one level per batch dimension."""
+        """The values as nested lists, one level per batch dimension.
+
+        >>> from tdshare import NonTensorStack
+        >>> NonTensorStack.from_list([["a", "b"], ["c", "d"]]).tolist()
+        [['a', 'b'], ['c', 'd']]
+        """
         return nest_values(list(self._values), self._batch_size)
 
     def clone(self) -> NonTensorStack:
-        """A new stack of the same values (the values themselves are not copied)."""
+        """A new stack of the same values (the values themselves are not copied).
+
+        >>> from tdshare import NonTensorStack
+        >>> stack = NonTensorStack.from_list(["a", "b"])
+        >>> copy = stack.clone()
+        >>> copy[0] = "z"
+        >>> stack.tolist(), copy.tolist()
+        (['a', 'b'], ['z', 'b'])
+        """
         return NonTensorStack._make(list(self._values), self._batch_size)
 
     # -- indexing and shape -----------------------------------------------------------------
@@ -351,7 +404,22 @@ class NonTensorStack(NonTensorData):
             yield self._index(i)
 
     def unbind(self, dim: int = 0) -> tuple[NonTensorData, ...]:
-        """The slices along ``dim`` (``NonTensorData`` when one dimension is left)."""
+        """The slices along ``dim`` (``NonTensorData`` when one dimension is left).
+
+        Args:
+            dim: the batch dimension to slice along (negative counts from the end).
+
+        Returns:
+            A tuple of ``batch_size[dim]`` slices.
+
+        Raises:
+            DimensionError: ``dim`` is outside the batch dimensions.
+
+        >>> from tdshare import NonTensorStack
+        >>> stack = NonTensorStack.from_list([["a", "b"], ["c", "d"]])
+        >>> [s.tolist() for s in stack.unbind(1)], stack.unbind(1)[0][1].data
+        ([['a', 'c'], ['b', 'd']], 'c')
+        """
         dim = check_dim(dim, self.batch_dims)
         return tuple(self._index((slice(None),) * dim + (i,)) for i in range(self._batch_size[dim]))
 

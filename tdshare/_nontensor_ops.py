@@ -101,15 +101,35 @@ class NonTensorOps:
 
     @property
     def is_locked(self) -> bool:
-        """Whether the value can be replaced only in place (``update_``): its tensordict is locked."""
+        """Whether the value can be replaced only in place (``update_``): its tensordict is locked.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict({"s": "hello"})
+        >>> td.get("s").is_locked, td.lock_().get("s").is_locked
+        (False, True)
+        """
         return self._is_locked
 
     def is_shared(self) -> bool:
-        """Whether the value lives in a shared tensordict (``share_memory_``)."""
+        """Whether the value lives in a shared tensordict (``share_memory_``).
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict({"s": "hello"})
+        >>> td.get("s").is_shared(), td.share_memory_().get("s").is_shared()
+        (False, True)
+        """
         return self._is_shared
 
     def is_memmap(self) -> bool:
-        """Whether the value lives in a memory-mapped tensordict (its folder holds it)."""
+        """Whether the value lives in a memory-mapped tensordict (its folder holds it).
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     td = TensorDict({"s": "hello"})
+        ...     print(td.get("s").is_memmap(), td.memmap_(path).get("s").is_memmap())
+        False True
+        """
         return self._is_memmap
 
     @property
@@ -390,39 +410,126 @@ class LinkedList(list):
             raise
 
     def tolist(self) -> list:
-        """A plain ``list`` copy of the items (nested lists stay lists), not linked to the stack."""
+        """A plain ``list`` copy of the items (nested lists stay lists), not linked to the stack.
+
+        >>> from tdshare import TensorDict
+        >>> values = TensorDict({"names": ["a", "b"]}, batch_size=[2])["names"]
+        >>> plain = values.tolist()
+        >>> plain[0] = "z"
+        >>> type(plain).__name__, plain, values
+        ('list', ['z', 'b'], LinkedList(['a', 'b']))
+        """
         return [item.tolist() if isinstance(item, LinkedList) else item for item in self]
 
     def _unlink(self) -> None:
         self._td = _unlinked
 
     def append(self, item: Any) -> None:
-        """Append ``item`` and unlink the list from the stack."""
+        """Append ``item`` and unlink the list from the stack.
+
+        Args:
+            item: the value to append.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict({"names": ["a", "b"]}, batch_size=[2])
+        >>> values = td["names"]
+        >>> values.append("c")
+        >>> values[0] = "z"  # unlinked: the stack keeps its value
+        >>> values, td.get("names").tolist()
+        (LinkedList(['z', 'b', 'c']), ['a', 'b'])
+        """
         self._unlink()
         super().append(item)
 
     def extend(self, items: Iterable[Any]) -> None:
-        """Extend the list with ``items`` and unlink it from the stack."""
+        """Extend the list with ``items`` and unlink it from the stack.
+
+        Args:
+            items: the values to append.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict({"names": ["a", "b"]}, batch_size=[2])
+        >>> values = td["names"]
+        >>> values.extend(["c", "d"])
+        >>> values[0] = "z"  # unlinked: the stack keeps its value
+        >>> values, td.get("names").tolist()
+        (LinkedList(['z', 'b', 'c', 'd']), ['a', 'b'])
+        """
         self._unlink()
         super().extend(items)
 
     def insert(self, index: Any, item: Any) -> None:
-        """Insert ``item`` at ``index`` and unlink the list from the stack."""
+        """Insert ``item`` at ``index`` and unlink the list from the stack.
+
+        Args:
+            index: the position to insert before (as for :meth:`list.insert`).
+            item: the value to insert.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict({"names": ["a", "b"]}, batch_size=[2])
+        >>> values = td["names"]
+        >>> values.insert(0, "c")
+        >>> values[0] = "z"  # unlinked: the stack keeps its value
+        >>> values, td.get("names").tolist()
+        (LinkedList(['z', 'a', 'b']), ['a', 'b'])
+        """
         self._unlink()
         super().insert(index, item)
 
     def pop(self, index: Any = -1) -> Any:
-        """Remove and return the item at ``index``, and unlink the list from the stack."""
+        """Remove and return the item at ``index``, and unlink the list from the stack.
+
+        Args:
+            index: the position of the item (the last by default).
+
+        Returns:
+            The removed item.
+
+        Raises:
+            IndexError: the list is empty or ``index`` is out of range.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict({"names": ["a", "b"]}, batch_size=[2])
+        >>> values = td["names"]
+        >>> last = values.pop()
+        >>> values[0] = "z"  # unlinked: the stack keeps its value
+        >>> last, values, td.get("names").tolist()
+        ('b', LinkedList(['z']), ['a', 'b'])
+        """
         self._unlink()
         return super().pop(index)
 
     def remove(self, item: Any) -> None:
-        """Remove the first ``item`` and unlink the list from the stack."""
+        """Remove the first ``item`` and unlink the list from the stack.
+
+        Args:
+            item: the value to remove (compared with ``==``).
+
+        Raises:
+            ValueError: ``item`` is not in the list.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict({"names": ["a", "b"]}, batch_size=[2])
+        >>> values = td["names"]
+        >>> values.remove("a")
+        >>> values[0] = "z"  # unlinked: the stack keeps its value
+        >>> values, td.get("names").tolist()
+        (LinkedList(['z']), ['a', 'b'])
+        """
         self._unlink()
         super().remove(item)
 
     def clear(self) -> None:
-        """Remove every item and unlink the list from the stack."""
+        """Remove every item and unlink the list from the stack.
+
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict({"names": ["a", "b"]}, batch_size=[2])
+        >>> values = td["names"]
+        >>> values.clear()
+        >>> values.append("z")  # unlinked: the stack keeps its values
+        >>> values, td.get("names").tolist()
+        (LinkedList(['z']), ['a', 'b'])
+        """
         self._unlink()
         super().clear()
 

@@ -74,7 +74,13 @@ class UnbatchedTensor(torch.Tensor):
 
     @property
     def batch_size(self) -> torch.Size:
-        """The batch of the tensordict the tensor was read from (``torch.Size([])`` on its own)."""
+        """The batch of the tensordict the tensor was read from (``torch.Size([])`` on its own).
+
+        >>> from tdshare import TensorDict, UnbatchedTensor
+        >>> td = TensorDict(a=UnbatchedTensor(torch.zeros(7)), b=torch.zeros(3, 2), batch_size=[3])
+        >>> UnbatchedTensor(torch.zeros(7)).batch_size, td["a"].batch_size, td["a"].shape
+        (torch.Size([]), torch.Size([3]), torch.Size([7]))
+        """
         return getattr(self, "_batch_size", _EMPTY)
 
     @batch_size.setter
@@ -151,15 +157,46 @@ class UnbatchedTensor(torch.Tensor):
         return self._payload().__array__(dtype)
 
     def item(self) -> Any:
-        """The single value of the payload as a Python number (as :meth:`torch.Tensor.item`)."""
+        """The single value of the payload as a Python number (as :meth:`torch.Tensor.item`).
+
+        Raises:
+            RuntimeError: the payload has more than one element (torch's error).
+
+        >>> from tdshare import UnbatchedTensor
+        >>> value = UnbatchedTensor(torch.tensor(3.5)).item()
+        >>> value, type(value).__name__
+        (3.5, 'float')
+        """
         return self._payload().item()
 
     def tolist(self) -> Any:
-        """The payload as nested Python lists (as :meth:`torch.Tensor.tolist`)."""
+        """The payload as nested Python lists (as :meth:`torch.Tensor.tolist`).
+
+        >>> from tdshare import UnbatchedTensor
+        >>> UnbatchedTensor(torch.arange(4).reshape(2, 2), batch_size=[5]).tolist()
+        [[0, 1], [2, 3]]
+        """
         return self._payload().tolist()
 
     def numpy(self, *, force: bool = False) -> Any:
-        """The payload as a numpy array (as :meth:`torch.Tensor.numpy`)."""
+        """The payload as a numpy array (as :meth:`torch.Tensor.numpy`).
+
+        Args:
+            force: detach (and copy to the CPU) first, as torch's ``force``.
+
+        Returns:
+            A ``numpy.ndarray`` sharing the payload's memory (unless ``force`` copied it).
+
+        Raises:
+            RuntimeError: the payload requires grad (or is not on the CPU) and ``force`` is False (torch's error).
+
+        >>> from tdshare import UnbatchedTensor
+        >>> t = UnbatchedTensor(torch.zeros(3))
+        >>> array = t.numpy()
+        >>> array[0] = 5.0
+        >>> type(array).__name__, t.tolist()
+        ('ndarray', [5.0, 0.0, 0.0])
+        """
         return self._payload().numpy(force=force)
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
