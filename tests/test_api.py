@@ -324,3 +324,10 @@ def test_every_public_callable_has_a_docstring() -> None:
 
     missing = [name for name, obj in _public_callables() if not (inspect.getdoc(obj) or "").strip()]
     assert missing == [], f"public names without a docstring: {missing}"
+
+
+def test_every_public_callable_has_an_example() -> None:
+    import inspect
+
+    missing = sorted({name for name, obj in _public_callables() if ">>>" not in (inspect.getdoc(obj) or "")})
+    assert missing == [], f"public names whose docstring has no >>> example: {missing}"
