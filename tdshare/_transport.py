@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from ._errors import FormatError, TdshareError
 from ._schema import Schema
+from ._wire_span import fused_copy
 
 __all__ = [
     "HEADER_BYTES",
@@ -309,21 +310,29 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
         raw(dst).copy_(raw(src))
 
 
-def copier(dst: list[torch.Tensor], src: list[torch.Tensor]) -> Callable[[], None]:
-    """The function copying each ``src`` into its ``dst`` (bit for bit): the small ones in one
-    fused ``torch._foreach_copy_``, each of at least :data:`GRAIN` elements with :func:`copy_bytes`."""
+def copier(dst: list[torch.Tensor], src: list[torch.Tensor]) -> tuple[Callable[[], None], bool]:
+    """The function copying each ``src`` into its ``dst`` (bit for bit), and whether it moves the
+    version counters of the ``dst``: each of at least :data:`GRAIN` elements with
+    :func:`copy_bytes`, the small ones on the CPU with one :class:`FusedCopy` (one indexed kernel,
+    where they qualify), else in one ``torch._foreach_copy_`` (which moves the counters)."""
     big = [(d, s) for d, s in zip(dst, src, strict=True) if d.numel() >= GRAIN]
     small_dst = [d for d in dst if d.numel() < GRAIN]
     small_src = [s for d, s in zip(dst, src, strict=True) if d.numel() < GRAIN]
+    fused = fused_copy(small_dst, small_src) if small_dst else None
+    if fused is not None:
+        small_dst, small_src = [], []
+    moves = bool(small_dst) or any(d.device.type != "cpu" for d, _ in big)
 
     def copy() -> None:
         with torch.no_grad():
             for d, s in big:
                 copy_bytes(d, s)
+            if fused is not None:
+                fused()
             if small_dst:
                 torch._foreach_copy_(small_dst, small_src)  # one fused call (torch has no public name)
 
-    return copy
+    return copy, moves
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

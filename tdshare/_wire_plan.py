@@ -33,6 +33,7 @@ from ._format import LEVEL, STACK, VALUE, VALUE_STACK, WRAPPED
 from ._nodes import kind_of
 from ._schema import Schema, describe
 from ._transport import GRAIN, Transport, contiguous_run, copier, copy_bytes, data_layout, group_views, staged_views
+from ._wire_span import FusedCopy, fused_copy
 
 __all__ = ["Plan", "kept_plan", "plan_for"]
 
@@ -210,16 +211,20 @@ class Plan:
             for (_, _, _, part), view in zip(ops, views, strict=True):
                 if isinstance(part, torch.Tensor):
                     copy_bytes(view, part)  # a run, the storage or a big leaf, bit for bit
+                elif isinstance(part, FusedCopy):
+                    part(out=view)  # the group's leaves, gathered in one indexed kernel
                 else:
                     torch.cat(part, out=view)
         return [data, *direct]
 
     def _send_layout(self, transport: Transport, prefix: int) -> _SendLayout | None:
         """``(ops, data, their views of data, direct leaves)``: each op ``(group, start, numel,
-        part)`` packs ``part`` (a group's run, the consolidated storage or a big leaf: copied; a
-        list of flat leaves: concatenated, under :data:`GRAIN` elements, so that ``cat`` runs
-        its serial kernel) into its group at element ``start`` (ops None: the data message is the
-        one group's run); None where a leaf is not a contiguous tensor on the transport's device."""
+        part)`` packs ``part`` into its group at element ``start``: a group's run, the
+        consolidated storage or a big leaf (copied); a :class:`FusedCopy` of the group's leaves
+        (one indexed kernel, where they qualify); else lists of flat leaves, concatenated, under
+        :data:`GRAIN` elements, so that ``cat`` runs its serial kernel (ops None: the data
+        message is the one group's run); None where a leaf is not a contiguous tensor on the
+        transport's device."""
         device = transport.device
         schema = self.schema
         size = data_layout(schema)[0]
@@ -242,9 +247,14 @@ class Plan:
             data = runs[0].view(torch.uint8)
             return None, data, group_views(schema, data), direct
         data = torch.empty(prefix + size, dtype=torch.uint8, device=device)
+        groups = group_views(schema, data[prefix:])
         for g, (run, m) in enumerate(zip(runs, members, strict=True)):
-            ops.extend([(g, 0, run.numel(), run)] if run is not None else _chunked(g, m))
-        return ops, data, _views(ops, group_views(schema, data[prefix:])), direct
+            if run is not None:
+                ops.append((g, 0, run.numel(), run))
+                continue
+            gathered = _gathered(m, groups[g])
+            ops.extend([(g, 0, groups[g].numel(), gathered)] if gathered is not None else _chunked(g, m))
+        return ops, data, _views(ops, groups), direct
 
     # -- receiving ----------------------------------------------------------------------------
     def receiver(
@@ -257,7 +267,8 @@ class Plan:
         if key not in self._recv:
             own = self.storage if self.schema.wire_digest == sent.wire_digest else None
             msgs, dst, src, leafwise = staged_views(sent, self.leaves, device, own, prefix)
-            self._recv[key] = (msgs, copier(dst, src) if dst else None, leafwise)
+            copy, moves = copier(dst, src) if dst else (None, False)
+            self._recv[key] = (msgs, copy, leafwise and moves)
         msgs, copy, leafwise = self._recv[key]
 
         def finish() -> None:
@@ -286,6 +297,16 @@ _SendLayout = tuple[list[_Op] | None, torch.Tensor, list[torch.Tensor], list[tor
 def _views(ops: list[_Op], groups: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each op's slice of its group's view."""
     return [groups[g][start : start + n] for g, start, n, _ in ops]
+
+
+def _gathered(members: list[torch.Tensor], group: torch.Tensor) -> FusedCopy | None:
+    """The copy packing ``members`` back to back into ``group`` (their flat dtype view) with one
+    indexed kernel, where they qualify (see :func:`fused_copy`)."""
+    dst, at = [], 0
+    for leaf in members:
+        dst.append(group[at : at + leaf.numel()])
+        at += leaf.numel()
+    return fused_copy(dst, members)
 
 
 def _chunked(g: int, members: list[torch.Tensor]) -> list[_Op]:

@@ -258,25 +258,64 @@ class _CpuTransport:
     device = torch.device("cpu")
 
 
-def test_packing_in_chunks_under_the_grain_keeps_every_byte() -> None:
+@pytest.mark.parametrize("fused", [True, False])
+def test_packing_keeps_every_byte(fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One indexed gather per dtype group; without it (over the index limit), cat in chunks under the grain."""
+    from tdshare import _wire_span
     from tdshare._transport import GRAIN, HEADER_BYTES, data_layout, group_views
     from tdshare._wire_plan import plan_for
+    from tdshare._wire_span import FusedCopy
 
+    if not fused:
+        monkeypatch.setattr(_wire_span, "SPAN_WORDS", 1000)
     sizes = [100, 40_000, 30_000, 5_000, 2_000, 31_000, 0, 7]  # runs of cat under the grain, big ones alone
     g = torch.Generator().manual_seed(3)
     td = TensorDict(
-        {f"f{i}": torch.randn(n, generator=g) for i, n in enumerate(sizes)}, b=torch.ones(3, dtype=torch.bool)
+        {f"f{i}": torch.randn(n, generator=g) for i, n in enumerate(sizes)},
+        b=torch.ones(3, dtype=torch.bool),
+        h={"a": torch.arange(5, dtype=torch.int16), "b": torch.arange(3, dtype=torch.int16) + 5},  # 2-byte words
     )
     plan = plan_for(td, False)
     ops = plan._send_layout(_CpuTransport(), HEADER_BYTES)[0]  # type: ignore[arg-type,index]
-    assert all(n < GRAIN or isinstance(part, torch.Tensor) for _, _, n, part in ops)
-    assert sum(n for _, _, n, _ in ops) == sum(sizes) + 3
-    for reuse in (True, False):
+    assert ops is not None
+    if fused:
+        assert [type(part) for _, _, _, part in ops] == [FusedCopy, torch.Tensor, FusedCopy]  # the bools: one run
+        assert [ops[0][3].unit, ops[2][3].unit] == [4, 2]  # the widest word every address and size allows
+    else:
+        assert all(n < GRAIN or isinstance(part, torch.Tensor) for _, _, n, part in ops)
+    assert sum(n for _, _, n, _ in ops) == sum(sizes) + 3 + 8
+    for reuse in (True, False, True):
         message = plan.buffers(_CpuTransport(), reuse, HEADER_BYTES)[0]  # type: ignore[arg-type]
         assert message.numel() == HEADER_BYTES + data_layout(plan.schema)[0]
-        f32, flags = group_views(plan.schema, message[HEADER_BYTES:])
+        f32, flags, h = group_views(plan.schema, message[HEADER_BYTES:])
         assert _bits(f32) == b"".join(_bits(td[f"f{i}"]) for i in range(len(sizes)))
-        assert flags.tolist() == [True] * 3
+        assert flags.tolist() == [True] * 3 and h.tolist() == list(range(8))
+        td["f0"].add_(1)  # new values, the same plan
+
+
+def test_fused_copy_scatters_bit_for_bit_and_refuses_what_does_not_qualify() -> None:
+    from tdshare._wire_span import fused_copy
+
+    g = torch.Generator().manual_seed(5)
+    dst = [torch.zeros(7, dtype=torch.float16), torch.zeros(3, dtype=torch.bool), torch.zeros(2, 4), torch.zeros(0)]
+    raw = torch.randint(0, 256, (14 + 3 + 32,), dtype=torch.uint8, generator=g)
+    raw[14:17] = torch.tensor([0, 1, 255], dtype=torch.uint8)  # a bool byte other than 0 and 1 stays as it is
+    src = list(raw.split([14, 3, 32]))
+    flat = [t.view(torch.uint8).view(-1) for t in dst]
+    copy = fused_copy(flat, [*src, torch.zeros(0, dtype=torch.uint8)])
+    assert copy is not None and copy.unit == 1 and copy.src.index is None and copy.dst.index is not None
+    copy()
+    assert b"".join(_bits(t) for t in dst) == _bits(raw)
+    spread = raw[::2][:3]  # the sources need not be one run either
+    out = [torch.zeros(1, dtype=torch.uint8) for _ in range(3)]
+    copy = fused_copy(out, list(spread.contiguous().split(1)))
+    assert copy is not None
+    copy()
+    assert [int(t) for t in out] == spread.tolist()
+    base = torch.zeros(8)
+    assert fused_copy([base[:4], base[2:6]], [torch.ones(4), torch.ones(4)]) is None  # overlapping destinations
+    assert fused_copy([torch.zeros(4, 2).t()], [torch.ones(8)]) is None  # not contiguous
+    assert fused_copy([torch.zeros(4)], [torch.ones(3)]) is None  # different sizes
 
 
 def _plans(rank: int, world: int) -> dict[str, Any]:
