@@ -28,11 +28,21 @@ from typing import Any
 
 import torch
 
-from ._consolidate import ConsolidateOps, consolidated_parts
+from ._consolidate import HEAD_ROOM, ConsolidateOps, consolidated_message, consolidated_parts
 from ._format import LEVEL, STACK, VALUE, VALUE_STACK, WRAPPED
 from ._nodes import kind_of
 from ._schema import Schema, describe
-from ._transport import GRAIN, Transport, contiguous_run, copier, copy_bytes, data_layout, group_views, staged_views
+from ._transport import (
+    GRAIN,
+    HEADER_BYTES,
+    Transport,
+    contiguous_run,
+    copier,
+    copy_bytes,
+    data_layout,
+    group_views,
+    staged_views,
+)
 from ._wire_span import FusedCopy, fused_copy
 
 __all__ = ["Plan", "kept_plan", "plan_for"]
@@ -126,6 +136,15 @@ class Plan:
         self.schema, self.leaves = describe(tree, allow_pickle=allow_pickle, storage=self.storage)
         if self.schema.storage is None:
             self.storage = None  # a leaf outside the storage: sent as a plain tree
+        # an in-memory consolidated tree: the header's room before its storage (one message, no copy)
+        self.framed = consolidated_message(tree) if self.storage is not None else None
+        if self.framed is not None and (
+            HEAD_ROOM != HEADER_BYTES
+            or self.storage is None
+            or self.framed.numel() != HEADER_BYTES + self.storage.numel()
+            or self.framed[HEADER_BYTES:].data_ptr() != self.storage.data_ptr()
+        ):
+            self.framed = None
         with torch._C.DisableTorchFunctionSubclass():
             self.shapes = list(map(_shape, self.leaves))
             self.strides = list(map(_stride, self.leaves))
@@ -147,7 +166,7 @@ class Plan:
             self.root = (fn, args[1:])
         self.checks = checks
         self._send: dict[tuple[torch.device, int], _SendLayout | None] = {}
-        self._recv: dict[tuple[int, int], tuple[list[torch.Tensor], Callable[[], None] | None, bool]] = {}
+        self._recv: dict[tuple[int, int, bool], tuple[list[torch.Tensor], Callable[[], None] | None, bool]] = {}
 
     def valid(self, tree: Any) -> bool:
         """Whether ``tree`` is still what this plan was made of (nothing added, replaced, reshaped,
@@ -190,11 +209,15 @@ class Plan:
         """The messages to send: the data message (the consolidated storage itself; the one
         group's leaves where they are its one run; else every group packed with one
         ``torch.cat`` each), then each big leaf's own memory.  ``prefix``: the data message
-        starts with that many bytes of room for a header (then always a packed buffer: the
-        storage or the run copied in once).  ``reuse``: pack into the plan's buffer (the caller
+        starts with that many bytes of room for a header (then a packed buffer, the storage or
+        the run copied in once, except an in-memory consolidated tree's: its storage with the
+        room :func:`consolidate` left before it).  ``reuse``: pack into the plan's buffer (the caller
         waits for the send before the next one), else into a new one."""
-        if not prefix and self.storage is not None and self.storage.device == transport.device:
-            return [self.storage]
+        if self.storage is not None and self.storage.device == transport.device:
+            if not prefix:
+                return [self.storage]
+            if prefix == HEADER_BYTES and self.framed is not None:
+                return [self.framed]  # the header goes into the room before the storage
         key = (transport.device, prefix)
         if key not in self._send:
             self._send[key] = self._send_layout(transport, prefix)
@@ -258,15 +281,18 @@ class Plan:
 
     # -- receiving ----------------------------------------------------------------------------
     def receiver(
-        self, sent: Schema, device: torch.device, prefix: int = 0
+        self, sent: Schema, device: torch.device, prefix: int = 0, direct: bool = False
     ) -> tuple[list[torch.Tensor], Callable[[], None]]:
         """The messages to receive ``sent``'s buffers into (this tree's memory where it can be:
-        see ``staged_views``; ``prefix``: room for a header before the data) and the function
-        that copies what was staged into the leaves, kept for the sender's layout."""
-        key = (sent.wire_digest, prefix)
+        see ``staged_views``; ``prefix``: room for a header before the data; ``direct``: an
+        in-memory consolidated tree of the same byte layout receives header and storage into its
+        own room and storage) and the function that copies what was staged into the leaves, kept
+        for the sender's layout."""
+        key = (sent.wire_digest, prefix, direct)
         if key not in self._recv:
             own = self.storage if self.schema.wire_digest == sent.wire_digest else None
-            msgs, dst, src, leafwise = staged_views(sent, self.leaves, device, own, prefix)
+            framed = self.framed if direct and own is not None else None
+            msgs, dst, src, leafwise = staged_views(sent, self.leaves, device, own, prefix, framed)
             copy, moves = copier(dst, src) if dst else (None, False)
             self._recv[key] = (msgs, copy, leafwise and moves)
         msgs, copy, leafwise = self._recv[key]
