@@ -207,8 +207,9 @@ class Plan:
     # -- sending ------------------------------------------------------------------------------
     def buffers(self, transport: Transport, reuse: bool, prefix: int = 0) -> list[torch.Tensor]:
         """The messages to send: the data message (the consolidated storage itself; the one
-        group's leaves where they are its one run; else every group packed with one
-        ``torch.cat`` each), then each big leaf's own memory.  ``prefix``: the data message
+        group's leaves where they are its one run; else every group packed, by one indexed
+        gather each where its leaves qualify, see :func:`fused_copy`), then each big leaf's own
+        memory.  ``prefix``: the data message
         starts with that many bytes of room for a header (then a packed buffer, the storage or
         the run copied in once, except an in-memory consolidated tree's: its storage with the
         room :func:`consolidate` left before it).  ``reuse``: pack into the plan's buffer (the caller
