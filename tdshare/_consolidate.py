@@ -17,6 +17,12 @@ tensor is three leaves (``<NJT_VALUES>key``, optional ``<NJT_LENGTHS>key``, ``<N
 the last with the ragged dim as a sixth field).  A file written by ``consolidate(filename=...)``
 holds the storage, then the schema as JSON, then the JSON's length as a little-endian int64.
 
+In memory (no ``filename``), the storage is allocated :data:`HEAD_ROOM` bytes into a slightly
+bigger buffer: :mod:`tdshare.distributed` writes a transfer's header into that room, so that the
+header and the storage travel as one message, with no copy (:func:`consolidated_message`).  The
+room is no part of the storage: offsets, the schema, files and :func:`consolidated_parts` never
+see it (a pickle carries its 64 bytes with the storage's memory, as torch pickles a view).
+
 Pickling a consolidated tensordict sends the storage once plus the schema, as long as its
 content is still what ``consolidate`` made (see :meth:`ConsolidateOps.is_consolidated`);
 :func:`consolidated_parts` and :func:`rebuild_consolidated` give and take the same two pieces,
@@ -56,10 +62,11 @@ from ._future import TensorDictFuture
 from ._nodes import kind_of
 from ._nontensor import NonTensorData, NonTensorStack
 
-__all__ = ["ConsolidateOps", "consolidated_parts"]
+__all__ = ["HEAD_ROOM", "ConsolidateOps", "consolidated_message", "consolidated_parts"]
 
 T = TypeVar("T", bound="ConsolidateOps")
 _ALIGN = 8
+HEAD_ROOM = 64  # bytes before an in-memory storage, for a transfer's header (keeps the storage 64-aligned)
 
 
 class ConsolidateOps:
@@ -161,9 +168,11 @@ class ConsolidateOps:
         path = None if filename is None else os.fspath(filename)
         if path is None:
             target = dev if dev is not None else (getattr(self, "device", None) or torch.device("cpu"))
-            storage = torch.empty(size, dtype=torch.uint8, device=target, pin_memory=pin_memory)
-            if share_memory and storage.device.type == "cpu":
-                storage.share_memory_()
+            framed = torch.empty(HEAD_ROOM + size, dtype=torch.uint8, device=target, pin_memory=pin_memory)
+            if share_memory and framed.device.type == "cpu":
+                framed.share_memory_()
+            framed[:HEAD_ROOM].zero_()
+            storage = framed[HEAD_ROOM:]
             whole = None
         else:
             footer = _footer(schema, path)
@@ -186,6 +195,8 @@ class ConsolidateOps:
             "metadata": schema,
             "filename": None if path is None else os.path.realpath(path),
         }
+        if path is None:
+            state["framed"] = framed  # the room, then the storage
         if path is not None and not use_buffer:  # the leaves map the file: pickles name it
             state["file"] = (os.path.realpath(path), file_identity(path), size)
         result.lock_()
@@ -522,6 +533,30 @@ def consolidated_parts(td: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     state = inner._consolidated
     assert state is not None
     return state["storage"], state["metadata"]
+
+
+def consolidated_message(td: Any) -> torch.Tensor | None:
+    """The :data:`HEAD_ROOM` bytes before the storage of ``td`` and the storage, as one flat
+    ``uint8`` tensor, where ``td`` (a tensorclass: its tensordict) is consolidated in memory by
+    :meth:`ConsolidateOps.consolidate` (else None: a file, a rebuilt or an unpickled one).
+
+    >>> import torch
+    >>> from tdshare import TensorDict
+    >>> c = TensorDict(a=torch.ones(2), batch_size=[2]).consolidate()
+    >>> message = consolidated_message(c)
+    >>> message.numel() == HEAD_ROOM + 8 and message[HEAD_ROOM:].data_ptr() == c["a"].data_ptr()
+    True
+    """
+    inner = td
+    kind = kind_of(td)
+    if kind is not None and kind.layout == WRAPPED and kind.unwrap is not None:
+        inner = kind.unwrap(td)[0]
+    if not isinstance(inner, ConsolidateOps) or not inner.is_consolidated():
+        return None
+    state = inner._consolidated
+    assert state is not None
+    framed = state.get("framed")
+    return framed if isinstance(framed, torch.Tensor) else None
 
 
 # -- files ---------------------------------------------------------------------------------------

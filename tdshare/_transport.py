@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from ._errors import FormatError, TdshareError
 from ._schema import Schema
+from ._wire_span import fused_copy
 
 __all__ = [
     "HEADER_BYTES",
@@ -107,12 +108,12 @@ HEADER_BYTES = 64  # a header: 8 int64; the data after it keeps every offset's a
 INLINE_BYTES = 1 << 20  # a data message up to this size travels inside its header's message
 
 
-def inline(schema: Schema, collective: bool) -> bool:
+def inline(schema: Schema) -> bool:
     """Whether ``schema``'s data message rides in its header's message once the peer knows the
-    schema: up to :data:`INLINE_BYTES` (beyond, a copy costs more than a message), except a
-    consolidated tree's point to point, whose storage goes as it is and is received in place,
-    the header a message of its own that the receiver waits for together with it."""
-    return data_layout(schema)[0] <= INLINE_BYTES and (collective or schema.storage is None)
+    schema: up to :data:`INLINE_BYTES` (beyond, a copy costs more than a message).  A tree
+    consolidated in memory is sent from the room before its storage and, point to point, received
+    into its own (no copy on either side)."""
+    return data_layout(schema)[0] <= INLINE_BYTES
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,7 @@ def staged_views(
     device: torch.device,
     storage: torch.Tensor | None = None,
     prefix: int = 0,
+    framed: torch.Tensor | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], bool]:
     """The messages to receive ``leaves`` (of ``schema``'s layout) into, and the tensors that need
     a copy after receipt with the message views to copy from (``torch._foreach_copy_(dst, src)``).
@@ -247,8 +249,9 @@ def staged_views(
     consolidated schema (pass the target's own storage only when its byte layout is the
     schema's); else a staging buffer, copied from per group where a group's leaves are one run
     (or into ``storage``), else per leaf.  ``prefix``: the data message starts with that many
-    bytes of header (a staging buffer then, always).  A big leaf is received into its own memory
-    where it is contiguous.
+    bytes of header (a staging buffer then, except ``framed``: the ``prefix`` bytes of room before
+    ``storage`` and ``storage``, one tensor, which the message then is).  A big leaf is received
+    into its own memory where it is contiguous.
 
     Returns:
         ``(messages, dst, src, leafwise)``; ``leafwise``: the copy writes through the leaves
@@ -267,6 +270,14 @@ def staged_views(
     only = runs[0] if len(runs) == 1 else None
     if only is not None and not prefix:
         message = data = _bytes(only)
+    elif (
+        only is not None
+        and framed is not None
+        and framed.numel() == prefix + size
+        and framed.device == device
+        and framed[prefix:].data_ptr() == only.data_ptr()
+    ):
+        message, data = framed, framed[prefix:]  # the header lands in the room before the storage
     else:
         message = torch.empty(prefix + size, dtype=torch.uint8, device=device)
         data = message[prefix:]
@@ -309,21 +320,29 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
         raw(dst).copy_(raw(src))
 
 
-def copier(dst: list[torch.Tensor], src: list[torch.Tensor]) -> Callable[[], None]:
-    """The function copying each ``src`` into its ``dst`` (bit for bit): the small ones in one
-    fused ``torch._foreach_copy_``, each of at least :data:`GRAIN` elements with :func:`copy_bytes`."""
+def copier(dst: list[torch.Tensor], src: list[torch.Tensor]) -> tuple[Callable[[], None], bool]:
+    """The function copying each ``src`` into its ``dst`` (bit for bit), and whether it moves the
+    version counters of the ``dst``: each of at least :data:`GRAIN` elements with
+    :func:`copy_bytes`, the small ones on the CPU with one :class:`FusedCopy` (one indexed kernel,
+    where they qualify), else in one ``torch._foreach_copy_`` (which moves the counters)."""
     big = [(d, s) for d, s in zip(dst, src, strict=True) if d.numel() >= GRAIN]
     small_dst = [d for d in dst if d.numel() < GRAIN]
     small_src = [s for d, s in zip(dst, src, strict=True) if d.numel() < GRAIN]
+    fused = fused_copy(small_dst, small_src) if small_dst else None
+    if fused is not None:
+        small_dst, small_src = [], []
+    moves = bool(small_dst) or any(d.device.type != "cpu" for d, _ in big)
 
     def copy() -> None:
         with torch.no_grad():
             for d, s in big:
                 copy_bytes(d, s)
+            if fused is not None:
+                fused()
             if small_dst:
                 torch._foreach_copy_(small_dst, small_src)  # one fused call (torch has no public name)
 
-    return copy
+    return copy, moves
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -28,11 +28,22 @@ from typing import Any
 
 import torch
 
-from ._consolidate import ConsolidateOps, consolidated_parts
+from ._consolidate import HEAD_ROOM, ConsolidateOps, consolidated_message, consolidated_parts
 from ._format import LEVEL, STACK, VALUE, VALUE_STACK, WRAPPED
 from ._nodes import kind_of
 from ._schema import Schema, describe
-from ._transport import GRAIN, Transport, contiguous_run, copier, copy_bytes, data_layout, group_views, staged_views
+from ._transport import (
+    GRAIN,
+    HEADER_BYTES,
+    Transport,
+    contiguous_run,
+    copier,
+    copy_bytes,
+    data_layout,
+    group_views,
+    staged_views,
+)
+from ._wire_span import FusedCopy, fused_copy
 
 __all__ = ["Plan", "kept_plan", "plan_for"]
 
@@ -125,6 +136,15 @@ class Plan:
         self.schema, self.leaves = describe(tree, allow_pickle=allow_pickle, storage=self.storage)
         if self.schema.storage is None:
             self.storage = None  # a leaf outside the storage: sent as a plain tree
+        # an in-memory consolidated tree: the header's room before its storage (one message, no copy)
+        self.framed = consolidated_message(tree) if self.storage is not None else None
+        if self.framed is not None and (
+            HEAD_ROOM != HEADER_BYTES
+            or self.storage is None
+            or self.framed.numel() != HEADER_BYTES + self.storage.numel()
+            or self.framed[HEADER_BYTES:].data_ptr() != self.storage.data_ptr()
+        ):
+            self.framed = None
         with torch._C.DisableTorchFunctionSubclass():
             self.shapes = list(map(_shape, self.leaves))
             self.strides = list(map(_stride, self.leaves))
@@ -146,7 +166,7 @@ class Plan:
             self.root = (fn, args[1:])
         self.checks = checks
         self._send: dict[tuple[torch.device, int], _SendLayout | None] = {}
-        self._recv: dict[tuple[int, int], tuple[list[torch.Tensor], Callable[[], None] | None, bool]] = {}
+        self._recv: dict[tuple[int, int, bool], tuple[list[torch.Tensor], Callable[[], None] | None, bool]] = {}
 
     def valid(self, tree: Any) -> bool:
         """Whether ``tree`` is still what this plan was made of (nothing added, replaced, reshaped,
@@ -187,13 +207,18 @@ class Plan:
     # -- sending ------------------------------------------------------------------------------
     def buffers(self, transport: Transport, reuse: bool, prefix: int = 0) -> list[torch.Tensor]:
         """The messages to send: the data message (the consolidated storage itself; the one
-        group's leaves where they are its one run; else every group packed with one
-        ``torch.cat`` each), then each big leaf's own memory.  ``prefix``: the data message
-        starts with that many bytes of room for a header (then always a packed buffer: the
-        storage or the run copied in once).  ``reuse``: pack into the plan's buffer (the caller
+        group's leaves where they are its one run; else every group packed, by one indexed
+        gather each where its leaves qualify, see :func:`fused_copy`), then each big leaf's own
+        memory.  ``prefix``: the data message
+        starts with that many bytes of room for a header (then a packed buffer, the storage or
+        the run copied in once, except an in-memory consolidated tree's: its storage with the
+        room :func:`consolidate` left before it).  ``reuse``: pack into the plan's buffer (the caller
         waits for the send before the next one), else into a new one."""
-        if not prefix and self.storage is not None and self.storage.device == transport.device:
-            return [self.storage]
+        if self.storage is not None and self.storage.device == transport.device:
+            if not prefix:
+                return [self.storage]
+            if prefix == HEADER_BYTES and self.framed is not None:
+                return [self.framed]  # the header goes into the room before the storage
         key = (transport.device, prefix)
         if key not in self._send:
             self._send[key] = self._send_layout(transport, prefix)
@@ -210,16 +235,20 @@ class Plan:
             for (_, _, _, part), view in zip(ops, views, strict=True):
                 if isinstance(part, torch.Tensor):
                     copy_bytes(view, part)  # a run, the storage or a big leaf, bit for bit
+                elif isinstance(part, FusedCopy):
+                    part(out=view)  # the group's leaves, gathered in one indexed kernel
                 else:
                     torch.cat(part, out=view)
         return [data, *direct]
 
     def _send_layout(self, transport: Transport, prefix: int) -> _SendLayout | None:
         """``(ops, data, their views of data, direct leaves)``: each op ``(group, start, numel,
-        part)`` packs ``part`` (a group's run, the consolidated storage or a big leaf: copied; a
-        list of flat leaves: concatenated, under :data:`GRAIN` elements, so that ``cat`` runs
-        its serial kernel) into its group at element ``start`` (ops None: the data message is the
-        one group's run); None where a leaf is not a contiguous tensor on the transport's device."""
+        part)`` packs ``part`` into its group at element ``start``: a group's run, the
+        consolidated storage or a big leaf (copied); a :class:`FusedCopy` of the group's leaves
+        (one indexed kernel, where they qualify); else lists of flat leaves, concatenated, under
+        :data:`GRAIN` elements, so that ``cat`` runs its serial kernel (ops None: the data
+        message is the one group's run); None where a leaf is not a contiguous tensor on the
+        transport's device."""
         device = transport.device
         schema = self.schema
         size = data_layout(schema)[0]
@@ -242,22 +271,31 @@ class Plan:
             data = runs[0].view(torch.uint8)
             return None, data, group_views(schema, data), direct
         data = torch.empty(prefix + size, dtype=torch.uint8, device=device)
+        groups = group_views(schema, data[prefix:])
         for g, (run, m) in enumerate(zip(runs, members, strict=True)):
-            ops.extend([(g, 0, run.numel(), run)] if run is not None else _chunked(g, m))
-        return ops, data, _views(ops, group_views(schema, data[prefix:])), direct
+            if run is not None:
+                ops.append((g, 0, run.numel(), run))
+                continue
+            gathered = _gathered(m, groups[g])
+            ops.extend([(g, 0, groups[g].numel(), gathered)] if gathered is not None else _chunked(g, m))
+        return ops, data, _views(ops, groups), direct
 
     # -- receiving ----------------------------------------------------------------------------
     def receiver(
-        self, sent: Schema, device: torch.device, prefix: int = 0
+        self, sent: Schema, device: torch.device, prefix: int = 0, direct: bool = False
     ) -> tuple[list[torch.Tensor], Callable[[], None]]:
         """The messages to receive ``sent``'s buffers into (this tree's memory where it can be:
-        see ``staged_views``; ``prefix``: room for a header before the data) and the function
-        that copies what was staged into the leaves, kept for the sender's layout."""
-        key = (sent.wire_digest, prefix)
+        see ``staged_views``; ``prefix``: room for a header before the data; ``direct``: an
+        in-memory consolidated tree of the same byte layout receives header and storage into its
+        own room and storage) and the function that copies what was staged into the leaves, kept
+        for the sender's layout."""
+        key = (sent.wire_digest, prefix, direct)
         if key not in self._recv:
             own = self.storage if self.schema.wire_digest == sent.wire_digest else None
-            msgs, dst, src, leafwise = staged_views(sent, self.leaves, device, own, prefix)
-            self._recv[key] = (msgs, copier(dst, src) if dst else None, leafwise)
+            framed = self.framed if direct and own is not None else None
+            msgs, dst, src, leafwise = staged_views(sent, self.leaves, device, own, prefix, framed)
+            copy, moves = copier(dst, src) if dst else (None, False)
+            self._recv[key] = (msgs, copy, leafwise and moves)
         msgs, copy, leafwise = self._recv[key]
 
         def finish() -> None:
@@ -286,6 +324,16 @@ _SendLayout = tuple[list[_Op] | None, torch.Tensor, list[torch.Tensor], list[tor
 def _views(ops: list[_Op], groups: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each op's slice of its group's view."""
     return [groups[g][start : start + n] for g, start, n, _ in ops]
+
+
+def _gathered(members: list[torch.Tensor], group: torch.Tensor) -> FusedCopy | None:
+    """The copy packing ``members`` back to back into ``group`` (their flat dtype view) with one
+    indexed kernel, where they qualify (see :func:`fused_copy`)."""
+    dst, at = [], 0
+    for leaf in members:
+        dst.append(group[at : at + leaf.numel()])
+        at += leaf.numel()
+    return fused_copy(dst, members)
 
 
 def _chunked(g: int, members: list[torch.Tensor]) -> list[_Op]:

@@ -114,7 +114,7 @@ class Outgoing:
         known = _SENT.get(key)
         plan = plan_for(td, allow_pickle)
         schema = self.schema = plan.schema
-        self.wire = (inline(schema, collective), data_layout(schema)[0])
+        self.wire = (inline(schema), data_layout(schema)[0])
         last, opening, split = _opening(known)
         self.notice: list[torch.Tensor] = []
         if schema.digest == last and self.wire[0]:
@@ -122,6 +122,8 @@ class Outgoing:
             self.msgs = [Header(schema.digest, schema.layout_digest, 0, True).write(first), *direct]
             return
         text = b"" if known and schema.digest in known else schema.to_json().encode()
+        if not collective and transport.device.type == "cpu":
+            opening = HEADER_BYTES  # gloo takes a shorter message: the rest of what was posted stays untouched
         self.msgs = [transport.opening(Header(schema.digest, schema.layout_digest, len(text)), opening)]
         if schema.digest != last and split and not collective:
             self.notice.append(torch.empty(0, dtype=torch.uint8, device=transport.device))
@@ -169,13 +171,26 @@ def _out_of_step(peer: str) -> SchemaMismatchError:
 class Landing:
     """Where the buffers of ``schema`` go on this rank: ``target``'s memory (through its plan)
     when its layout is the schema's, else new buffers that become a new tree.  ``prefix``: the
-    data message starts with a header of that many bytes."""
+    data message starts with a header of that many bytes; ``direct``: it may land in the room
+    and storage of a tree consolidated in memory (then ``direct`` stays true: the first message
+    is the target's own memory)."""
 
-    def __init__(self, target: Any, plan: Plan | None, schema: Schema, transport: Transport, prefix: int = 0) -> None:
+    def __init__(
+        self,
+        target: Any,
+        plan: Plan | None,
+        schema: Schema,
+        transport: Transport,
+        prefix: int = 0,
+        direct: bool = False,
+    ) -> None:
         self.target, self.plan, self.schema, self.transport, self.prefix = target, plan, schema, transport, prefix
         self.fits = plan is not None and plan.schema.layout_digest == schema.layout_digest
+        self.direct = False
         if plan is not None and self.fits:
-            self.msgs, self._copy = plan.receiver(schema, transport.device, prefix)
+            self.msgs, self._copy = plan.receiver(schema, transport.device, prefix, direct)
+            framed = plan.framed
+            self.direct = direct and framed is not None and self.msgs[0].data_ptr() == framed.data_ptr()
         else:
             self.msgs = transport.allocate(schema, prefix)
 
@@ -204,24 +219,34 @@ class Receipt:
     The first message is the header, with room after it for the data of the stream's last
     schema where that travels inline (:func:`inline`): a staging buffer, the target's kept one,
     posted before the target is checked (:meth:`check`), so that the check runs while the
-    message travels; a target found changed gets a new landing and the message copied over."""
+    message travels; a target found changed gets a new landing and the message copied over.
+    Point to point on the CPU, a target consolidated in memory (of the sender's byte layout)
+    receives it into the room before its storage and its storage: checked first, then."""
 
     def __init__(self, td: Any, key: _Stream, peer: str, transport: Transport, collective: bool) -> None:
         self.td, self.key, self.peer, self.transport = td, key, peer, transport
         self.last: Schema | None = _last(_SEEN, key)
-        self.inline = self.last is not None and inline(self.last, collective)
+        self.inline = self.last is not None and inline(self.last)
         self.plan: Plan | None = None
+        self.checked = False
         self.early: Landing | None = None
         if self.inline and self.last is not None:
+            direct = not collective and transport.device.type == "cpu"
             kept = None if td is None or isinstance(td, Schema) else kept_plan(td, True) or plan_for(td, True)
-            self.early = Landing(td, kept, self.last, transport, HEADER_BYTES)
+            self.early = Landing(td, kept, self.last, transport, HEADER_BYTES, direct)
+            if self.early.direct:  # the target's own memory: checked before anything lands in it
+                self.check()
+                if self.plan is not kept:
+                    self.early = Landing(td, self.plan, self.last, transport, HEADER_BYTES, direct)
             self.first = self.early.msgs[0]
         else:
             self.first = transport.header_buffer()
 
     def check(self) -> None:
-        """Check the target's plan (see :func:`plan_for`)."""
-        self.plan = _target_plan(self.td)
+        """Check the target's plan (see :func:`plan_for`), once."""
+        if not self.checked:
+            self.plan = _target_plan(self.td)
+            self.checked = True
 
     def header(self) -> tuple[Header, bool]:
         """The header that arrived, and whether it announces the stream's last schema again.

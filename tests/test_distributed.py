@@ -254,29 +254,92 @@ def test_consolidated_schema_is_one_storage_and_matches_the_plain_layout() -> No
     assert [_bits(t) for t in moved.leaves] == [_bits(t) for t in tdd.leaves_of(c)]
 
 
+def test_consolidated_in_memory_keeps_a_header_room_that_nothing_else_sees(tmp_path: Path) -> None:
+    import pickle
+
+    import tensordict
+
+    from tdshare._consolidate import HEAD_ROOM, consolidated_message
+    from tdshare._transport import HEADER_BYTES
+    from tdshare._wire_plan import plan_for
+
+    c = _tree(2.0).consolidate()
+    storage, schema = tdshare.consolidated_parts(c)
+    framed = consolidated_message(c)
+    assert HEAD_ROOM == HEADER_BYTES and framed is not None
+    assert framed.numel() == HEAD_ROOM + storage.numel() and framed[HEAD_ROOM:].data_ptr() == storage.data_ptr()
+    plan = plan_for(c, False)
+    assert plan.buffers(_CpuTransport(), True, HEADER_BYTES)[0].data_ptr() == framed.data_ptr()  # no copy
+    assert (pickle.loads(pickle.dumps(c)) == c).all()
+    assert consolidated_message(tdshare.from_consolidated_parts(storage.clone(), schema)) is None
+    path = tmp_path / "c.bin"
+    filed = _tree(2.0).consolidate(filename=path)
+    assert consolidated_message(filed) is None  # a file holds the storage, then the schema: no room
+    assert tensordict.TensorDict.from_consolidated(str(path))["a"].tolist() == c["a"].tolist()
+
+
 class _CpuTransport:
     device = torch.device("cpu")
 
 
-def test_packing_in_chunks_under_the_grain_keeps_every_byte() -> None:
+@pytest.mark.parametrize("fused", [True, False])
+def test_packing_keeps_every_byte(fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One indexed gather per dtype group; without it (over the index limit), cat in chunks under the grain."""
+    from tdshare import _wire_span
     from tdshare._transport import GRAIN, HEADER_BYTES, data_layout, group_views
     from tdshare._wire_plan import plan_for
+    from tdshare._wire_span import FusedCopy
 
+    if not fused:
+        monkeypatch.setattr(_wire_span, "SPAN_WORDS", 1000)
     sizes = [100, 40_000, 30_000, 5_000, 2_000, 31_000, 0, 7]  # runs of cat under the grain, big ones alone
     g = torch.Generator().manual_seed(3)
     td = TensorDict(
-        {f"f{i}": torch.randn(n, generator=g) for i, n in enumerate(sizes)}, b=torch.ones(3, dtype=torch.bool)
+        {f"f{i}": torch.randn(n, generator=g) for i, n in enumerate(sizes)},
+        b=torch.ones(3, dtype=torch.bool),
+        h={"a": torch.arange(5, dtype=torch.int16), "b": torch.arange(3, dtype=torch.int16) + 5},  # 2-byte words
     )
     plan = plan_for(td, False)
     ops = plan._send_layout(_CpuTransport(), HEADER_BYTES)[0]  # type: ignore[arg-type,index]
-    assert all(n < GRAIN or isinstance(part, torch.Tensor) for _, _, n, part in ops)
-    assert sum(n for _, _, n, _ in ops) == sum(sizes) + 3
-    for reuse in (True, False):
+    assert ops is not None
+    if fused:
+        assert [type(part) for _, _, _, part in ops] == [FusedCopy, torch.Tensor, FusedCopy]  # the bools: one run
+        assert [ops[0][3].unit, ops[2][3].unit] == [4, 2]  # the widest word every address and size allows
+    else:
+        assert all(n < GRAIN or isinstance(part, torch.Tensor) for _, _, n, part in ops)
+    assert sum(n for _, _, n, _ in ops) == sum(sizes) + 3 + 8
+    for reuse in (True, False, True):
         message = plan.buffers(_CpuTransport(), reuse, HEADER_BYTES)[0]  # type: ignore[arg-type]
         assert message.numel() == HEADER_BYTES + data_layout(plan.schema)[0]
-        f32, flags = group_views(plan.schema, message[HEADER_BYTES:])
+        f32, flags, h = group_views(plan.schema, message[HEADER_BYTES:])
         assert _bits(f32) == b"".join(_bits(td[f"f{i}"]) for i in range(len(sizes)))
-        assert flags.tolist() == [True] * 3
+        assert flags.tolist() == [True] * 3 and h.tolist() == list(range(8))
+        td["f0"].add_(1)  # new values, the same plan
+
+
+def test_fused_copy_scatters_bit_for_bit_and_refuses_what_does_not_qualify() -> None:
+    from tdshare._wire_span import fused_copy
+
+    g = torch.Generator().manual_seed(5)
+    dst = [torch.zeros(7, dtype=torch.float16), torch.zeros(3, dtype=torch.bool), torch.zeros(2, 4), torch.zeros(0)]
+    raw = torch.randint(0, 256, (14 + 3 + 32,), dtype=torch.uint8, generator=g)
+    raw[14:17] = torch.tensor([0, 1, 255], dtype=torch.uint8)  # a bool byte other than 0 and 1 stays as it is
+    src = list(raw.split([14, 3, 32]))
+    flat = [t.view(torch.uint8).view(-1) for t in dst]
+    copy = fused_copy(flat, [*src, torch.zeros(0, dtype=torch.uint8)])
+    assert copy is not None and copy.unit == 1 and copy.src.index is None and copy.dst.index is not None
+    copy()
+    assert b"".join(_bits(t) for t in dst) == _bits(raw)
+    spread = raw[::2][:3]  # the sources need not be one run either
+    out = [torch.zeros(1, dtype=torch.uint8) for _ in range(3)]
+    copy = fused_copy(out, list(spread.contiguous().split(1)))
+    assert copy is not None
+    copy()
+    assert [int(t) for t in out] == spread.tolist()
+    base = torch.zeros(8)
+    assert fused_copy([base[:4], base[2:6]], [torch.ones(4), torch.ones(4)]) is None  # overlapping destinations
+    assert fused_copy([torch.zeros(4, 2).t()], [torch.ones(8)]) is None  # not contiguous
+    assert fused_copy([torch.zeros(4)], [torch.ones(3)]) is None  # different sizes
 
 
 def _plans(rank: int, world: int) -> dict[str, Any]:
@@ -371,7 +434,8 @@ def _whole(offset: float) -> TensorDict:
 
 
 def _steady(rank: int, world: int) -> dict[str, Any]:
-    from tdshare._transport import Transport
+    from tdshare._consolidate import consolidated_message
+    from tdshare._transport import Header, Transport
 
     counts: list[int] = []
     post, bcast = Transport.post_send, Transport.broadcast_one
@@ -399,6 +463,13 @@ def _steady(rank: int, world: int) -> dict[str, Any]:
         for i in range(3):  # a big consolidated tree: header and storage, then a small tree again
             tdd.send(_whole(float(i)), 1, tag=1)
         tdd.send(_small(9.0), 1, tag=1)
+        c = _small(1.0).consolidate()
+        for _ in range(3):  # a small consolidated tree: from the room before its storage, one message
+            c["f"].add_(1)
+            tdd.send(c, 1, tag=8)
+        other = TensorDict(f=torch.arange(7.0), i=torch.arange(3), note="n", batch_size=[]).consolidate()
+        tdd.send(other, 1, tag=8)  # another layout into the receiver's own storage: refused, untouched
+        tdd.send(c, 1, tag=8)  # the first schema again: its text is known
         report["p2p"], report["broadcast"] = list(counts), []
 
         def broadcast(tree: TensorDict) -> None:
@@ -414,6 +485,8 @@ def _steady(rank: int, world: int) -> dict[str, Any]:
         for i in range(2):
             broadcast(_whole(float(i)))
         broadcast(_small(5.0))
+        for _ in range(2):
+            broadcast(c)  # consolidated, up to 1 MiB: one collective from the room
         return report
     target = _small(0.0)
     ptrs = [t.data_ptr() for t in tdd.leaves_of(target)]
@@ -436,6 +509,20 @@ def _steady(rank: int, world: int) -> dict[str, Any]:
         report[f"whole {i}"] = _bits(whole["big"]) == _bits(_whole(float(i))["big"])
     report["whole new"] = _bits(tdd.recv(None, 0, tag=1)["big"]) == _bits(_whole(2.0)["big"])
     report["small after big"] = tdd.recv(None, 0, tag=1)["f"].tolist()
+    mine = _small(0.0).consolidate()
+    storage, framed = tdshare.consolidated_parts(mine)[0], consolidated_message(mine)
+    assert framed is not None
+    for i in range(3):
+        tdd.recv(mine, 0, tag=8)
+        assert tdshare.consolidated_parts(mine)[0].data_ptr() == storage.data_ptr() and mine.is_consolidated()
+        report[f"consolidated {i}"] = mine["f"].tolist()
+    assert Header.from_tensor(framed).inline  # the header landed in the room before the storage
+    before = _bits(storage)
+    with pytest.raises(tdd.SchemaMismatchError, match=r"another layout") as info:
+        tdd.recv(mine, 0, tag=8)
+    assert _bits(storage) == before and info.value.received["f"].tolist() == list(range(7))
+    tdd.recv(mine, 0, tag=8)
+    report["consolidated again"] = mine["f"].tolist()
     for i in range(3):
         tdd.broadcast(target, 0)
         report[f"broadcast {i}"] = target["f"].tolist()
@@ -445,6 +532,10 @@ def _steady(rank: int, world: int) -> dict[str, Any]:
         tdd.broadcast(whole, 0)
         report[f"broadcast whole {i}"] = _bits(whole["big"]) == _bits(_whole(float(i))["big"])
     report["broadcast small"] = tdd.broadcast(None, 0)["f"].tolist()
+    for i in range(2):
+        tdd.broadcast(mine, 0)
+        assert tdshare.consolidated_parts(mine)[0].data_ptr() == storage.data_ptr()
+        report[f"broadcast consolidated {i}"] = mine["f"].tolist()
     return report
 
 
@@ -452,8 +543,9 @@ def test_unchanged_transfers_are_one_message_and_changes_are_never_misread(tmp_p
     res = _run(2, _steady, tmp_path)
     # first: the header, the schema, the data; then one message each; a change: first message,
     # schema, data; the consolidated stream: header + storage (in place), then another schema
-    assert res[0]["p2p"] == [3, 1, 1, 1, 3, 1, 3, 2, 2, 4]
-    assert res[0]["broadcast"] == [3, 1, 1, 3, 3, 2, 3]
+    # a small consolidated stream: the schema once, one message each, another layout, the first again
+    assert res[0]["p2p"] == [3, 1, 1, 1, 3, 1, 3, 2, 2, 4, 3, 1, 1, 3, 2]
+    assert res[0]["broadcast"] == [3, 1, 1, 3, 3, 2, 3, 3, 1]
     for i in range(3):
         assert res[1][f"p2p {i}"] == (torch.arange(6.0) + 2 + i).tolist()
         assert res[1][f"broadcast {i}"] == (torch.arange(6.0) + 5 + i).tolist()
@@ -463,6 +555,10 @@ def test_unchanged_transfers_are_one_message_and_changes_are_never_misread(tmp_p
     assert res[1]["small after big"] == (torch.arange(6.0) + 9).tolist()
     assert res[1]["broadcast whole 0"] and res[1]["broadcast whole 1"]
     assert res[1]["broadcast small"] == (torch.arange(6.0) + 5).tolist()
+    for i in range(3):
+        assert res[1][f"consolidated {i}"] == (torch.arange(6.0) + 2 + i).tolist()
+    assert res[1]["consolidated again"] == res[1]["broadcast consolidated 0"] == (torch.arange(6.0) + 4).tolist()
+    assert res[1]["broadcast consolidated 1"] == (torch.arange(6.0) + 4).tolist()
 
 
 # -- collectives ------------------------------------------------------------------------------

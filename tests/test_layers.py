@@ -143,6 +143,7 @@ LAYERS: dict[str, list[str]] = {
         "_pytree",
         "_td_utils",
         "_schema",
+        "_wire_span",
         "_transport",
         "_wire_plan",
         "_wire_streams",
