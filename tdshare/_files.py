@@ -41,6 +41,7 @@ __all__ = [
     "reserve_file",
     "map_file",
     "map_archive",
+    "exchange",
     "storage_filename",
     "from_file",
     "nested_from_buffer",
@@ -229,7 +230,7 @@ def replace_file(path: str, data: memoryview | bytes, *, stat: bool = False, exi
         ino = os.fstat(fd).st_ino if stat else None
         os.close(fd)
         fd = -1
-        if existing and _exchange(tmp, path):
+        if existing and exchange(tmp, path):
             _unlink_quietly(tmp)  # the old file, now under the temporary name
         else:
             os.replace(tmp, path)
@@ -246,8 +247,9 @@ _AT_FDCWD = -100
 _renameat2: list[Any] = []  # [libc's renameat2, or None where there is none], looked up on first use
 
 
-def _exchange(a: str, b: str) -> bool:
-    """Swap the files ``a`` and ``b`` atomically; False (nothing changed) where that cannot be done."""
+def exchange(a: str, b: str) -> bool:
+    """Swap the paths ``a`` and ``b`` (files or folders) atomically, with ``renameat2(RENAME_EXCHANGE)``;
+    False (nothing changed) where that cannot be done (no such call, or a file system without it)."""
     if not _renameat2:
         fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
         if fn is not None:

@@ -21,6 +21,7 @@ import torch
 from _kinds import KINDS, build
 
 import tdshare
+import tdshare._atomic
 import tdshare._files
 import tdshare._write
 from tdshare import TensorDict
@@ -89,6 +90,33 @@ def test_killed_between_the_two_renames_is_put_back(tmp_path: Path) -> None:
     assert cli(["gc", str(tmp_path)]) == 0
     assert TensorDict.load_memmap(path)["a"].tolist() == [5.0] * 3  # the complete new tree
     assert not work.exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_atomic_resave_swaps_the_folders_in_one_step(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the file system can exchange two folders, the target is never renamed away."""
+    path = str(tmp_path / "td")
+    build(kind).memmap_(path)
+    if not tdshare._files.exchange(str(tmp_path / "td"), str(tmp_path / "td")):
+        pytest.skip("this file system has no renameat2(RENAME_EXCHANGE)")  # (a path swapped with itself)
+    before = os.stat(path).st_ino
+    renamed: list[str] = []
+    real_rename = os.rename
+    monkeypatch.setattr(os, "rename", lambda a, b, **kw: (renamed.append(str(a)), real_rename(a, b, **kw))[1])
+    build(kind, 1.0).memmap_(path, atomic=True)
+    assert path not in renamed and os.stat(path).st_ino != before
+    assert tdshare.load_memmap(path)["a"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert [n for n in os.listdir(tmp_path) if n != "td"] == []  # the old tree and the staging are gone
+
+
+def test_an_atomic_resave_falls_back_to_two_renames(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = str(tmp_path / "td")
+    TensorDict(a=torch.zeros(3), batch_size=[3]).memmap_(path)
+    monkeypatch.setattr(tdshare._atomic, "exchange", lambda a, b: False)
+    TensorDict(a=torch.ones(3), batch_size=[3]).memmap_(path, atomic=True)
+    assert TensorDict.load_memmap(path)["a"].tolist() == [1.0] * 3 and os.listdir(tmp_path) == ["td"]
 
 
 def test_archive_save_removes_dead_temporary_archives(tmp_path: Path) -> None:

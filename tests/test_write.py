@@ -858,6 +858,7 @@ def test_atomic_rolls_back_when_the_final_rename_fails(tmp_path: Path, monkeypat
         real_rename(src, dst)
 
     monkeypatch.setattr(tdshare._atomic.os, "rename", rename)
+    monkeypatch.setattr(tdshare._atomic, "exchange", lambda a, b: False)  # the two-rename swap
     with pytest.raises(OSError, match="rename"):
         _make(2.0).memmap(tmp_path / "td", atomic=True)
     monkeypatch.undo()
