@@ -601,10 +601,14 @@ def test_refresh_after_an_atomic_resave(peer: Peer, tmp_path: Path) -> None:
     folder = tmp_path / "td"
     td = _base().memmap_(folder)
     peer.call(_p_take, "td", td)
+    assert td["a"].tolist() == [0.0, 1.0, 2.0, 3.0]  # mapped now (a written leaf maps on first read)
     old_inode = folder.stat().st_ino
     peer.call(_p_atomic_resave, str(folder))  # another process swaps the whole folder
     assert folder.stat().st_ino != old_inode
     assert td["a"].tolist() == [0.0, 1.0, 2.0, 3.0]  # the old files stay mapped until the refresh
+    with pytest.raises(tdshare.CorruptDataError, match=r"load the folder again") as info:
+        td["n", "b"].sum()  # never read before the swap: its old file is gone, and the error says so
+    assert "b.memmap" in str(info.value)
     td.memmap_refresh_()
     assert td["a"].tolist() == [9.0] * 4 and td["fresh"].tolist() == [[1.0, 1.0]] * 4
     assert td["s"] == "resaved" and "n" not in td
