@@ -110,3 +110,13 @@ def assert_same_tensordict(a: Any, b: Any, *, ordered: bool = True, bitwise: boo
                 assert torch.equal(plain(value), plain(other)), key
         else:
             assert value == other, key
+
+
+class Gather:
+    """A DataLoader collate function that indexes a tensordict (pickled to spawned workers)."""
+
+    def __init__(self, td: Any) -> None:
+        self.td = td
+
+    def __call__(self, idx: list[int]) -> Any:
+        return self.td[torch.tensor(idx)]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import Gather
 from _kinds import KINDS, build
 
 import tdshare
@@ -369,16 +370,6 @@ def test_packing_a_folder_with_a_record_keeps_every_entry(tmp_path: Path) -> Non
     assert loaded[f"k{MANY - 1}"].tolist() == [float(MANY - 1)] * 3
 
 
-class _Gather:
-    """A DataLoader collate function that indexes a tensordict (pickled to spawned workers)."""
-
-    def __init__(self, td: Any) -> None:
-        self.td = td
-
-    def __call__(self, idx: list[int]) -> Any:
-        return self.td[torch.tensor(idx)]
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_dataloader_workers_read_lazy_leaves_like_eager_ones(method: str, tmp_path: Path) -> None:
@@ -386,7 +377,7 @@ def test_dataloader_workers_read_lazy_leaves_like_eager_ones(method: str, tmp_pa
     lazy = TensorDict.load_memmap(folder)
     assert type(dict.__getitem__(lazy._tensordict, "a")) is PendingLeaf
     loader = torch.utils.data.DataLoader(
-        range(4), batch_size=2, num_workers=1, collate_fn=_Gather(lazy), multiprocessing_context=method
+        range(4), batch_size=2, num_workers=1, collate_fn=Gather(lazy), multiprocessing_context=method
     )
     got = [batch for batch in loader]
     assert [b["a"].tolist() for b in got] == [src["a"][:2].tolist(), src["a"][2:].tolist()]

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import tensordict
 import torch
+from _helpers import Gather
 from _kinds import KINDS, build
 
 from tdshare import CorruptDataError, MemoryMappedTensor, TensorDict, TensorDictFuture
@@ -261,16 +262,6 @@ def test_other_processes_see_writes_through_written_leaves(method: str, tmp_path
     assert got == ([9.0, 1.0, 2.0, 3.0], [9.0, 8.0, 2.0, 3.0], [9.0, 8.0, 2.0, 3.0]), got
 
 
-class _Gather:
-    """A DataLoader collate function that indexes a tensordict (pickled to spawned workers)."""
-
-    def __init__(self, td: Any) -> None:
-        self.td = td
-
-    def __call__(self, idx: list[int]) -> Any:
-        return self.td[torch.tensor(idx)]
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_dataloader_workers_read_written_leaves(method: str, tmp_path: Path) -> None:
@@ -278,7 +269,7 @@ def test_dataloader_workers_read_written_leaves(method: str, tmp_path: Path) -> 
     td = src.clone().memmap_(tmp_path / "t")
     assert type(dict.__getitem__(td._tensordict, "a")) is PendingLeaf
     loader = torch.utils.data.DataLoader(
-        range(4), batch_size=2, num_workers=1, collate_fn=_Gather(td), multiprocessing_context=method
+        range(4), batch_size=2, num_workers=1, collate_fn=Gather(td), multiprocessing_context=method
     )
     got = list(loader)
     assert [b["a"].tolist() for b in got] == [src["a"][:2].tolist(), src["a"][2:].tolist()]
