@@ -83,14 +83,17 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, MemmapFamily):
         members = list(tensordicts)
         if not members:
             raise InvalidArgumentError("A LazyStackedTensorDict needs at least one member tensordict.")
-        for i, td in enumerate(members):
-            if not isinstance(td, TensorDictBase):
-                raise ArgumentTypeError(f"Member {i} of the lazy stack is a {type(td).__name__}, not a tensordict.")
-            if td.batch_size != members[0].batch_size:
-                raise BatchSizeError(
-                    f"Member {i} of the lazy stack has batch size {list(td.batch_size)}, member 0 has "
-                    f"{list(members[0].batch_size)}: the members must agree on the batch dimensions."
-                )
+        base = TensorDictBase
+        if not all(isinstance(td, base) for td in members):  # (one pass each: a stack of a thousand members)
+            i, td = next((i, td) for i, td in enumerate(members) if not isinstance(td, base))
+            raise ArgumentTypeError(f"Member {i} of the lazy stack is a {type(td).__name__}, not a tensordict.")
+        sizes = [td.batch_size for td in members]
+        if sizes.count(sizes[0]) != len(sizes):
+            i = next(i for i, size in enumerate(sizes) if size != sizes[0])
+            raise BatchSizeError(
+                f"Member {i} of the lazy stack has batch size {list(sizes[i])}, member 0 has "
+                f"{list(sizes[0])}: the members must agree on the batch dimensions."
+            )
         ndim = members[0].batch_dims + 1
         if not -ndim <= stack_dim < ndim:
             raise InvalidArgumentError(f"stack_dim {stack_dim} is out of range for {ndim} batch dimension(s).")

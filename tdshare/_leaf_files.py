@@ -38,7 +38,7 @@ from ._format import META_FILE, shared_leaf_entry
 from ._lazy_leaves import PendingLeaf
 from ._memmap import MemoryMappedTensor
 
-__all__ = ["LeafPlan", "Listing", "plain_leaf", "write_batch", "write_leaf"]
+__all__ = ["LeafPlan", "Listing", "leaf_bytes", "plain_leaf", "write_batch", "write_leaf"]
 
 _adopt = MemoryMappedTensor._adopt
 # dtypes whose CPU concatenation is a plain byte copy in every torch we support
@@ -96,8 +96,17 @@ def _pending(src: torch.Tensor, path: str, ino: int) -> PendingLeaf:
     return PendingLeaf(src.dtype, tuple(src.shape), path, None, None, 0, ino, where)
 
 
-def _leaf_bytes(files: Sequence[tuple[torch.Tensor, str, LeafPlan]]) -> list[tuple[str, memoryview | bytes]]:
-    """``(path, bytes)`` for every leaf; runs of joinable leaves are concatenated once (see the module docstring)."""
+def leaf_bytes(files: Sequence[tuple[torch.Tensor, str, LeafPlan]]) -> list[tuple[str, memoryview | bytes]]:
+    """``(path, bytes)`` for every leaf ``(tensor, path, info)``, in order; runs of joinable leaves
+    are concatenated once (see the module docstring).
+
+    Raises:
+        NotSupportedError: a leaf on the meta device (no data; the message names its path).
+
+    >>> info = plain_leaf(torch.Size([2]), torch.float32)[2]
+    >>> [(p, len(d)) for p, d in leaf_bytes([(torch.ones(2), "a", info), (torch.zeros(2), "b", info)])]
+    [('a', 8), ('b', 8)]
+    """
     out: list[tuple[str, memoryview | bytes]] = []
     i, n = 0, len(files)
     while i < n:
@@ -157,7 +166,7 @@ def write_batch(
             _pending(src, path, cast(int, write_file(path, tensor_buffer(src, path), existsok=existsok)))
             for src, path, _ in files
         ]
-    data = _leaf_bytes(files)
+    data = leaf_bytes(files)
     first = write_file(*data[0], existsok=existsok)
     write_files(data[1:], existsok=existsok)
     cut = len(folder) + len(os.sep)

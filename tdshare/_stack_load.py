@@ -197,6 +197,8 @@ def _build(
     new_leaves, setitem, pending, from_leaves = new_lazy_leaves, dict.__setitem__, PendingLeaf, cls._from_leaves
     exists, nofollow, journal, meta_file = os.F_OK, _NOFOLLOW, os.sep + JOURNAL_FILE, os.sep + META_FILE
     mode, guard, annotate = store.mode, store.guard, store.annotate
+    inline = type(store).annotate is DirectoryStore.annotate  # then what it does is written out below
+    keep = mode != "r"  # (a folder's annotate: a read-only load keeps no folder to memmap_ into)
     parsed: dict[bytes, tuple[dict, MemberTemplate | None]] = {}  # meta.json bytes -> (meta, template)
     shared = store.parsed_meta  # so that the members the general walker builds share the parses too
     base = level + os.sep
@@ -249,7 +251,10 @@ def _build(
         else:
             names = template.names
             member = from_leaves(values, template.batch_size, template.device, None if names is None else list(names))
-            annotate(member, sub, meta)
+            if inline:
+                member._memmap_prefix, member._meta_seen = sub if keep else None, meta
+            else:
+                annotate(member, sub, meta)
             if leaves:
                 built.append(values)
             members.append(member)

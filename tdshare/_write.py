@@ -45,6 +45,7 @@ from ._nontensor_files import replace_if_changed, write_nontensor
 from ._options import SaveOptions
 from ._plan import LevelEncodings, PlannedLeaf, PlannedLevel, TreeWriter, plan_tree
 from ._progress import ProgressCallback
+from ._stack_write import stack_applies, write_stack
 from ._tensordict_base import TensorDictBase
 from ._write_install import blank, install, rebase_results
 from ._write_results import leaf_file, remove_written, replaced_files, set_leaf_file
@@ -333,6 +334,10 @@ class FolderWriter(TreeWriter):
             if not fresh:  # this process's leaves loaded from here and not read yet keep their bytes
                 resolve_under(os.path.abspath(path))
             return self._save_atomic(td, opts, inplace, registry)
+        if fresh and stack_applies(td, opts):  # a lazy stack's first save: its members in one loop
+            done = write_stack(td, path, opts, inplace=inplace)
+            if done is not None:
+                return done
         seen = td._generation if td._memmap_prefix == path else None
         root = plan_tree(td, path, opts.robust_key, opts.copy_existing, opts.existsok)
         root.share = opts.share_non_tensor

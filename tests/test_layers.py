@@ -115,6 +115,7 @@ LAYERS: dict[str, list[str]] = {
         "_write_anon",
         "_archive",
         "_stack_load",
+        "_stack_write",
         "_read",
         "_compaction",
         "_entries",
