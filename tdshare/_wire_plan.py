@@ -5,7 +5,9 @@ more Python than the transfer itself, so :func:`plan_for` keeps, per tree object
 :class:`Plan`: the schema (consolidated trees: of their one storage), the leaves in schema order,
 the sender's packed buffers and the flat views packed from, and the receiver's messages and copy
 lists per sender layout.  Each call checks the plan is still the tree's at C speed: every level's
-entry dict by identity (keys, values, batch size), every non-tensor value by its JSON text, every
+entry dict (the same dict, its batch size, and CPython's version tag of the dict, which every
+write into it moves, whatever the code path: one integer per level; where the interpreter keeps
+no such tag, its keys and values by identity), every non-tensor value by its JSON text, every
 leaf's address and version counter, and, where that counter moved (an in-place operation, which
 an in-place shape or stride change is too), its shape, strides and dtype; any difference builds a
 new plan.  The leaves of a consolidated tree are views of its storage and share its version
@@ -20,7 +22,9 @@ True
 
 from __future__ import annotations
 
+import ctypes
 import json
+import sys
 import weakref
 from collections.abc import Callable
 from operator import attrgetter, is_
@@ -54,6 +58,49 @@ _stride = torch.Tensor.stride
 _version = attrgetter("_version")
 
 Check = tuple[Callable[..., bool], tuple[Any, ...]]
+
+
+def _dict_tag_offset() -> int | None:
+    """The byte offset of CPython's dict version tag (PEP 509) in a dict object, where this
+    interpreter keeps one that every write into a dict moves (any key set, replaced, deleted or
+    renamed, by any code path, through any reference to the dict); None where it does not (tried
+    on a probe dict: each kind of write must move it, a read must not)."""
+    if sys.implementation.name != "cpython" or sys.version_info >= (3, 12):
+        return None  # 3.12 deprecated the tag (and 3.14 dropped it): the per-entry check then
+    offset = 3 * ctypes.sizeof(ctypes.c_ssize_t)  # after the refcount, the type and ma_used
+    probe: dict[str, Any] = {"a": 1, "b": 2}
+    tag = ctypes.c_uint64.from_address(id(probe) + offset)
+    writes: list[Callable[[dict[str, Any]], Any]] = [
+        lambda d: d.__setitem__("c", 3),
+        lambda d: d.__setitem__("a", object()),
+        lambda d: d.__delitem__("c"),
+        lambda d: d.pop("b"),
+        lambda d: d.update(b=4),
+        lambda d: d.setdefault("e", 5),
+        lambda d: d.popitem(),
+        lambda d: d.__ior__({"f": 6}),
+        lambda d: d.clear(),
+    ]
+    for write in writes:
+        before = tag.value
+        write(probe)
+        if tag.value == before:
+            return None
+    before = tag.value
+    _ = probe.get("f"), len(probe), list(probe)
+    return offset if tag.value == before else None
+
+
+_TAG_OFFSET = _dict_tag_offset()
+
+
+def _dict_tag(entries: dict[str, Any]) -> ctypes.c_uint64 | None:
+    """A reader of ``entries``' version tag (valid while ``entries`` lives), or None."""
+    return None if _TAG_OFFSET is None else ctypes.c_uint64.from_address(id(entries) + _TAG_OFFSET)
+
+
+def _same_tagged_level(node: Any, entries: dict[str, Any], tag: ctypes.c_uint64, version: int, batch: Any) -> bool:
+    return node._tensordict is entries and tag.value == version and node.batch_size == batch
 
 
 def _same_level(node: Any, entries: dict[str, Any], keys: list[str], values: list[Any], batch: Any) -> bool:
@@ -91,7 +138,11 @@ def _watch(node: Any, checks: list[Check]) -> bool:
         return True  # a tensor: checked with the leaves
     if kind.layout == LEVEL:
         entries = node._tensordict
-        checks.append((_same_level, (node, entries, list(entries), list(entries.values()), node.batch_size)))
+        tag = _dict_tag(entries) if type(entries) is dict else None
+        if tag is not None:  # one integer for the whole entry dict
+            checks.append((_same_tagged_level, (node, entries, tag, tag.value, node.batch_size)))
+        else:
+            checks.append((_same_level, (node, entries, list(entries), list(entries.values()), node.batch_size)))
         return all(_watch(v, checks) for v in entries.values())
     if kind.layout == STACK:
         members = list(node.tensordicts)

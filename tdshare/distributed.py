@@ -64,13 +64,16 @@ def _check_collection(td: Any, what: str) -> None:
         raise ArgumentTypeError(f"{what} expects a tensordict, tensorclass or lazy stack, got {type(td).__name__}.")
 
 
-def _check_rank(rank: Any, what: str, group: Any) -> None:
+def _check_rank(rank: Any, what: str, group: Any, timeout: float | None) -> Transport:
+    """The transport of ``group`` (its rank and size known once per group), once ``rank`` is a rank of it."""
     require_group()
     if not isinstance(rank, int) or isinstance(rank, bool):
         raise ArgumentTypeError(f"{what}: the peer rank must be an int, got {type(rank).__name__}.")
-    world = dist.get_world_size(group)
+    transport = Transport(group, timeout)
+    world = transport.world
     if not 0 <= rank < world:
         raise InvalidArgumentError(f"{what}: rank {rank} is outside the group of {world} ranks (0..{world - 1}).")
+    return transport
 
 
 class Transfer:
@@ -108,8 +111,7 @@ def _post_send(
     td: Any, dst: int, group: Any, tag: int, allow_pickle: bool, timeout: float | None, reuse: bool
 ) -> tuple[Outgoing, Transport, list[Any]]:
     _check_collection(td, "send")
-    _check_rank(dst, "send", group)
-    transport = Transport(group, timeout)
+    transport = _check_rank(dst, "send", group, timeout)
     key = (_group_key(group), dst, tag)
     out = Outgoing(td, transport, allow_pickle, key, reuse, False)
     first, *rest = out.msgs
@@ -159,12 +161,11 @@ def isend(
     return Transfer(finish, works)
 
 
-def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, timeout: float | None) -> tuple[Any, Any]:
+def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, transport: Transport) -> tuple[Any, Any]:
     """Post the receipt of a transfer from ``src``: the first message (see :class:`Receipt`) and,
     when the last schema's data message travels on its own, that message at once (into the
     target where it fits), so an unchanged tree costs no round trip.  Returns the first
     message's work and ``finish(timeout)``."""
-    transport = Transport(group, timeout)
     key = (_group_key(group), src, tag)
     peer = f"rank {src}"
     what = f"recv from {peer}"
@@ -224,8 +225,8 @@ def recv(
     >>> # td = recv(TensorDict(a=torch.empty(3), batch_size=[3]), src=0)
     """
     _check_target(td, "recv")
-    _check_rank(src, "recv", group)
-    return _start_recv(td, src, group, tag, allow_pickle, timeout)[1](None)
+    transport = _check_rank(src, "recv", group, timeout)
+    return _start_recv(td, src, group, tag, allow_pickle, transport)[1](None)
 
 
 def irecv(
@@ -240,8 +241,8 @@ def irecv(
     >>> # handle = irecv(td, src=0); ...; td = handle.wait()
     """
     _check_target(td, "irecv")
-    _check_rank(src, "irecv", group)
-    work, finish = _start_recv(td, src, group, tag, allow_pickle, timeout)
+    transport = _check_rank(src, "irecv", group, timeout)
+    work, finish = _start_recv(td, src, group, tag, allow_pickle, transport)
     return Transfer(finish, [work])
 
 
@@ -260,8 +261,7 @@ def broadcast(td: Any, src: int, *, group: Any = None, allow_pickle: bool = Fals
 
     >>> # td = broadcast(td if rank == 0 else None, src=0)
     """
-    _check_rank(src, "broadcast", group)
-    transport = Transport(group, timeout)
+    transport = _check_rank(src, "broadcast", group, timeout)
     key = (_group_key(group), -1 - src, "broadcast")
     peer = f"rank {src} (broadcast)"
     if transport.rank == src:
@@ -351,8 +351,7 @@ def scatter(
 
     >>> # mine = scatter(stacked if rank == 0 else None, src=0)
     """
-    _check_rank(src, "scatter", group)
-    transport = Transport(group, timeout)
+    transport = _check_rank(src, "scatter", group, timeout)
     if transport.rank != src:
         return recv(out, src, group=group, tag=_SCATTER_TAG, allow_pickle=allow_pickle, timeout=timeout)
     _check_collection(td, "scatter")
@@ -414,6 +413,5 @@ def sync(
     >>> # sync(td, src=0)   # on every rank, after rank 0 called td.make_memmap("new", [4])
     """
     _check_collection(td, "sync")
-    _check_rank(src, "sync", group)
-    transport = Transport(group, timeout)
+    transport = _check_rank(src, "sync", group, timeout)
     return sync_tree(td, src, transport, store, name, allow_pickle, broadcast)
