@@ -101,6 +101,9 @@ class SharedRegistry:
         self._futex: Futex | None = None
         self._ring: mmap.mmap | None = None  # the ring of changes, mapped on first use
         self._ring_pid = 0
+        #: per level directory, this process's fast appender (:mod:`tdshare._adder`): it lives,
+        #: with its open descriptors, as long as the tensordicts that hold this registry
+        self.adders: dict[str, Any] = {}
 
     # -- finding the registry -------------------------------------------------------------------
     @classmethod

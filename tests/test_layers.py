@@ -116,6 +116,7 @@ LAYERS: dict[str, list[str]] = {
         "_archive",
         "_stack_load",
         "_read",
+        "_adder",
         "_compaction",
         "_entries",
         "_refresh",
