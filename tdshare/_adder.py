@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -159,7 +159,7 @@ def fast_add(
     except (TypeError, ValueError):
         return None
     batch = node.batch_size
-    if size[: len(batch)] != batch or any(s < 0 for s in size):
+    if size[: len(batch)] != batch or (size and min(size) < 0):
         return None
     dtype_ = torch.get_default_dtype() if dtype is None else dtype
     if type(dtype_) is not torch.dtype:
@@ -213,7 +213,10 @@ def fast_add(
         adder.gen = -1 if after is None else after[0]
     finally:
         lock.release()
-    tensor = MemoryMappedTensor._wrap(flat if len(size) == 1 else flat.view(size), path, None, None)
+    fresh = flat if len(size) == 1 else flat.view(size)  # made here, referenced nowhere else:
+    fresh.__class__ = MemoryMappedTensor  # its class changed in place (as_subclass makes an alias)
+    tensor = cast(MemoryMappedTensor, fresh)
+    tensor._filename = path
     node._tensordict[last] = tensor  # entries are added although the tensordict is locked
     if unchanged_since(td._generation, state):
         td._generation = after  # we were current: our own addition is all that changed

@@ -129,7 +129,7 @@ class LiveEntryOps(TensorDictBase):
                 "Pass copy_data=False for an entry of its shape and dtype filled with zeros.",
             )
         if not copy_data or tensor.is_cpu:
-            fast = fast_add(self, key, tensor.shape, tensor.dtype, robust_key, tensor.detach() if copy_data else None)
+            fast = fast_add(self, key, tensor.shape, tensor.dtype, robust_key, tensor if copy_data else None)
             if fast is not None:
                 return fast
         return add_entry(self, key, tensor.shape, tensor.dtype, robust_key, build_from_tensor(tensor, copy_data))

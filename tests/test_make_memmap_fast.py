@@ -295,3 +295,27 @@ def test_line_bytes_equal_entry_line(tmp_path: object) -> None:
         with open(os.path.join(folder, "meta.jsonl"), "rb") as f:
             last = f.read().splitlines(keepends=True)[-1]
         assert last == entry_line(f"x{len(shape)}", leaf_entry(torch.Size(shape), dtype))
+
+
+def test_from_tensor_sources(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = str(tmp_path)
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    for i in range(WRITE_THROUGH + 1):
+        td.make_memmap(f"k{i}", [1])
+    base = torch.arange(12.0).reshape(3, 4)
+    sources = {
+        "transposed": base.T,  # not contiguous
+        "grad": torch.ones(3, requires_grad=True),
+        "conj": (torch.arange(3.0) * (1 + 1j)).to(torch.complex64).conj(),  # a lazy conjugate
+        "neg": torch.arange(3.0)._neg_view(),  # a lazy negation
+        "zeros_like": base,  # copy_data=False below
+    }
+    calls = _counting(monkeypatch)
+    for key, src in sources.items():
+        td.make_memmap_from_tensor(key, src, copy_data=key != "zeros_like")
+    assert not calls  # these went through the fast path
+    loaded = TensorDict.load_memmap(folder)
+    for key, src in sources.items():
+        want = torch.zeros_like(base) if key == "zeros_like" else src.detach().resolve_conj().resolve_neg()
+        assert torch.equal(loaded[key], want) and torch.equal(td[key], want), key
+        assert not td[key].requires_grad
