@@ -10,11 +10,14 @@ stays true between two additions:
 - the level's folder, open (the new file is created relative to it, ``O_EXCL | O_NOFOLLOW``: an
   existing name or a symbolic link there sends the call to the general path);
 - the record, open with ``O_APPEND`` (one ``write`` appends the line);
-- the generation counter's value after this process's last commit.  Under the tree's lock, an
-  unchanged generation means no other tdshare process committed anything since, so what this
-  process knows of the level (:func:`tdshare._compaction.level_state`) is what is on disk; one
-  ``fstat`` of the record (same size, still linked) covers what commits nothing: a writer killed
-  mid-append, and a compaction at another process's exit;
+- on the registry, the generation after this process's last addition to the tree
+  (``entry_gen``), by either path.  Under the tree's lock, an unchanged generation means nobody
+  committed anything but those additions since, so what this process knows of the level
+  (:func:`tdshare._compaction.level_state`, the same object as when the adder was readied) is
+  what is on disk.  One ``fstat`` of the record (the size this adder left, still linked) covers
+  the rest: a line appended by this process's general path (linking a new nested level), a
+  writer killed mid-append, a compaction at another process's exit.  A general addition that
+  finds the chain broken (another commit came between) drops every adder of the tree;
 - the record line's bytes after the key, per (shape, dtype).
 
 Anything else (another process committed, a nested key whose levels do not exist in memory, a
@@ -49,14 +52,13 @@ _SHAPES = (tuple, list)
 
 
 class Adder:
-    """One level's open folder and record, and the generation after this process's last commit."""
+    """One level's open folder and record, and the record's size after this adder's last line."""
 
-    __slots__ = ("dfd", "gen", "hit", "ino", "jfd", "pid", "ring", "size", "tails")
+    __slots__ = ("dfd", "hit", "ino", "jfd", "pid", "ring", "size", "tails")
 
     def __init__(self, dfd: int, jfd: int, ino: int, ring: str | None) -> None:
         self.dfd, self.jfd, self.ino, self.ring = dfd, jfd, ino, ring
         self.pid = os.getpid()
-        self.gen = -1
         self.size = -1
         self.hit: LevelState | None = None
         self.tails: dict[tuple[tuple[int, ...], torch.dtype], bytes] = {}
@@ -81,10 +83,17 @@ def _drop(registry: SharedRegistry, level: str) -> None:
         adder.close()
 
 
-def prime_adder(registry: SharedRegistry, level: str, after: tuple[int, int] | None) -> None:
-    """After the general path committed an entry to ``level`` (``after``: the state its bump
-    returned; the caller still holds the lock), ready the level's :class:`Adder` if the level
-    now has a record, else drop it."""
+def prime_adder(
+    registry: SharedRegistry, level: str, before: tuple[int, int] | None, after: tuple[int, int] | None
+) -> None:
+    """After the general path committed an entry to ``level`` (``before``, ``after``: the states
+    read before and returned by its bump; the caller still holds the lock), ready the level's
+    :class:`Adder` if the level now has a record, else drop it.  When another commit came
+    between this process's last addition and this one, every adder of the tree is dropped."""
+    if before is None or before[0] != registry.entry_gen:
+        for other in list(registry.adders):
+            _drop(registry, other)
+    registry.entry_gen = -1 if after is None else after[0]
     hit = level_state(level)
     if after is None or hit is None or hit.jstamp is None:
         _drop(registry, level)
@@ -107,7 +116,7 @@ def prime_adder(registry: SharedRegistry, level: str, after: tuple[int, int] | N
             adder.close()
             return
         registry.adders[level] = adder
-    adder.gen, adder.size, adder.hit = after[0], size, hit
+    adder.size, adder.hit = size, hit
 
 
 def _tail(adder: Adder, shape: torch.Size, dtype: torch.dtype) -> bytes:
@@ -174,7 +183,7 @@ def fast_add(
     try:
         state = registry.state()
         hit = level_state(level)
-        if state is None or state[0] != adder.gen or hit is None or hit is not adder.hit or last in hit.meta:
+        if state is None or state[0] != registry.entry_gen or hit is None or hit is not adder.hit or last in hit.meta:
             return None  # another commit, or this process re-read the level: the general path
         st = os.fstat(adder.jfd)
         if st.st_size != adder.size or not st.st_nlink:
@@ -210,7 +219,7 @@ def fast_add(
         if record_appended(level, hit, last, leaf_entry(size, dtype_), adder.ino, adder.size):
             _drop(registry, level)  # compacted: the record is gone; the next addition starts one
         after = registry.bump(level=adder.ring)
-        adder.gen = -1 if after is None else after[0]
+        registry.entry_gen = -1 if after is None else after[0]
     finally:
         lock.release()
     fresh = flat if len(size) == 1 else flat.view(size)  # made here, referenced nowhere else:

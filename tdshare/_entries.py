@@ -201,8 +201,7 @@ def add_entry(
                 shutil.rmtree(folder, ignore_errors=True)
             raise
         after = registry.bump(level=level_in_tree(registry.root, os.path.join(prefix, *folders[:top])))
-        if table is None and has_file:
-            prime_adder(registry, level_dir, after)  # the next additions to this level may take the fast path
+        prime_adder(registry, level_dir, before, after)  # the next additions to this level may take the fast path
     if table is not None:  # the entry: a nested tensor viewing the packed elements, a MemoryMappedTensor
         nested = nested_from_buffer(tensor, table).as_subclass(MemoryMappedTensor)
         nested._filename = tensor._filename

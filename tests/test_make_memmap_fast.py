@@ -319,3 +319,25 @@ def test_from_tensor_sources(tmp_path: object, monkeypatch: pytest.MonkeyPatch) 
         want = torch.zeros_like(base) if key == "zeros_like" else src.detach().resolve_conj().resolve_neg()
         assert torch.equal(loaded[key], want) and torch.equal(td[key], want), key
         assert not td[key].requires_grad
+
+
+def test_round_robin_over_levels(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = str(tmp_path)
+    levels = 3
+    td = TensorDict({f"s{j}": TensorDict({}, batch_size=[]) for j in range(levels)}, batch_size=[]).memmap_(folder)
+    calls = _counting(monkeypatch)
+    n = levels * (WRITE_THROUGH + 40)
+    for i in range(n):
+        td.make_memmap_from_tensor((f"s{i % levels}", f"k{i}"), torch.full((2,), float(i)))
+    # the first WRITE_THROUGH + 1 of each level take the general path; the rest, interleaved, the fast one
+    assert len(calls) <= levels * (WRITE_THROUGH + 2)
+    reg = SharedRegistry.for_tensordict(td)
+    with reg.lock():
+        reg.bump()  # a commit of another kind breaks the chain: the next addition re-validates
+    before = len(calls)
+    td.make_memmap_from_tensor(("s0", "after"), torch.ones(2))
+    td.make_memmap_from_tensor(("s1", "after"), torch.ones(2))
+    assert len(calls) == before + 2 and not set(reg.adders) - {os.path.join(folder, "s0"), os.path.join(folder, "s1")}
+    loaded = TensorDict.load_memmap(folder)
+    assert [loaded[f"s{i % levels}", f"k{i}"][0].item() for i in range(n)] == [float(i) for i in range(n)]
+    assert loaded["s0", "after"].tolist() == [1.0, 1.0] == loaded["s1", "after"].tolist()
