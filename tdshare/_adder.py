@@ -183,7 +183,14 @@ def fast_add(
     try:
         state = registry.state()
         hit = level_state(level)
-        if state is None or state[0] != registry.entry_gen or hit is None or hit is not adder.hit or last in hit.meta:
+        if (
+            state is None
+            or state[0] != registry.entry_gen
+            or registry.adders.get(level) is not adder  # another thread dropped it meanwhile
+            or hit is None
+            or hit is not adder.hit
+            or last in hit.meta
+        ):
             return None  # another commit, or this process re-read the level: the general path
         st = os.fstat(adder.jfd)
         if st.st_size != adder.size or not st.st_nlink:

@@ -341,3 +341,31 @@ def test_round_robin_over_levels(tmp_path: object, monkeypatch: pytest.MonkeyPat
     loaded = TensorDict.load_memmap(folder)
     assert [loaded[f"s{i % levels}", f"k{i}"][0].item() for i in range(n)] == [float(i) for i in range(n)]
     assert loaded["s0", "after"].tolist() == [1.0, 1.0] == loaded["s1", "after"].tolist()
+
+
+def test_threads_adding_to_one_level(tmp_path: object) -> None:
+    import threading
+
+    folder = str(tmp_path)
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    for i in range(WRITE_THROUGH + 1):
+        td.make_memmap(f"w{i}", [1])
+    errors: list[BaseException] = []
+
+    def add(t: int) -> None:
+        try:
+            for i in range(150):
+                td.make_memmap_from_tensor(f"t{t}_{i}", torch.full((2,), float(i)))
+        except BaseException as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=add, args=(t,)) for t in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(TIMEOUT)
+    assert not errors
+    loaded = TensorDict.load_memmap(folder)
+    assert all(loaded[f"t{t}_{i}"].tolist() == [float(i)] * 2 for t in range(3) for i in range(150))
+    tdshare.compact_metadata(folder)
+    assert len(tensordict.TensorDict.load_memmap(folder).keys()) == WRITE_THROUGH + 1 + 450
