@@ -119,6 +119,10 @@ def prime_adder(
     adder.size, adder.hit = size, hit
 
 
+def _current(registry: SharedRegistry, level: str, adder: Adder) -> bool:
+    return registry.adders.get(level) is adder
+
+
 def _tail(adder: Adder, shape: torch.Size, dtype: torch.dtype) -> bytes:
     """The record line after the key: ``": {entry}}`` and the newline (as ``entry_line`` writes it)."""
     key = (tuple(shape), dtype)
@@ -186,7 +190,7 @@ def fast_add(
         if (
             state is None
             or state[0] != registry.entry_gen
-            or registry.adders.get(level) is not adder  # another thread dropped it meanwhile
+            or not _current(registry, level, adder)  # another thread dropped it meanwhile
             or hit is None
             or hit is not adder.hit
             or last in hit.meta
