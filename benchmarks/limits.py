@@ -20,6 +20,7 @@ from ._common import Config, Row, Scratch, log, run_interleaved
 
 __all__ = [
     "create_files_case",
+    "create_indexed_files_case",
     "map_files_case",
     "map_sum_case",
     "memcpy_case",
@@ -160,6 +161,32 @@ def create_files_case(scratch: Scratch, count: int, subfolders: int, payload: by
         t0 = time.perf_counter()
         make_small_files(folder, count, subfolders, payload)
         dt = time.perf_counter() - t0
+        scratch.remove(folder)
+        return dt
+
+    return case
+
+
+def create_indexed_files_case(scratch: Scratch, payload: bytes, lines: Sequence[bytes]) -> Callable[[], float]:
+    """Per entry: create one file holding ``payload`` and append one line (``lines[i]``, as long as
+    tdshare's record line for that entry) to an index file held open with ``O_APPEND``, with one
+    ``write`` each: the raw limit of adding an entry to a level (issue 17).  No mapping, no lock."""
+
+    def case() -> float:
+        folder = scratch.fresh("raw-create-index")
+        os.makedirs(folder)
+        index = os.open(os.path.join(folder, "index"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            t0 = time.perf_counter()
+            for i, line in enumerate(lines):
+                fd = os.open(os.path.join(folder, f"{i}.bin"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                if payload:
+                    os.write(fd, payload)
+                os.close(fd)
+                os.write(index, line)
+            dt = time.perf_counter() - t0
+        finally:
+            os.close(index)
         scratch.remove(folder)
         return dt
 

@@ -31,13 +31,21 @@ from ._format import JOURNAL_FILE, META_FILE, dumps_json, loads_json
 from ._journal import append_line, compact_level, entry_line, merge_entries, parse_entries, read_journal
 from ._store import read_meta
 
-__all__ = ["WRITE_THROUGH", "add_to_level", "compact_metadata", "read_level"]
+__all__ = [
+    "WRITE_THROUGH",
+    "LevelState",
+    "add_to_level",
+    "compact_metadata",
+    "level_state",
+    "read_level",
+    "record_appended",
+]
 
 #: Levels with fewer entries than this (and no record) have their meta.json rewritten on each addition.
 WRITE_THROUGH = 64
 
 
-class _Level:
+class LevelState:
     """What this process last read or wrote of one level: the files' stamps and the merged entries."""
 
     __slots__ = ("jstamp", "meta", "n_journal", "n_meta", "stamp")
@@ -48,7 +56,7 @@ class _Level:
         self.stamp, self.jstamp, self.meta, self.n_meta, self.n_journal = stamp, jstamp, meta, n_meta, n_journal
 
 
-_LEVELS: dict[str, _Level] = {}
+_LEVELS: dict[str, LevelState] = {}
 _CACHE_SIZE = 256
 _PENDING: dict[str, None] = {}  # levels this process appended to (compacted at its exit)
 _HOOKED: list[int] = []  # the pid that registered the exit hook
@@ -106,11 +114,11 @@ def read_level(directory: str) -> dict:
     if merged is meta:
         merged = dict(meta)
     jst = None if journal is None else (journal.ino, journal.end)  # a torn last line is cut at the next append
-    _keep(directory, _Level(_stamp(os.stat(path)), jst, merged, n_meta, len(entries)))
+    _keep(directory, LevelState(_stamp(os.stat(path)), jst, merged, n_meta, len(entries)))
     return merged
 
 
-def _keep(directory: str, level: _Level) -> None:
+def _keep(directory: str, level: LevelState) -> None:
     if directory not in _LEVELS and len(_LEVELS) >= _CACHE_SIZE:
         _LEVELS.pop(next(iter(_LEVELS)))
     _LEVELS[directory] = level
@@ -144,19 +152,38 @@ def add_to_level(
         _rewrite(directory, hit, key, value, replace)
         return
     ino, size = append_line(directory, entry_line(key, value), None if hit.jstamp is None else hit.jstamp[1])
+    record_appended(directory, hit, key, value, ino, size)
+
+
+def level_state(directory: str) -> LevelState | None:
+    """What this process last read or wrote of the level in ``directory`` (None: nothing kept).
+
+    The object stays the same while it is current: :mod:`tdshare._adder` keeps it and checks it
+    is still this one before it appends on its own.
+    """
+    return _LEVELS.get(directory)
+
+
+def record_appended(directory: str, hit: LevelState, key: str, value: dict, ino: int, size: int) -> bool:
+    """Note that ``key: value`` was appended to the level's record (now ``size`` bytes, inode
+    ``ino``), with the tree's lock held; compact the level when its record has grown as large as
+    its ``meta.json`` (amortised O(1) per entry).  Returns whether it compacted (the record is gone).
+    """
     hit.meta[key] = value
     hit.jstamp = (ino, size)
     hit.n_journal += 1
     _note_pending(directory)
-    if hit.n_journal >= max(WRITE_THROUGH, hit.n_meta):
-        compact_level(directory)
-        hit.stamp = _stamp(os.stat(directory + os.sep + META_FILE))
-        hit.jstamp = None
-        hit.n_meta = len(hit.meta)
-        hit.n_journal = 0
+    if hit.n_journal < max(WRITE_THROUGH, hit.n_meta):
+        return False
+    compact_level(directory)
+    hit.stamp = _stamp(os.stat(directory + os.sep + META_FILE))
+    hit.jstamp = None
+    hit.n_meta = len(hit.meta)
+    hit.n_journal = 0
+    return True
 
 
-def _rewrite(directory: str, hit: _Level, key: str, value: dict, replace: Callable[[str, bytes], Any]) -> None:
+def _rewrite(directory: str, hit: LevelState, key: str, value: dict, replace: Callable[[str, bytes], Any]) -> None:
     """A small level: its meta.json replaced with the entry appended to its bytes."""
     path = directory + os.sep + META_FILE
     with open(path, "rb") as f:

@@ -101,6 +101,10 @@ class SharedRegistry:
         self._futex: Futex | None = None
         self._ring: mmap.mmap | None = None  # the ring of changes, mapped on first use
         self._ring_pid = 0
+        #: per level directory, this process's fast appender (:mod:`tdshare._adder`): it lives,
+        #: with its open descriptors, as long as the tensordicts that hold this registry
+        self.adders: dict[str, Any] = {}
+        self.entry_gen = -1  # the generation after this process's last make_memmap* (see _adder)
 
     # -- finding the registry -------------------------------------------------------------------
     @classmethod

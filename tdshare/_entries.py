@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ._adder import prime_adder
 from ._compaction import add_to_level, read_level
 from ._coordination import SharedRegistry, level_in_tree, registry_of, unchanged_since
 from ._errors import (
@@ -200,6 +201,7 @@ def add_entry(
                 shutil.rmtree(folder, ignore_errors=True)
             raise
         after = registry.bump(level=level_in_tree(registry.root, os.path.join(prefix, *folders[:top])))
+        prime_adder(registry, level_dir, before, after)  # the next additions to this level may take the fast path
     if table is not None:  # the entry: a nested tensor viewing the packed elements, a MemoryMappedTensor
         nested = nested_from_buffer(tensor, table).as_subclass(MemoryMappedTensor)
         nested._filename = tensor._filename

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ._adder import fast_add
 from ._entries import (
     add_entry,
     build_empty,
@@ -73,6 +74,9 @@ class LiveEntryOps(TensorDictBase):
         ...     print(b.shape, b.dtype, b.sum().item(), td.is_locked, sorted(os.listdir(path)))
         torch.Size([3, 2]) torch.int64 0 True ['a.memmap', 'b.memmap', 'meta.json']
         """
+        fast = fast_add(self, key, shape, dtype, robust_key, None)
+        if fast is not None:
+            return fast
         return add_entry(self, key, shape, dtype, robust_key, build_empty)
 
     def make_memmap_from_tensor(
@@ -124,6 +128,10 @@ class LiveEntryOps(TensorDictBase):
                 f"make_memmap_from_tensor({key!r})",
                 "Pass copy_data=False for an entry of its shape and dtype filled with zeros.",
             )
+        if not copy_data or tensor.is_cpu:
+            fast = fast_add(self, key, tensor.shape, tensor.dtype, robust_key, tensor if copy_data else None)
+            if fast is not None:
+                return fast
         return add_entry(self, key, tensor.shape, tensor.dtype, robust_key, build_from_tensor(tensor, copy_data))
 
     def make_memmap_from_storage(

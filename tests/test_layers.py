@@ -117,6 +117,7 @@ LAYERS: dict[str, list[str]] = {
         "_stack_load",
         "_stack_write",
         "_read",
+        "_adder",
         "_compaction",
         "_entries",
         "_refresh",

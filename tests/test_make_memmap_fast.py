@@ -1,0 +1,371 @@
+"""The fast path of make_memmap / make_memmap_from_tensor (tdshare/_adder.py).
+
+Once a level has a record (meta.jsonl), an addition by the process that committed last to the
+tree skips re-validating the level.  These tests check that what it writes (files, meta.json,
+meta.jsonl) is byte for byte what the general path writes, that other processes see every entry,
+that every change it cannot see by itself (another process's commit, a torn line, a compaction at
+another process's exit, a file left at the name) sends it to the general path, and that the
+errors are the general path's.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import pytest
+import tensordict
+import torch
+from _kinds import KINDS, build
+
+import tdshare
+import tdshare._adder as adder_mod
+import tdshare._entries as entries_mod
+import tdshare._live_entries as live_mod
+from tdshare import MemmapError, SharedRegistry, TensorDict
+from tdshare._compaction import WRITE_THROUGH
+from tdshare._errors import BatchSizeError, InvalidArgumentError
+from tdshare._journal import compact_level
+
+N = 3 * WRITE_THROUGH + 7  # past the write-through entries and two compactions
+TIMEOUT = 60
+METHODS = ["spawn", "fork", "forkserver"]
+
+
+def _general_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live_mod, "fast_add", lambda *args: None)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the additions that took the general path."""
+    calls: list[int] = []
+    real = entries_mod.add_entry
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(live_mod, "add_entry", counted)
+    return calls
+
+
+def _value(i: int) -> torch.Tensor:
+    return [torch.arange(6.0) + i, torch.full((2, 3), i, dtype=torch.int64), torch.tensor(i % 2 == 0)][i % 3]
+
+
+def _fill(td: TensorDict, n: int = N) -> None:
+    for i in range(n):
+        if i % 2:
+            td.make_memmap(f"k{i}", [3, i % 4 + 1], dtype=torch.float16 if i % 3 else torch.int32)
+        else:
+            td.make_memmap_from_tensor(f"k{i}", _value(i))
+
+
+def _folder_bytes(folder: str) -> dict[str, bytes]:
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def test_files_and_metadata_equal_the_general_paths(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = TensorDict({}, batch_size=[]).memmap_(str(tmp_path) + "/fast")
+    calls = _counting(monkeypatch)
+    _fill(fast)
+    assert len(calls) < N // 2  # most additions took the fast path
+    with monkeypatch.context() as m:
+        _general_only(m)
+        slow = TensorDict({}, batch_size=[]).memmap_(str(tmp_path) + "/slow")
+        _fill(slow)
+    assert _folder_bytes(str(tmp_path) + "/fast") == _folder_bytes(str(tmp_path) + "/slow")
+    assert "meta.jsonl" in os.listdir(str(tmp_path) + "/fast")  # the record is compared too
+    for i in range(N):
+        a, b = fast[f"k{i}"], slow[f"k{i}"]
+        assert type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        assert a.filename == os.path.join(str(tmp_path), "fast", f"k{i}.memmap")
+    assert torch.equal(fast["k6"], _value(6)) and fast["k1"].sum() == 0
+    # the returned tensors are the files: a write is in the file; pickled they map the same file
+    fast["k0"][0] = 42.0
+    loaded = TensorDict.load_memmap(str(tmp_path) + "/fast")
+    assert loaded["k0"][0] == 42.0 and sorted(loaded.keys()) == sorted(slow.keys())
+    tdshare.compact_metadata(fast)
+    ref = tensordict.TensorDict.load_memmap(str(tmp_path) + "/fast")
+    assert set(ref.keys()) == {f"k{i}" for i in range(N)} and torch.equal(ref["k6"], _value(6))
+
+
+def test_nested_level_and_batch(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    td = TensorDict(sub=TensorDict(x=torch.zeros(2, 1), batch_size=[2]), batch_size=[2]).memmap_(str(tmp_path))
+    calls = _counting(monkeypatch)
+    for i in range(N):
+        td.make_memmap_from_tensor(("sub", f"v{i}"), torch.full((2, 2), float(i)))
+    assert len(calls) < N // 2
+    with pytest.raises(BatchSizeError, match=r"does not start with the batch size"):
+        td.make_memmap(("sub", "bad"), [3, 2])
+    loaded = TensorDict.load_memmap(str(tmp_path))
+    assert [loaded["sub", f"v{i}"][1, 1].item() for i in range(N)] == [float(i) for i in range(N)]
+    reg = SharedRegistry.for_tensordict(td)
+    seen = reg.generation
+    td.make_memmap(("sub", "last"), [2])
+    assert reg.changes_since(seen, reg.generation) == ["sub"]  # the ring names the level, as before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind(tmp_path: object, kind: str) -> None:
+    obj = build(kind).memmap_(str(tmp_path))
+    target = obj.tensordicts[1] if kind == "lazy" else obj  # a lazy stack adds to a member
+    keys = [f"e{i}" if kind == "lazy" else ("n", f"e{i}") for i in range(N)]  # a tensorclass: into a field
+    rows = 1 if kind == "lazy" else 4
+    for i, key in enumerate(keys):
+        target.make_memmap_from_tensor(key, torch.full((rows, 2) if rows > 1 else (2,), float(i)))
+    back = type(obj).load_memmap(str(tmp_path))
+    level = back.tensordicts[1] if kind == "lazy" else back
+    assert [level[key].sum().item() for key in keys] == [2.0 * rows * i for i in range(N)]
+    assert torch.equal(back["a"], build(kind)["a"])  # the rest of the tree is untouched
+
+
+def _adder_child(folder: str, ready: object, go: object, out: object) -> None:
+    td = TensorDict.load_memmap(folder).memmap_()
+    td.make_memmap_from_tensor("child", torch.arange(3.0))  # between two of the parent's additions
+    ready.set()  # type: ignore[attr-defined]
+    go.wait(TIMEOUT)  # type: ignore[attr-defined]
+    try:
+        td.make_memmap("p_after", [1])
+    except MemmapError as err:
+        out.put(str(err))  # type: ignore[attr-defined]
+    else:
+        out.put("added")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_other_process_commits_between(tmp_path: object, method: str) -> None:
+    folder = str(tmp_path)
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    for i in range(WRITE_THROUGH + 5):  # the fast path is warm
+        td.make_memmap(f"p{i}", [2])
+    ctx = mp.get_context(method)
+    ready, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=_adder_child, args=(folder, ready, go, out))
+    proc.start()
+    try:
+        assert ready.wait(TIMEOUT)
+        td.make_memmap_from_tensor("p_next", torch.ones(2))  # must see the child's line, not overwrite it
+        with pytest.raises(MemmapError, match=r"already exists .*added by another process"):
+            td.make_memmap("child", [3])  # not in memory here, on disk: the general path's error
+        td.make_memmap("p_after", [1])
+        go.set()
+        assert "already exists" in out.get(timeout=TIMEOUT)
+    finally:
+        proc.join(TIMEOUT)
+    assert proc.exitcode == 0
+    loaded = TensorDict.load_memmap(folder)
+    assert loaded["child"].tolist() == [0.0, 1.0, 2.0] and loaded["p_next"].tolist() == [1.0, 1.0]
+    assert {f"p{i}" for i in range(WRITE_THROUGH + 5)} <= set(loaded.keys())
+    assert td.memmap_refresh_()["child"].tolist() == [0.0, 1.0, 2.0]
+
+
+def _reader_child(folder: str, n: int, out: object) -> None:
+    td = TensorDict.load_memmap(folder)
+    out.put([td[f"k{i}"].sum().item() for i in range(n)])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_readers_in_other_processes_see_every_entry(tmp_path: object, method: str) -> None:
+    folder = str(tmp_path)
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    for i in range(N):
+        td.make_memmap_from_tensor(f"k{i}", torch.full((4,), float(i)))
+    ctx = mp.get_context(method)
+    out = ctx.Queue()
+    proc = ctx.Process(target=_reader_child, args=(folder, N, out))
+    proc.start()
+    try:
+        assert out.get(timeout=TIMEOUT) == [4.0 * i for i in range(N)]
+    finally:
+        proc.join(TIMEOUT)
+    assert proc.exitcode == 0
+
+
+def _fork_adder(td: TensorDict, out: object) -> None:
+    td.make_memmap_from_tensor("from_child", torch.full((2,), 7.0))  # the inherited adder is not used
+    out.put("ok")  # type: ignore[attr-defined]
+
+
+def test_forked_child_with_warm_adder(tmp_path: object) -> None:
+    td = TensorDict({}, batch_size=[]).memmap_(str(tmp_path))
+    for i in range(WRITE_THROUGH + 3):
+        td.make_memmap(f"k{i}", [2])
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_fork_adder, args=(td, out))
+    proc.start()
+    assert out.get(timeout=TIMEOUT) == "ok"
+    proc.join(TIMEOUT)
+    assert proc.exitcode == 0
+    td.make_memmap("after", [2])  # the child committed (and compacted at its exit): general path
+    assert td.memmap_refresh_()["from_child"].tolist() == [7.0, 7.0]
+    assert {"after", "from_child", "k0"} <= set(TensorDict.load_memmap(str(tmp_path)).keys())
+
+
+def test_torn_line_of_a_killed_writer(tmp_path: object) -> None:
+    folder = str(tmp_path)
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    for i in range(WRITE_THROUGH + 3):
+        td.make_memmap(f"k{i}", [2])
+    with open(os.path.join(folder, "meta.jsonl"), "ab") as f:
+        f.write(b'{"dead": {"device": "cp')  # a writer killed mid-append: no newline, no bump
+    td.make_memmap_from_tensor("next", torch.ones(2))
+    td.make_memmap_from_tensor("next2", torch.ones(2) * 2)
+    with open(os.path.join(folder, "meta.jsonl"), "rb") as f:
+        record = f.read()
+    assert b"dead" not in record and record.endswith(b"\n")
+    loaded = TensorDict.load_memmap(folder)
+    assert "dead" not in loaded and loaded["next2"].tolist() == [2.0, 2.0]
+
+
+def test_compaction_elsewhere_without_a_bump(tmp_path: object) -> None:
+    folder = str(tmp_path)
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    for i in range(WRITE_THROUGH + 3):
+        td.make_memmap(f"k{i}", [2])
+    reg = SharedRegistry.for_tensordict(td)
+    gen = reg.generation
+    with reg.lock():
+        assert compact_level(folder)  # what another process does at its normal exit: no bump
+    assert reg.generation == gen
+    td.make_memmap_from_tensor("after", torch.ones(2))  # an append to the unlinked record would be lost
+    loaded = TensorDict.load_memmap(folder)
+    assert loaded["after"].tolist() == [1.0, 1.0] and "k0" in loaded
+
+
+def test_file_left_at_the_name(tmp_path: object) -> None:
+    folder = str(tmp_path)
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    for i in range(WRITE_THROUGH + 3):
+        td.make_memmap(f"k{i}", [2])
+    with open(os.path.join(folder, "stale.memmap"), "wb") as f:
+        f.write(b"\xff" * 8)  # a writer killed between its file and its line
+    ino = os.stat(os.path.join(folder, "stale.memmap")).st_ino
+    assert td.make_memmap("stale", [2]).tolist() == [0.0, 0.0]  # a new inode, zero-filled
+    assert os.stat(os.path.join(folder, "stale.memmap")).st_ino != ino
+    os.symlink("/etc/passwd", os.path.join(folder, "link.memmap"))
+    with pytest.raises(MemmapError, match=r"symlink"):
+        td.make_memmap("link", [2])
+    assert "link" not in td and "link" not in TensorDict.load_memmap(folder)
+
+
+def test_errors_are_the_general_paths(tmp_path: object) -> None:
+    folder = str(tmp_path)
+    td = TensorDict({}, batch_size=[2]).memmap_(folder)
+    for i in range(WRITE_THROUGH + 3):
+        td.make_memmap(f"k{i}", [2])
+    with pytest.raises(MemmapError, match=r"The key 'k1' already exists"):
+        td.make_memmap("k1", [2])
+    with pytest.raises(MemmapError, match=r"already exists"):
+        td.make_memmap_from_tensor("k2", torch.ones(2))
+    with pytest.raises(BatchSizeError, match=r"does not start with the batch size \[2\]"):
+        td.make_memmap("short", [3])
+    with pytest.raises(MemmapError, match=r"must not be negative"):
+        td.make_memmap("neg", [2, -1])
+    with pytest.raises(TypeError):
+        td.make_memmap(3, [2])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"field name of meta.json"):
+        td.make_memmap("shape", [2], robust_key=False)
+    assert not {"short", "neg", "shape"} & set(td.keys())
+    assert not {"short.memmap", "neg.memmap"} & set(os.listdir(folder))
+    # keys the fast path leaves to the general one still work and name their files the same way
+    td.make_memmap("a b", [2])
+    td.make_memmap("é", [2])
+    assert td["a b"].filename != td["é"].filename and os.path.exists(td["a b"].filename)
+    assert len(list(TensorDict.load_memmap(folder).keys())) == WRITE_THROUGH + 5
+
+
+def test_line_bytes_equal_entry_line(tmp_path: object) -> None:
+    from tdshare._format import leaf_entry
+    from tdshare._journal import entry_line
+
+    folder = str(tmp_path)
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    for i in range(WRITE_THROUGH + 1):
+        td.make_memmap(f"k{i}", [1])
+    adder = SharedRegistry.for_tensordict(td).adders[folder]
+    assert isinstance(adder, adder_mod.Adder)
+    for shape, dtype in (((3, 2), torch.bfloat16), ((), torch.bool), ((5,), torch.complex64)):
+        td.make_memmap(f"x{len(shape)}", list(shape), dtype=dtype)
+        with open(os.path.join(folder, "meta.jsonl"), "rb") as f:
+            last = f.read().splitlines(keepends=True)[-1]
+        assert last == entry_line(f"x{len(shape)}", leaf_entry(torch.Size(shape), dtype))
+
+
+def test_from_tensor_sources(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = str(tmp_path)
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    for i in range(WRITE_THROUGH + 1):
+        td.make_memmap(f"k{i}", [1])
+    base = torch.arange(12.0).reshape(3, 4)
+    sources = {
+        "transposed": base.T,  # not contiguous
+        "grad": torch.ones(3, requires_grad=True),
+        "conj": (torch.arange(3.0) * (1 + 1j)).to(torch.complex64).conj(),  # a lazy conjugate
+        "neg": torch.arange(3.0)._neg_view(),  # a lazy negation
+        "zeros_like": base,  # copy_data=False below
+    }
+    calls = _counting(monkeypatch)
+    for key, src in sources.items():
+        td.make_memmap_from_tensor(key, src, copy_data=key != "zeros_like")
+    assert not calls  # these went through the fast path
+    loaded = TensorDict.load_memmap(folder)
+    for key, src in sources.items():
+        want = torch.zeros_like(base) if key == "zeros_like" else src.detach().resolve_conj().resolve_neg()
+        assert torch.equal(loaded[key], want) and torch.equal(td[key], want), key
+        assert not td[key].requires_grad
+
+
+def test_round_robin_over_levels(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = str(tmp_path)
+    levels = 3
+    td = TensorDict({f"s{j}": TensorDict({}, batch_size=[]) for j in range(levels)}, batch_size=[]).memmap_(folder)
+    calls = _counting(monkeypatch)
+    n = levels * (WRITE_THROUGH + 40)
+    for i in range(n):
+        td.make_memmap_from_tensor((f"s{i % levels}", f"k{i}"), torch.full((2,), float(i)))
+    # the first WRITE_THROUGH + 1 of each level take the general path; the rest, interleaved, the fast one
+    assert len(calls) <= levels * (WRITE_THROUGH + 2)
+    reg = SharedRegistry.for_tensordict(td)
+    with reg.lock():
+        reg.bump()  # a commit of another kind breaks the chain: the next addition re-validates
+    before = len(calls)
+    td.make_memmap_from_tensor(("s0", "after"), torch.ones(2))
+    td.make_memmap_from_tensor(("s1", "after"), torch.ones(2))
+    assert len(calls) == before + 2 and not set(reg.adders) - {os.path.join(folder, "s0"), os.path.join(folder, "s1")}
+    loaded = TensorDict.load_memmap(folder)
+    assert [loaded[f"s{i % levels}", f"k{i}"][0].item() for i in range(n)] == [float(i) for i in range(n)]
+    assert loaded["s0", "after"].tolist() == [1.0, 1.0] == loaded["s1", "after"].tolist()
+
+
+def test_threads_adding_to_one_level(tmp_path: object) -> None:
+    import threading
+
+    folder = str(tmp_path)
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    for i in range(WRITE_THROUGH + 1):
+        td.make_memmap(f"w{i}", [1])
+    errors: list[BaseException] = []
+
+    def add(t: int) -> None:
+        try:
+            for i in range(150):
+                td.make_memmap_from_tensor(f"t{t}_{i}", torch.full((2,), float(i)))
+        except BaseException as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=add, args=(t,)) for t in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(TIMEOUT)
+    assert not errors
+    loaded = TensorDict.load_memmap(folder)
+    assert all(loaded[f"t{t}_{i}"].tolist() == [float(i)] * 2 for t in range(3) for i in range(150))
+    tdshare.compact_metadata(folder)
+    assert len(tensordict.TensorDict.load_memmap(folder).keys()) == WRITE_THROUGH + 1 + 450
