@@ -145,12 +145,9 @@ def _write_all(fd: int, data: memoryview | bytes, path: str) -> None:
             while done < total:
                 done += os.write(fd, view[done:])
     except OSError as err:
-        raise _write_error(err, total, path, done) from err
-
-
-def _write_error(err: OSError, total: int, path: str, done: int) -> OSError:
-    """The error of a failed write, naming the file and how far it got."""
-    return OSError(err.errno, f"{os.strerror(err.errno or 0)}: writing {total} bytes to {path!r} failed after {done}")
+        raise OSError(
+            err.errno, f"{os.strerror(err.errno or 0)}: writing {total} bytes to {path!r} failed after {done}"
+        ) from err
 
 
 def check_not_symlink(path: str, fix: str = "Remove the link, or save elsewhere.") -> None:
@@ -199,24 +196,15 @@ def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True, st
 
 def write_files(files: Iterable[tuple[str, memoryview | bytes]], *, existsok: bool = True) -> None:
     """:func:`write_file` for many files (none is stat-ed), in one loop: thousands of small leaves."""
-    os_open, os_write, os_close = os.open, os.write, os.close
+    os_open, os_close = os.open, os.close
     for path, data in files:
         try:
             fd = os_open(path, _NEW_FILE, 0o666)
         except FileExistsError:
             write_file(path, data, existsok=existsok, stat=False)
             continue
-        # written here, not by a call of _write_all per file (a call costs about a third of a small write)
         try:
-            done = os_write(fd, data)
-            if done < len(data):  # the kernel stopped short: the rest as _write_all writes it
-                _write_all(fd, memoryview(data)[done:], path)
-        except OSError as err:
-            os_close(fd)
-            _unlink_quietly(path)
-            if getattr(err, "filename", None) is None and path not in str(err):
-                raise _write_error(err, len(data), path, 0) from err
-            raise
+            _write_all(fd, data, path)
         except BaseException:
             os_close(fd)
             _unlink_quietly(path)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import math
-import operator
 import os
 import pickle
 import stat
@@ -23,7 +22,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 import torch
@@ -325,12 +323,6 @@ def member_without_meta(store: Store, level: str, index: int) -> CorruptDataErro
     return CorruptDataError(f"{store.where(level)!r}: the stacked member folder {index!r} has no {META_FILE}.")
 
 
-# unbound DirEntry methods, for map(): (typed Any: the typeshed's generic self does not fit map)
-_IS_LINK: Any = os.DirEntry.is_symlink
-_IS_FILE: Any = os.DirEntry.is_file  # (a link would be followed: checked with _IS_LINK first)
-_PATH_OF = operator.attrgetter("path")
-_INODE_OF: Any = os.DirEntry.inode
-
 #: a folder level of more leaves than this is checked at load from its listing, not a ``stat`` per
 #: file: a file's size is then checked when its leaf is first read (see ``open_leaves``)
 STAT_AT_LOAD = 64
@@ -527,10 +519,6 @@ class DirectoryStore(Store):
     ) -> dict[str, Any]:
         """The lazy form of :meth:`open_leaves`: a pending leaf per regular file the level's
         listing holds, :meth:`open_leaf` for the rest (see there)."""
-        if not current:
-            fast = self._pending_all(level, infos, meta_where)
-            if fast is not None:
-                return fast
         prefix = level + os.sep
         names = self._scan(level)
         get, mode, guard, pending, suffix = names.get, self.mode, self.guard, PendingLeaf, LEAF_SUFFIX
@@ -552,37 +540,6 @@ class DirectoryStore(Store):
                 continue
             out[key] = pending(dtype, shape, prefix + name, mode, None, 0, entry.inode(), meta_where, guard)
         return out
-
-    def _pending_all(self, level: str, infos: list[LeafInfo], meta_where: str) -> dict[str, Any] | None:
-        """:meth:`_pending_leaves` for a level whose every leaf is the common one (not nested, not
-        empty, under a key that is its own file name, whose file the listing shows as a regular
-        file), built column by column with C-level ``map`` calls instead of a Python loop per leaf
-        (about a third of its cost); None when any leaf is not, and the loop handles each."""
-        keys, shapes, dtypes, nested = zip(*infos, strict=True)
-        if any(nested) or not all(map(str.isidentifier, keys)):
-            return None
-        for shape in set(shapes):  # (the parse shares one tuple per shape: a handful)
-            if 0 in shape:
-                return None
-        files = list(map(str.__add__, keys, repeat(LEAF_SUFFIX)))
-        entries = list(map(self._scan(level).get, files))
-        if None in entries or any(map(_IS_LINK, entries)) or not all(map(_IS_FILE, entries)):
-            return None
-        # the listing's own path strings when they are level + os.sep + name (no new string per leaf)
-        paths = map(_PATH_OF, entries) if not level.endswith(os.sep) else map(str.__add__, repeat(level), files)
-        leaves = map(
-            PendingLeaf,
-            dtypes,
-            shapes,
-            paths,
-            repeat(self.mode),
-            repeat(None),
-            repeat(0),
-            map(_INODE_OF, entries),
-            repeat(meta_where),
-            repeat(self.guard),
-        )
-        return dict(zip(keys, leaves, strict=True))
 
     def open_leaf(self, level: str, info: LeafInfo, meta_where: str, old: Any = None) -> Any:
         """Map one leaf file (size checked); ``old`` is kept if it maps the same inode the same way."""
