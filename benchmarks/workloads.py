@@ -827,7 +827,11 @@ def _live_handoff(
         log(f"  {group}: a live worker receives a td with {n:,} leaves ({where})")
         cases: dict[str, Case] = {b.name: case_for(b, where) for b in backends}
         cases[LIMIT] = lambda: round_trip(b"x")
-        res = run_interleaved(cases, cfg.reps, cfg.warmup)
+        # Before each case (untimed), after this process's clean-up of the case before (a
+        # collection after tensordict's 1,000 storages, the round's full collection: tens to
+        # hundreds of ms, while the worker sleeps), a small message wakes the worker, so that
+        # every case starts from a worker that has just run, as in a loop of hand-offs.
+        res = run_interleaved(cases, cfg.reps, cfg.warmup, before=lambda: round_trip(b"x"))
         rows.append(
             Row(
                 group,
