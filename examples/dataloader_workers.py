@@ -43,8 +43,12 @@ def main(rows: int = 10_000, num_workers: int = 2) -> None:
         print(f"pickled handle: {len(pickle.dumps(td))} bytes for {rows * 8 * 4 + rows * 8} bytes of data")
 
         loader = DataLoader(
-            RowDataset(td), batch_size=256, shuffle=True, num_workers=num_workers,
-            multiprocessing_context="spawn", persistent_workers=False,
+            RowDataset(td),
+            batch_size=256,
+            shuffle=True,
+            num_workers=num_workers,
+            multiprocessing_context="spawn",
+            persistent_workers=False,
         )
         seen = torch.zeros(rows, dtype=torch.bool)
         total = 0.0
