@@ -120,3 +120,19 @@ class Gather:
 
     def __call__(self, idx: list[int]) -> Any:
         return self.td[torch.tensor(idx)]
+
+
+def proc_fd_passing() -> bool:
+    """Whether a memfd's descriptor can be handed through ``/proc/<pid>/fd`` here (a real probe:
+    hand one over and open it back); where not, the hand-off uses multiprocessing's sharer."""
+    from tdshare._fd_pass import receive_fd, send_fd
+
+    fd = os.memfd_create("probe")
+    try:
+        code = send_fd(fd)
+        if code is None:
+            return False
+        os.close(receive_fd(code))
+        return True
+    finally:
+        os.close(fd)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import proc_fd_passing
 
 import tdshare
 from tdshare import MemmapError, TensorDict
@@ -30,19 +31,7 @@ WAIT = 60
 METHODS = [m for m in ("spawn", "fork", "forkserver") if m in mp.get_all_start_methods()]
 
 
-def _has_proc() -> bool:
-    fd = os.memfd_create("probe")
-    try:
-        code = send_fd(fd)
-        if code is None:
-            return False
-        os.close(receive_fd(code))
-        return True
-    finally:
-        os.close(fd)
-
-
-HAS_PROC = _has_proc()
+HAS_PROC = proc_fd_passing()
 
 
 def _ctx(method: str) -> Any:

@@ -21,28 +21,17 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import proc_fd_passing
 
 from tdshare import TensorDict, _handoff
-from tdshare._fd_pass import receive_fd, send_fd, unreleased
+from tdshare._fd_pass import unreleased
 from tdshare._lazy_leaves import PendingLeaf
 
 WAIT = 60
 METHODS = [m for m in ("spawn", "fork", "forkserver") if m in mp.get_all_start_methods()]
 
 
-def _has_proc() -> bool:
-    fd = os.memfd_create("probe")
-    try:
-        code = send_fd(fd)
-        if code is None:
-            return False
-        os.close(receive_fd(code))
-        return True
-    finally:
-        os.close(fd)
-
-
-HAS_PROC = _has_proc()
+HAS_PROC = proc_fd_passing()
 
 
 def _tree(levels: int = 5, per: int = 4) -> TensorDict:
