@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from typing import Any, cast
 
 import torch
@@ -49,12 +50,17 @@ _NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | _CLOE
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
 _RECORD = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | _CLOEXEC
 _SHAPES = (tuple, list)
+# Adders open in this process at once, over every tree (two descriptors each), oldest closed
+# first: a writer adding to thousands of levels must not run into RLIMIT_NOFILE (ulimit -n 1024).
+MAX_OPEN_ADDERS = 64
+# (weak: an adder goes, its descriptors closed, with the registry that holds it)
+_OPEN: weakref.WeakKeyDictionary[Adder, tuple[weakref.ref[SharedRegistry], str]] = weakref.WeakKeyDictionary()
 
 
 class Adder:
     """One level's open folder and record, and the record's size after this adder's last line."""
 
-    __slots__ = ("dfd", "hit", "ino", "jfd", "pid", "ring", "size", "tails")
+    __slots__ = ("__weakref__", "dfd", "hit", "ino", "jfd", "pid", "ring", "size", "tails")
 
     def __init__(self, dfd: int, jfd: int, ino: int, ring: str | None) -> None:
         self.dfd, self.jfd, self.ino, self.ring = dfd, jfd, ino, ring
@@ -80,7 +86,22 @@ class Adder:
 def _drop(registry: SharedRegistry, level: str) -> None:
     adder = registry.adders.pop(level, None)
     if adder is not None:
+        _OPEN.pop(adder, None)
         adder.close()
+
+
+def _keep(registry: SharedRegistry, level: str, adder: Adder) -> None:
+    """Record ``adder`` as ``registry``'s for ``level``, closing the oldest open one past
+    :data:`MAX_OPEN_ADDERS` (its level takes the general path until it is readied again)."""
+    while len(_OPEN) >= MAX_OPEN_ADDERS:
+        oldest, (ref, where) = next(iter(_OPEN.items()))
+        del _OPEN[oldest]
+        owner = ref()
+        if owner is not None and owner.adders.get(where) is oldest:
+            del owner.adders[where]
+        oldest.close()
+    registry.adders[level] = adder
+    _OPEN[adder] = (weakref.ref(registry), level)
 
 
 def prime_adder(
@@ -115,7 +136,7 @@ def prime_adder(
         if os.fstat(jfd).st_ino != ino:
             adder.close()
             return
-        registry.adders[level] = adder
+        _keep(registry, level, adder)
     adder.size, adder.hit = size, hit
 
 

@@ -369,3 +369,25 @@ def test_threads_adding_to_one_level(tmp_path: object) -> None:
     assert all(loaded[f"t{t}_{i}"].tolist() == [float(i)] * 2 for t in range(3) for i in range(150))
     tdshare.compact_metadata(folder)
     assert len(tensordict.TensorDict.load_memmap(folder).keys()) == WRITE_THROUGH + 1 + 450
+
+
+def test_open_adders_are_bounded(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding to more levels than MAX_OPEN_ADDERS keeps at most that many open (two descriptors
+    each); a level whose adder was closed takes the general path and its entries still land."""
+    monkeypatch.setattr(adder_mod, "MAX_OPEN_ADDERS", 4)
+    folder = os.path.join(str(tmp_path), "td")
+    td = TensorDict({f"s{i}": {"x": torch.zeros(2)} for i in range(10)}, batch_size=[]).memmap_(folder)
+    rounds = WRITE_THROUGH + 4  # past the entries written through to meta.json: each level has a record
+    fds_before = 0
+    for j in range(rounds):
+        if j == 1:  # the tree's lock and control files are open by now; the adders come later
+            fds_before = len(os.listdir("/proc/self/fd"))
+        for i in range(10):
+            td.make_memmap_from_tensor((f"s{i}", f"k{j}"), torch.full((2,), float(i * 1000 + j)))
+    reg = SharedRegistry.for_tensordict(td)
+    assert 1 <= len(reg.adders) <= 4 and len(adder_mod._OPEN) <= 4
+    assert len(os.listdir("/proc/self/fd")) - fds_before <= 2 * 4
+    back = TensorDict.load_memmap(folder)
+    for i in range(10):
+        for j in (0, WRITE_THROUGH - 1, WRITE_THROUGH, rounds - 1):
+            assert back[f"s{i}", f"k{j}"].tolist() == [float(i * 1000 + j)] * 2
