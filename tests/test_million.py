@@ -439,7 +439,10 @@ def _full_map(q: Any, root: str) -> None:
         except ResourceLimitError as e:
             err = str(e)
         filled = len(held) > 0
-        del kept, held  # the queue's feeder thread needs a mapping for its stack
+        # the queue's feeder thread needs a mapping for its stack: give back the filler's, the
+        # kept leaves' and the tree's own (the bound's) before it starts
+        del kept, held, loaded
+        gc.collect()
         q.put((total, err, filled))
     except BaseException as e:
         q.put(e)
