@@ -57,9 +57,16 @@ def _entry(
 
 
 def _run(
-    world: int, fn: Callable[..., Any], tmp_path: Path, *args: Any, timeout: float = 60.0, backend: str = "gloo"
+    world: int,
+    fn: Callable[..., Any],
+    tmp_path: Path,
+    *args: Any,
+    timeout: float = 60.0,
+    backend: str = "gloo",
+    reports: int | None = None,
 ) -> dict[int, Any]:
-    """Run ``fn(rank, world, *args)`` on ``world`` spawned ranks; return each rank's result."""
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned ranks; return each rank's result
+    (``reports``: how many ranks report, where the others die on purpose; default all)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     store = str(tmp_path / f"store-{os.getpid()}-{fn.__name__}")
@@ -68,7 +75,7 @@ def _run(
         p.start()
     results: dict[int, Any] = {}
     try:
-        for _ in range(world):
+        for _ in range(world if reports is None else reports):
             rank, status, value = out.get(timeout=timeout)
             assert status == "ok", f"rank {rank} failed:\n{value}"
             results[rank] = value

@@ -226,24 +226,8 @@ def test_a_peer_killed_in_the_steady_state_is_an_error_not_a_hang(tmp_path: Path
 
 def _run_one(tmp_path: Path, consolidated: bool) -> str:
     """``_killed_in_steady_state`` on 2 ranks; only rank 1 reports (rank 0 dies)."""
-    import torch.multiprocessing as mp
-    from test_distributed import _entry
+    from test_distributed import _run
 
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    store = str(tmp_path / "store-killed")
-    procs = [
-        ctx.Process(target=_entry, args=(r, 2, store, out, _killed_in_steady_state, (consolidated,))) for r in range(2)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        rank, status, value = out.get(timeout=90)
-        assert (rank, status) == (1, "ok"), value
-        return str(value)
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    results = _run(2, _killed_in_steady_state, tmp_path, consolidated, timeout=90, reports=1)
+    assert list(results) == [1], results
+    return str(results[1])
