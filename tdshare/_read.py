@@ -335,6 +335,17 @@ def _stamp(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _swapped(path: str, before: tuple[int, int] | None, store: DirectoryStore) -> bool:
+    """Whether the folder at ``path`` was swapped since ``before`` (its :func:`_stamp`): another
+    identity, or, where the tree has a shared counter, another file epoch.  The epoch catches
+    what the identity alone misses: a re-save whose new folder got the inode number the old one
+    freed, which file systems hand out again at once."""
+    if _stamp(path) != before:
+        return True
+    guard = store.guard
+    return guard is not None and guard.stale()
+
+
 def _load_folder(
     cls: type[T],
     path: str,
@@ -364,7 +375,7 @@ def _load_folder(
                 store.guard = EpochGuard(registry, state)  # a leaf first read after a swap raises
             result = load_level(cls, store, level, store.read_meta(level), out, None, device)
         except (TdshareError, OSError):  # OSError: a level's folder vanished in the swap
-            if _stamp(path) != before:
+            if _swapped(path, before, store):
                 continue  # it failed because the folder was swapped: load the new one
             if before is None and not waited and swap_in_progress(path):
                 # between an atomic writer's two renames: it holds the tree's lock until the new
@@ -374,7 +385,7 @@ def _load_folder(
                     pass
                 continue
             raise
-        if _stamp(path) != before:
+        if _swapped(path, before, store):
             continue
         if is_collection(result):
             result._generation = state

@@ -989,3 +989,21 @@ def test_anonymous_store_is_removed_with_its_last_user() -> None:
     assert out.returncode == 0, out.stderr
     store = out.stdout.strip()
     assert store and not os.path.exists(store)  # a clean exit of its only user removes it
+
+
+def test_a_swap_that_reuses_the_folders_inode_number_is_seen(tmp_path: Path) -> None:
+    """A re-save whose new folder got the old one's inode number (file systems reuse a freed one at
+    once) keeps the folder's identity; the load still sees the swap by the tree's file epoch."""
+    from tdshare._coordination import EpochGuard
+    from tdshare._read import _stamp, _swapped
+    from tdshare._store import DirectoryStore
+
+    path = str(tmp_path / "td")
+    TensorDict(a=torch.ones(2)).memmap_(path)
+    reg = SharedRegistry.for_directory(path)
+    store = DirectoryStore(path, True, None, None)
+    store.guard = EpochGuard(reg, reg.state(create=True))
+    before = _stamp(path)
+    assert not _swapped(path, before, store)
+    reg.mark_replacing()  # what an atomic re-save does, with the lock held, before its swap
+    assert _stamp(path) == before and _swapped(path, before, store)
