@@ -336,10 +336,11 @@ def _stamp(path: str) -> tuple[int, int] | None:
 
 
 def _swapped(path: str, before: tuple[int, int] | None, store: DirectoryStore) -> bool:
-    """Whether the folder at ``path`` was swapped since ``before`` (its :func:`_stamp`): another
-    identity, or, where the tree has a shared counter, another file epoch.  The epoch catches
-    what the identity alone misses: a re-save whose new folder got the inode number the old one
-    freed, which file systems hand out again at once."""
+    """Whether the folder at ``path`` was swapped since ``before`` (its :func:`_stamp`), asked of a
+    load that failed: another identity, or, where the tree has a shared counter, another file
+    epoch.  The epoch catches what the identity alone misses: a re-save whose new folder got the
+    inode number the old one freed, which file systems hand out again at once.  (A load that
+    succeeded across such a swap is caught by its pending leaves' guard on their first read.)"""
     if _stamp(path) != before:
         return True
     guard = store.guard
@@ -385,7 +386,7 @@ def _load_folder(
                     pass
                 continue
             raise
-        if _swapped(path, before, store):
+        if _stamp(path) != before:  # (a swap that kept the inode number: the leaves' guard raises)
             continue
         if is_collection(result):
             result._generation = state
