@@ -161,11 +161,14 @@ def fast_add(
     dtype: torch.dtype | None,
     robust_key: bool | None,
     src: torch.Tensor | None,
+    storage: torch.UntypedStorage | None = None,
 ) -> MemoryMappedTensor | None:
     """Add the entry by the fast path and return it, or None (nothing done: take the general path).
 
     ``src``: the CPU tensor whose bytes the file gets (``make_memmap_from_tensor``), None for
-    zeros (``make_memmap``).
+    zeros (``make_memmap``).  ``storage``: the entry reads this storage, already mapped from the
+    entry's own file (``make_memmap_from_storage``, after its checks): no file is created, only
+    the record line is committed, as the general path does.
     """
     prefix = td._memmap_prefix
     if prefix is None or robust_key is False or not td._is_memmap:
@@ -188,6 +191,8 @@ def fast_add(
         return None
     if not (last.isascii() and plain_key(last)):
         return None
+    if isinstance(shape, torch.Tensor):
+        return None  # a tensor of shapes: a nested entry, written with its size table by the general path
     try:
         size = shape if type(shape) is torch.Size else torch.Size(shape if type(shape) in _SHAPES else [shape])
     except (TypeError, ValueError):
@@ -220,31 +225,25 @@ def fast_add(
         st = os.fstat(adder.jfd)
         if st.st_size != adder.size or not st.st_nlink:
             return None
-        try:
-            fd = os.open(name, _NEW, 0o666, dir_fd=adder.dfd)
-        except OSError:
-            return None  # the name exists (a dead writer's file, a link): the general path decides
-        try:
-            try:
-                if src is None:
-                    os.posix_fallocate(fd, 0, numel * dtype_.itemsize)
-                else:
-                    _write_tensor(fd, src, path)
-            finally:
-                os.close(fd)
-            flat = torch.from_file(path, shared=True, size=numel, dtype=dtype_)
-        except (OSError, RuntimeError):
-            os.unlink(name, dir_fd=adder.dfd)
-            return None  # the general path makes the same file and raises its error, naming it
+        made = (
+            torch.empty(0, dtype=dtype_).set_(storage, 0, (numel,), (1,))
+            if storage is not None
+            else _new_file(adder.dfd, name, path, numel, dtype_, src)
+        )
+        if made is None:
+            return None
+        flat = made
         line = b'{"' + last.encode() + _tail(adder, size, dtype_)
         try:
             written = os.write(adder.jfd, line)
         except BaseException:
-            os.unlink(name, dir_fd=adder.dfd)
+            if storage is None:
+                os.unlink(name, dir_fd=adder.dfd)
             adder.size = -1  # a torn line: the general path cuts it off
             raise
         if written != len(line):  # never for a regular file short of a full disk: leave it to the general path
-            os.unlink(name, dir_fd=adder.dfd)
+            if storage is None:
+                os.unlink(name, dir_fd=adder.dfd)
             adder.size = -1
             return None
         adder.size += written
@@ -262,6 +261,29 @@ def fast_add(
     if unchanged_since(td._generation, state):
         td._generation = after  # we were current: our own addition is all that changed
     return tensor
+
+
+def _new_file(
+    dfd: int, name: str, path: str, numel: int, dtype: torch.dtype, src: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Create the entry's file (zeros, or ``src``'s bytes) and map it; None (nothing left behind)
+    when the name exists or the file system refuses: the general path decides and names the error."""
+    try:
+        fd = os.open(name, _NEW, 0o666, dir_fd=dfd)
+    except OSError:
+        return None  # the name exists (a dead writer's file, a link)
+    try:
+        try:
+            if src is None:
+                os.posix_fallocate(fd, 0, numel * dtype.itemsize)
+            else:
+                _write_tensor(fd, src, path)
+        finally:
+            os.close(fd)
+        return torch.from_file(path, shared=True, size=numel, dtype=dtype)
+    except (OSError, RuntimeError):
+        os.unlink(name, dir_fd=dfd)
+        return None
 
 
 def _write_tensor(fd: int, src: torch.Tensor, path: str) -> None:

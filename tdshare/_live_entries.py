@@ -178,6 +178,10 @@ class LiveEntryOps(TensorDictBase):
             )
         storage = check_storage(storage, shape, dtype)
         has_file = storage_entry_checks(self, key, storage, robust_key)
+        if has_file and storage.nbytes():
+            fast = fast_add(self, key, shape, dtype, robust_key, None, storage)
+            if fast is not None:
+                return fast
         return add_entry(
             self, key, shape, dtype, robust_key, build_from_storage(storage), has_file=has_file, creates_file=False
         )

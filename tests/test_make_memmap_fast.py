@@ -391,3 +391,42 @@ def test_open_adders_are_bounded(tmp_path: object, monkeypatch: pytest.MonkeyPat
     for i in range(10):
         for j in (0, WRITE_THROUGH - 1, WRITE_THROUGH, rounds - 1):
             assert back[f"s{i}", f"k{j}"].tolist() == [float(i * 1000 + j)] * 2
+
+
+def _fill_from_storage(td: TensorDict, folder: str, n: int = N) -> list[torch.UntypedStorage]:
+    storages = []
+    for i in range(n):
+        path = os.path.join(folder, f"s{i}.memmap")
+        with open(path, "wb") as f:
+            f.write((torch.arange(4, dtype=torch.int32) + i).numpy().tobytes())
+        storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=16)
+        entry = td.make_memmap_from_storage(f"s{i}", storage, [2, 2] if i % 2 else [4], dtype=torch.int32)
+        assert entry.untyped_storage().data_ptr() == storage.data_ptr() and entry.filename == path
+        storages.append(storage)
+    return storages
+
+
+def test_from_storage_takes_the_fast_path(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast_dir, slow_dir = str(tmp_path) + "/fast", str(tmp_path) + "/slow"
+    fast = TensorDict({}, batch_size=[]).memmap_(fast_dir)
+    calls = _counting(monkeypatch)
+    keep = _fill_from_storage(fast, fast_dir)
+    assert len(calls) < N // 2  # most additions took the fast path
+    with monkeypatch.context() as m:
+        _general_only(m)
+        slow = TensorDict({}, batch_size=[]).memmap_(slow_dir)
+        keep += _fill_from_storage(slow, slow_dir)
+    assert _folder_bytes(fast_dir) == _folder_bytes(slow_dir)
+    fast["s3"][1, 1] = -7  # the entry is the file: another reader sees the write
+    loaded = TensorDict.load_memmap(fast_dir)
+    assert loaded["s3"].tolist() == [[3, 4], [5, -7]] and loaded["s4"].tolist() == [4, 5, 6, 7]
+    tdshare.compact_metadata(fast)
+    ref = tensordict.TensorDict.load_memmap(fast_dir)
+    assert set(ref.keys()) == {f"s{i}" for i in range(N)} and ref["s3"].tolist() == [[3, 4], [5, -7]]
+    # the general path's checks still run first: a storage of another file, too few bytes
+    other = torch.UntypedStorage.from_file(os.path.join(fast_dir, "s0.memmap"), shared=True, nbytes=16)
+    with pytest.raises(MemmapError, match="differs from the filename"):
+        fast.make_memmap_from_storage("s_other", other, [4], dtype=torch.int32)
+    with pytest.raises(MemmapError, match="needs 32"):
+        fast.make_memmap_from_storage("s0x", other, [8], dtype=torch.int32)
+    assert "s_other" not in fast.keys() and "s0x" not in fast.keys()
