@@ -6,7 +6,9 @@ standalone ones (copy bandwidth, file write and read on both file systems, file 
 
 from __future__ import annotations
 
+import fcntl
 import json
+import mmap
 import multiprocessing as mp
 import os
 import time
@@ -187,6 +189,43 @@ def create_indexed_files_case(scratch: Scratch, payload: bytes, lines: Sequence[
             dt = time.perf_counter() - t0
         finally:
             os.close(index)
+        scratch.remove(folder)
+        return dt
+
+    return case
+
+
+def create_mapped_indexed_files_case(scratch: Scratch, payload: bytes, lines: Sequence[bytes]) -> Callable[[], float]:
+    """What an addition that hands back a mapping and commits under a lock cannot go below: per
+    entry, ``flock`` a lock file kept open, create the file relative to a folder kept open, write
+    ``payload``, map it (Python's ``mmap``: ``fstat``, ``dup``, ``mmap``), close, append the line,
+    unlock.  :func:`create_indexed_files_case` without the lock and the mapping, which
+    ``make_memmap*`` need: it returns a mapped tensor, and other processes must never see a
+    half-made entry (issue 17 asks for both)."""
+
+    def case() -> float:
+        folder = scratch.fresh("raw-create-map-index")
+        os.makedirs(folder)
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        index = os.open("index", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644, dir_fd=dfd)
+        lock = os.open("lock", os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dfd)
+        maps: list[mmap.mmap] = []
+        try:
+            t0 = time.perf_counter()
+            for i, line in enumerate(lines):
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                fd = os.open(f"{i}.bin", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
+                os.write(fd, payload)
+                maps.append(mmap.mmap(fd, len(payload)))
+                os.close(fd)
+                os.write(index, line)
+                fcntl.flock(lock, fcntl.LOCK_UN)
+            dt = time.perf_counter() - t0
+        finally:
+            for m in maps:
+                m.close()
+            for fd in (index, lock, dfd):
+                os.close(fd)
         scratch.remove(folder)
         return dt
 

@@ -114,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     header["libraries"] = {b.name: b.version for b in backends} | {n: None for n in missing}
     log(
         f"{cfg.mode} run, {cfg.reps} reps ({cfg.small_reps} for small leaves) after {cfg.warmup} warm-up, "
-        f"in {header['dir_filesystem']}; "
-        + ", ".join(f"{b.name} {b.version}" for b in backends)
+        f"in {header['dir_filesystem']}; " + ", ".join(f"{b.name} {b.version}" for b in backends)
     )
     per_file, waited = settle(scratch)
     header["file_create_us_at_start"] = round(per_file, 1)

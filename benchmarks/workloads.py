@@ -525,6 +525,9 @@ def _wakeup_row(cfg: Config, backends: list[Backend], scratch: Scratch) -> Row:
 
 
 # -- make_memmap* -------------------------------------------------------------------------------
+FLOOR = "floor"  # a second limit, taking turns with the rest: the floor of a mapped, locked addition
+
+
 def make_memmap(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
     """make_memmap / make_memmap_from_tensor of many entries, one by one, into a memory-mapped
     tensordict (the entries land in its folder)."""
@@ -561,8 +564,11 @@ def make_memmap(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[
     for method in ("make_memmap", "make_memmap_from_tensor"):
         log(f"  {group}: {method} x {n}")
         cases: dict[str, Case] = {b.name: case_for(b, method) for b in backends}
-        cases[LIMIT] = limits.create_indexed_files_case(scratch, bytes(cfg.small_leaf_floats * 4), lines)
+        payload = bytes(cfg.small_leaf_floats * 4)
+        cases[LIMIT] = limits.create_indexed_files_case(scratch, payload, lines)
+        cases[FLOOR] = limits.create_mapped_indexed_files_case(scratch, payload, lines)
         res = run_interleaved(cases, cfg.reps, cfg.warmup)
+        floor = res[""].pop(FLOOR)
         rows.append(
             Row(
                 group,
@@ -571,6 +577,16 @@ def make_memmap(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[
                 res[""],
                 per=n,
                 limit_name=f"create {n:,} files + append {n:,} index lines",
+            )
+        )
+        rows.append(  # the same measurements, against the floor of an addition that maps and locks
+            Row(
+                group,
+                f"{method} of {n:,} entries, one by one, against a mapped addition under a lock",
+                "time",
+                {**res[""], LIMIT: floor},
+                per=n,
+                limit_name=f"lock + create + write + map + append + unlock, {n:,} times",
             )
         )
     rows.append(_from_storage_row(cfg, backends, scratch))
