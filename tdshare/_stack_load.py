@@ -194,7 +194,7 @@ def _build(
     """The loop of :func:`load_members`: member ``i`` is read through ``dfd`` as ``"i/..."``; a
     name missing from ``plain`` (a gap) raises ``KeyError`` (the caller raises the gap's error)."""
     access, open_, read, close, stat_, isreg = os.access, os.open, os.read, os.close, os.stat, stat.S_ISREG
-    new_leaves, setitem, pending, from_leaves = new_lazy_leaves, dict.__setitem__, PendingLeaf, cls._from_leaves
+    new_leaves, pending, from_leaves = new_lazy_leaves, PendingLeaf, cls._from_leaves
     exists, nofollow, journal, meta_file = os.F_OK, _NOFOLLOW, os.sep + JOURNAL_FILE, os.sep + META_FILE
     mode, guard, annotate = store.mode, store.guard, store.annotate
     inline = type(store).annotate is DirectoryStore.annotate  # then what it does is written out below
@@ -203,17 +203,19 @@ def _build(
     shared = store.parsed_meta  # so that the members the general walker builds share the parses too
     base = level + os.sep
     members: list[TensorDictBase] = []
+    add = members.append
     built: list[dict] = []
+    last: bytes | None = None  # the previous member's meta.json bytes, whose parse ``hit`` holds
+    hit: tuple[dict, MemberTemplate | None] = ({}, None)
     for index in range(len(plain)):
         name = str(index)
-        sub = base + name
         if not plain[name] or access(name + journal, exists, dir_fd=dfd, follow_symlinks=False):
-            members.append(general(index, sub, None, False))  # a link is checked, a record read there
+            add(general(index, base + name, None, False))  # a link is checked, a record read there
             continue
         try:
             fd = open_(name + meta_file, nofollow, dir_fd=dfd)
         except OSError:
-            members.append(general(index, sub, None, True))  # missing, a link, unreadable: named there
+            add(general(index, base + name, None, True))  # missing, a link, unreadable: named there
             continue
         try:
             raw = read(fd, _READ)
@@ -221,23 +223,23 @@ def _build(
             raw = b""
         finally:
             close(fd)
-        if not raw:  # (an empty file too: not valid JSON, named there)
-            members.append(general(index, sub, None, True))
-            continue
-        where = sub + meta_file
-        hit = parsed.get(raw)
-        if hit is None:
-            if len(raw) >= _READ:
-                members.append(general(index, sub, None, True))
+        sub = base + name
+        if raw != last:  # (members usually repeat the previous one's bytes: one comparison, no hash)
+            if not raw or len(raw) >= _READ:  # empty: not valid JSON; long: read in full; named there
+                add(general(index, sub, None, True))
                 continue
-            meta = shared.get(raw)
-            if meta is None:
-                meta = shared[raw] = loads_json(raw, where)
-            hit = parsed[raw] = (meta, template_of(meta, where))
+            got = parsed.get(raw)
+            if got is None:
+                meta = shared.get(raw)
+                if meta is None:
+                    meta = shared[raw] = loads_json(raw, sub + meta_file)
+                got = parsed[raw] = (meta, template_of(meta, sub + meta_file))
+            hit, last = got, raw
         meta, template = hit
         if template is None:
-            members.append(general(index, sub, meta, True))
+            add(general(index, sub, meta, True))
             continue
+        where = sub + meta_file
         leaves = template.leaves
         values: dict = new_leaves() if leaves else {}
         for key, file, need, dtype, shape in leaves:
@@ -247,7 +249,8 @@ def _build(
                 break
             if st.st_size < need or not isreg(st.st_mode):
                 break
-            setitem(values, key, pending(dtype, shape, sub + file, mode, None, 0, st.st_ino, where, guard))
+            # a plain store: LazyLeaves keeps dict's own __setitem__ (no call of dict.__setitem__ per leaf)
+            values[key] = pending(dtype, shape, sub + file, mode, None, 0, st.st_ino, where, guard)
         else:
             names = template.names
             member = from_leaves(values, template.batch_size, template.device, None if names is None else list(names))
@@ -257,8 +260,8 @@ def _build(
                 annotate(member, sub, meta)
             if leaves:
                 built.append(values)
-            members.append(member)
+            add(member)
             continue
-        members.append(general(index, sub, meta, True))  # a missing, short or irregular file: named there
+        add(general(index, sub, meta, True))  # a missing, short or irregular file: named there
     track_below(built, level)  # a re-save here or in a member's folder maps their pending leaves first
     return members
