@@ -178,6 +178,7 @@ class Store(ABC):
     root: str  # the level handle of the tree's top
     defers = False  # whether open_leaf may return a Deferred (filled in by finish)
     guard: Any = None  # a folder store's swap guard, given to its pending leaves (see _read._load_folder)
+    leaves_in_order = False  # whether open_leaves gives the leaves in the order of the infos it is given
 
     def __init__(self, robust: bool, allow_pickle: bool | None) -> None:
         self.robust = robust
@@ -340,6 +341,7 @@ class DirectoryStore(Store):
         self._links: set[str] = set()  # sub-levels child() found to be symbolic links
         self._plain: set[str] = set()  # and those it found to be real entries
         self.lazy = True  # leaves are checked at load and mapped on first read (:mod:`tdshare._lazy_leaves`)
+        self.leaves_in_order = True
 
     def where(self, level: str, name: str = "") -> str:
         return level + _SEP + name if name else level  # levels are absolute and normalized: a plain join
