@@ -157,3 +157,29 @@ def test_a_wide_level_in_an_archive_keeps_the_metadata_order(tmp_path: Path) -> 
     loaded = TensorDict.load_memmap(tmp_path / "t.tdz")
     assert list(loaded.keys()) == list(data)
     assert all(torch.equal(loaded[k], v) for k, v in data.items())
+
+
+@pytest.mark.timeout(120)
+def test_equal_wide_levels_share_one_parse_and_refresh_on_their_own(tmp_path: Path) -> None:
+    # 1,000 leaves a level: each meta.json is over 64 KiB, and the three are equal byte for byte
+    groups, leaves = 3, 1000
+    TensorDict(
+        {f"g{i}": {f"x{j}": torch.full((4,), float(1000 * i + j)) for j in range(leaves)} for i in range(groups)}
+    ).memmap_(tmp_path / "t")
+    raw = [(tmp_path / "t" / f"g{i}" / "meta.json").read_bytes() for i in range(groups)]
+    assert len(raw[0]) > 1 << 16 and raw[0] == raw[1] == raw[2]
+    loaded = TensorDict.load_memmap(tmp_path / "t")
+    assert loaded["g0"]._meta_seen is loaded["g2"]._meta_seen  # one parse, one dict, for all three
+    for i in range(groups):
+        h = dict(raw_items(loaded[f"g{i}"]._tensordict))["x7"]
+        assert type(h) is PendingLeaf and h.path == str(tmp_path / "t" / f"g{i}" / "x7.memmap")
+        assert h.ino == os.stat(h.path).st_ino
+        assert loaded[f"g{i}", "x999"].tolist() == [1000.0 * i + 999] * 4
+    writer = TensorDict.load_memmap(tmp_path / "t").memmap_(tmp_path / "t")
+    writer.make_memmap(("g1", "added"), [2]).fill_(5.0)
+    loaded.memmap_(tmp_path / "t")
+    loaded.memmap_refresh_()  # only g1 changed: the shared metadata of g0 and g2 is theirs unchanged
+    assert loaded["g1", "added"].tolist() == [5.0, 5.0]
+    assert "added" not in loaded["g0"].keys() and "added" not in loaded["g2"].keys()
+    assert loaded["g2", "x3"].tolist() == [2003.0] * 4
+    assert json.loads((tmp_path / "t" / "g0" / "meta.json").read_bytes()) == json.loads(raw[0])
