@@ -425,8 +425,25 @@ def parse_level(meta: dict, where: str) -> LevelMeta:
     """
     leaves: list[LeafInfo] = []
     children: list[tuple[str, str]] = []
+    add, dtype_of, new_leaf = leaves.append, _DTYPES.get, _new_leaf
+    shapes: dict[int, tuple[int]] = {}  # one tuple per 1-d shape: every leaf of that shape shares it
+    tuples: dict[tuple[int, ...], tuple[int, ...]] = {}  # and per other shape
     for key, entry in meta.items():
-        if type(entry) is not dict:
+        if type(entry) is dict:
+            # the common leaf, in few steps: a known dtype and a shape of one non-negative integer
+            shape = entry.get("shape")
+            if type(shape) is list and len(shape) == 1 and "type" not in entry:
+                v = shape[0]
+                name = entry.get("dtype")
+                dtype = dtype_of(name) if type(name) is str else None
+                if dtype is not None and type(v) is int and v >= 0 and not entry.get(NO_FILE_FIELD):
+                    one = shapes.get(v)
+                    if one is None:
+                        one = shapes[v] = (v,)
+                    nested = entry.get("is_nested") is True and ("jagged" if entry.get(JAGGED_FIELD) is True else True)
+                    add(new_leaf(LeafInfo, (key, one, dtype, nested)))
+                    continue
+        else:
             if key in RESERVED_KEYS or key in _OTHER_FIELDS:
                 continue  # a level field; a dict under a field name is a user entry the reference kept
             raise CorruptDataError(
@@ -452,9 +469,13 @@ def parse_level(meta: dict, where: str) -> LevelMeta:
         if entry.get(NO_FILE_FIELD):
             continue
         dtype = (_DTYPES.get(name) if type(name) is str else None) or str_to_dtype(name, where)
-        shape = _int_list(shape, f"the shape of {key!r}", where)
+        if type(shape) is list and all(type(v) is int and v >= 0 for v in shape):
+            shape = tuple(shape)
+            shape = tuples.setdefault(shape, shape)  # shared by the leaves of this shape
+        else:
+            shape = _int_list(shape, f"the shape of {key!r}", where)  # raises
         nested = entry.get("is_nested") is True and ("jagged" if entry.get(JAGGED_FIELD) is True else True)
-        leaves.append(_new_leaf(LeafInfo, (key, shape, dtype, nested)))
+        add(new_leaf(LeafInfo, (key, shape, dtype, nested)))
     batch = meta.get("shape")
     batch_size = None if batch is None else _int_list(batch, "the batch size ('shape')", where)
     names = meta.get("_names")

@@ -41,6 +41,7 @@ from ._segments import Segment
 
 __all__ = [
     "LazyLeaves",
+    "as_entries",
     "PendingLeaf",
     "is_pending",
     "mapped_leaves",
@@ -81,9 +82,17 @@ class PendingLeaf(LeafHandle):
         where: str | None = None,
         guard: Any = None,
     ) -> None:
-        # positional and the slots set here directly: thousands of these are made per load
-        self.dtype, self.shape, self.path, self.mode = dtype, shape, path, mode
-        self.segment, self.offset, self.ino, self.where, self.guard = segment, offset, ino, where, guard
+        # positional and the slots set one by one (no tuple built and unpacked): thousands of these
+        # are made per load
+        self.dtype = dtype
+        self.shape = shape
+        self.path = path
+        self.mode = mode
+        self.segment = segment
+        self.offset = offset
+        self.ino = ino
+        self.where = where
+        self.guard = guard
 
     @classmethod
     def from_handle(cls, handle: LeafHandle, where: str | None = None) -> PendingLeaf:
@@ -562,6 +571,22 @@ def rebuilt(pairs: Iterable[tuple[Any, Any]]) -> dict:
     if any(type(v) is PendingLeaf for _, v in pairs):
         return LazyLeaves(pairs)
     return dict(pairs)
+
+
+def as_entries(d: dict) -> dict:
+    """``d`` as a level's ``_tensordict``: a :class:`LazyLeaves` copy of it when a value is pending,
+    else ``d`` itself (the caller gives up ``d``).  One C-level copy, not a pass per entry in Python.
+
+    >>> as_entries({"a": 1})
+    {'a': 1}
+    """
+    for value in dict.values(d):
+        if type(value) is PendingLeaf:
+            out = _NEW_DICT(LazyLeaves)
+            out._lazy = True
+            dict.update(out, d)
+            return out
+    return d
 
 
 def with_pending(d: dict) -> LazyLeaves:

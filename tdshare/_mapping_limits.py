@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import threading
 
 from ._errors import InvalidArgumentError, ResourceLimitError
 
@@ -92,11 +93,32 @@ def live_mappings() -> int:
     >>> live_mappings() >= 0
     True
     """
-    try:
-        with open(_MAPS_FILE, "rb") as f:
-            return f.read().count(b"\n")
-    except OSError:
-        return 0
+    # Counted through one buffer made at import, a chunk at a time: this runs when the memory map
+    # is full (building the limit error), where reading the whole file (~5 MB at 65,530 mappings)
+    # needs a mapping of its own and raised MemoryError instead of the error.
+    with _MAPS_LOCK:
+        try:
+            with open(_MAPS_FILE, "rb", buffering=0) as f:
+                count, view = 0, _MAPS_VIEW
+                while got := f.readinto(view):
+                    count += _MAPS_BUFFER.count(b"\n", 0, got)
+                return count
+        except (OSError, MemoryError):
+            return 0
+
+
+_MAPS_BUFFER = bytearray(1 << 16)
+_MAPS_VIEW = memoryview(_MAPS_BUFFER)
+_MAPS_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _MAPS_LOCK
+    _MAPS_LOCK = threading.Lock()  # (another thread may have held it at the fork)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _headroom(limit: int) -> int:

@@ -47,7 +47,7 @@ from ._format import (
     layout_of,
 )
 from ._keys import encode_key, unravel_key
-from ._lazy_leaves import is_pending, raw_get, raw_items, rebuilt, resolved, track
+from ._lazy_leaves import as_entries, is_pending, raw_get, raw_items, rebuilt, resolved, track
 from ._nodes import kind_for_tag, kind_of
 from ._nontensor import NonTensorData, NonTensorStack, nested_shape
 from ._options import check_path
@@ -195,7 +195,6 @@ def _load_collection(
         raise CorruptDataError(
             f"{meta_path}: batch size {list(batch)} does not start with the parent's {list(parent_batch)}."
         )
-    leaves: dict[str, Any] = {}
     target = out if is_collection(out) else None
     current = target._tensordict if target is not None else {}
     nbatch = len(batch)
@@ -203,7 +202,7 @@ def _load_collection(
         for info in parsed.leaves:
             if _batch_mismatch(info, batch):
                 open_checked_leaf(store, level, info, batch, meta_path)  # raises, naming the leaf
-    leaves.update(store.open_leaves(level, parsed.leaves, meta_path, current))
+    leaves: dict[str, Any] = store.open_leaves(level, parsed.leaves, meta_path, current)
     for key, _ in parsed.children:
         sub = store.child(level, key)
         if sub is None:
@@ -220,7 +219,10 @@ def _load_collection(
         leaves = {k: resolved(v).to(device_obj) if is_pending(v) else v for k, v in leaves.items()}
     # a new tensordict even with ``out``: load_tree moves the result into ``out`` only once all loaded
     result = cls._from_leaves({}, torch.Size(batch), None, None if parsed.names is None else list(parsed.names))
-    result._tensordict = rebuilt([(k, leaves[k]) for k in meta if k in leaves])
+    if parsed.children or not store.leaves_in_order:  # the metadata's order: leaves and levels interleaved
+        result._tensordict = rebuilt([(k, leaves[k]) for k in meta if k in leaves])
+    else:  # leaves only: open_leaves kept the metadata's order (one C-level copy, no pass per leaf)
+        result._tensordict = as_entries(leaves)
     track(result._tensordict, level)  # a re-save here maps its pending leaves first
     if store.defers:
         for k, v in result._tensordict.items():

@@ -426,9 +426,10 @@ def _fill_memory_map(room: int) -> list[mmap.mmap]:
 
 
 def _full_map(q: Any, root: str) -> None:
+    held: list[mmap.mmap] = []
     try:
         loaded = TensorDict.load_memmap(root)
-        held = _fill_memory_map(1500)
+        held.extend(_fill_memory_map(1500))
         total = sum(float(loaded[f"g{i}", f"x{j}"][0]) for i in range(G) for j in range(0, L, 7))  # past the room
         kept = []
         try:
@@ -441,11 +442,33 @@ def _full_map(q: Any, root: str) -> None:
         filled = len(held) > 0
         # the queue's feeder thread needs a mapping for its stack: give back the filler's, the
         # kept leaves' and the tree's own (the bound's) before it starts
-        del kept, held, loaded
+        del kept, loaded
+        held.clear()
         gc.collect()
         q.put((total, err, filled))
     except BaseException as e:
+        held.clear()  # a failure too: the feeder thread must start, or the test sees a queue timeout
+        gc.collect()
         q.put(e)
+
+
+@pytest.mark.timeout(60)
+def test_counting_the_mappings_takes_no_memory_in_proportion_to_them() -> None:
+    # counted when the memory map is full (the limit error's message): reading /proc/self/maps
+    # whole took ~5 MB at 65,530 mappings, a mapping of its own, and raised MemoryError instead
+    from tdshare._mapping_limits import live_mappings
+
+    prots = (mmap.PROT_READ, mmap.PROT_READ | mmap.PROT_WRITE)  # alternating: they cannot merge
+    held = [mmap.mmap(-1, mmap.PAGESIZE, prot=prots[i % 2]) for i in range(20_000)]
+    tracemalloc.start()
+    try:
+        count = live_mappings()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert count >= 20_000 and abs(count - maps()) < 100
+    assert peak < 16 * 1024, peak  # the whole file would be ~1.5 MB here
+    del held
 
 
 @pytest.mark.timeout(320)
