@@ -335,6 +335,8 @@ STAT_AT_LOAD = 64
 class DirectoryStore(Store):
     """A saved folder: leaves are mapped files; nothing outside the folder's real path is read."""
 
+    leaves_in_order = True
+
     def __init__(self, directory: str, robust: bool, mode: str | None, allow_pickle: bool | None) -> None:
         super().__init__(robust, allow_pickle)
         self.root = directory
@@ -345,7 +347,6 @@ class DirectoryStore(Store):
         self._links: set[str] = set()  # sub-levels child() found to be symbolic links
         self._plain: set[str] = set()  # and those it found to be real entries
         self.lazy = True  # leaves are checked at load and mapped on first read (:mod:`tdshare._lazy_leaves`)
-        self.leaves_in_order = True
 
     def where(self, level: str, name: str = "") -> str:
         return level + _SEP + name if name else level  # levels are absolute and normalized: a plain join

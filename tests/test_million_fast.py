@@ -49,16 +49,24 @@ def test_a_wide_level_loads_the_values_and_order_tensordict_loads(tmp_path: Path
         assert torch.equal(ours["g", key], ref["g", key]) and torch.equal(ours["g", key], value)
 
 
+def _check_handles(td: TensorDict, folder: Path, keys: tuple[str, ...]) -> dict:
+    """The pending handles of ``keys`` in ``td``'s top level name their file, inode and meta.json."""
+    handles = dict(raw_items(td._tensordict))
+    for key in keys:
+        h = handles[key]
+        assert type(h) is PendingLeaf
+        assert h.path == str(folder / f"{key}.memmap")
+        assert h.ino == os.stat(h.path).st_ino
+        assert h.where == str(folder / "meta.json")
+    return handles
+
+
 def test_the_handles_of_a_wide_level_know_their_file_and_inode(tmp_path: Path) -> None:
     TensorDict(_wide(), []).memmap_(tmp_path / "t")
     loaded = TensorDict.load_memmap(tmp_path / "t")
-    handles = dict(raw_items(loaded._tensordict))
+    handles = _check_handles(loaded, tmp_path / "t", ("x0", "x1", f"x{N - 1}"))
     for key in ("x0", "x1", f"x{N - 1}"):
         h = handles[key]
-        assert type(h) is PendingLeaf
-        assert h.path == str(tmp_path / "t" / f"{key}.memmap")
-        assert h.ino == os.stat(h.path).st_ino
-        assert h.where == str(tmp_path / "t" / "meta.json")
         assert h.mode is None and h.segment is None and h.offset == 0
     assert handles["x0"].shape is handles["x3"].shape  # one shape tuple per shape, shared
 
@@ -66,13 +74,7 @@ def test_the_handles_of_a_wide_level_know_their_file_and_inode(tmp_path: Path) -
 def test_the_handles_a_wide_write_returns_know_their_file_and_inode(tmp_path: Path) -> None:
     td = TensorDict(_wide(), [])
     td.memmap_(tmp_path / "t")
-    handles = dict(raw_items(td._tensordict))
-    for key in ("x0", "x2", f"x{N - 1}"):
-        h = handles[key]
-        assert type(h) is PendingLeaf
-        assert h.path == str(tmp_path / "t" / f"{key}.memmap")
-        assert h.ino == os.stat(h.path).st_ino
-        assert h.where == str(tmp_path / "t" / "meta.json")
+    _check_handles(td, tmp_path / "t", ("x0", "x2", f"x{N - 1}"))
     for key, value in _wide().items():
         assert torch.equal(td[key], value)
     ref = tensordict.TensorDict.load_memmap(tmp_path / "t")
