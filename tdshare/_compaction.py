@@ -2,7 +2,8 @@
 
 ``make_memmap*`` adds an entry in O(1): under the tree's lock it checks the level's two files
 with two ``stat`` calls against what this process last read or wrote (kept here per level), and
-appends one line.  A small level (under :data:`WRITE_THROUGH` entries, no record) gets its
+appends one line (the first one after the level's ``meta.json`` got its record field, see
+:mod:`tdshare._journal`).  A small level (under :data:`WRITE_THROUGH` entries, no record) gets its
 ``meta.json`` rewritten instead, so tensordict sees it at once.  A level's record is folded
 into its ``meta.json`` (*compacted*):
 
@@ -27,7 +28,7 @@ from typing import Any
 from ._coordination import SharedRegistry
 from ._errors import ArgumentTypeError, MissingMetadataError
 from ._files import replace_file
-from ._format import JOURNAL_FILE, META_FILE, dumps_json, loads_json
+from ._format import JOURNAL_FIELD, JOURNAL_FILE, META_FILE, dumps_json, loads_json
 from ._journal import append_line, compact_level, entry_line, merge_entries, parse_entries, read_journal
 from ._store import read_meta
 
@@ -151,6 +152,10 @@ def add_to_level(
     if hit.jstamp is None and hit.n_meta < WRITE_THROUGH and key not in hit.meta:
         _rewrite(directory, hit, key, value, replace)
         return
+    if JOURNAL_FIELD not in hit.meta:
+        # before the level's first record line: a reader that finds meta.json without the field
+        # knows the level had no record when it was written (a lazy stack's load probes no member)
+        _rewrite(directory, hit, JOURNAL_FIELD, True, replace)
     ino, size = append_line(directory, entry_line(key, value), None if hit.jstamp is None else hit.jstamp[1])
     record_appended(directory, hit, key, value, ino, size)
 
@@ -183,8 +188,9 @@ def record_appended(directory: str, hit: LevelState, key: str, value: dict, ino:
     return True
 
 
-def _rewrite(directory: str, hit: LevelState, key: str, value: dict, replace: Callable[[str, bytes], Any]) -> None:
-    """A small level: its meta.json replaced with the entry appended to its bytes."""
+def _rewrite(directory: str, hit: LevelState, key: str, value: Any, replace: Callable[[str, bytes], Any]) -> None:
+    """A small level's new entry, or a level's record field: its meta.json replaced with
+    ``key: value`` appended to its bytes (``key`` is in neither file yet)."""
     path = directory + os.sep + META_FILE
     with open(path, "rb") as f:
         body = f.read().rstrip()

@@ -15,7 +15,11 @@ A saved TensorDict is a directory per nesting level. Each level holds:
     (``"<class 'tensordict._td.TensorDict'>"``), ``"_format_version"`` (1), ``"_class"``
     (``"tensordict:TensorDict"``) and, when the batch dimensions are named, ``"_names"``.
     Keys equal to a field name are refused at save time (the reference silently loses them).
-    Files without ``_format_version`` are version 0 and read the same way.
+    Files without ``_format_version`` are version 0 and read the same way.  tdshare adds one
+    field of its own, ``"_tdshare_journal": true``, to a level before it first appends to the
+    level's ``meta.jsonl`` (see :mod:`tdshare._journal`): a level without it has no record, so
+    a lazy stack's members are loaded without a probe for one (tensordict skips a field whose
+    value is not an object).
 
 ``<enc(key)>.memmap``
     One file per non-empty tensor leaf: the raw elements in C order, native byte order, no
@@ -49,6 +53,7 @@ from ._keys import encode_key, is_safe_legacy_name
 __all__ = [
     "FORMAT_VERSION",
     "META_FILE",
+    "JOURNAL_FIELD",
     "JOURNAL_FILE",
     "PICKLE_FILE",
     "LEAF_SUFFIX",
@@ -108,8 +113,10 @@ STACK_PICKLE_FILE = "pickle.pkl"
 NO_FILE_FIELD = "_tdshare_no_file"
 #: Marks a nested leaf saved from the jagged layout (the reference reads it as strided, ignoring the field).
 JAGGED_FIELD = "_tdshare_jagged"
+#: Marks a level that may have a record of new entries (``meta.jsonl``): written before its first line.
+JOURNAL_FIELD = "_tdshare_journal"
 #: Level fields of meta.json: a user key with one of these names would be overwritten by them.
-RESERVED_KEYS = frozenset({"shape", "device", "_type", "_format_version", "_class", "_names"})
+RESERVED_KEYS = frozenset({"shape", "device", "_type", "_format_version", "_class", "_names", JOURNAL_FIELD})
 
 # -- layouts: what a level's folder holds, as its meta.json says -------------------------------
 #: entries of a tensor collection (leaf files, sub-level folders) and the batch fields ("shape"...)

@@ -12,6 +12,12 @@ its entries again in the new ``meta.json``, and one that reads after finds them 
 A writer killed mid-append leaves at most a partial last line, which has no newline: readers
 ignore it and the next writer cuts it off before it appends.  tensordict reads ``meta.json``
 only, so it sees the entries up to the last compaction.
+
+Before a level's first line, the writer adds the field ``"_tdshare_journal": true`` to its
+``meta.json`` (once: compaction keeps it).  So a ``meta.json`` without the field was written
+when the level had no record, and a reader that has read it needs no probe for one: the load of
+a lazy stack relies on that for its members (a record without the field, which only a hand or
+another program leaves, is not read there).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Loading the members of a saved lazy stack: one fused loop over the stack's folder.
 
 A lazy stack of n members is n levels of a few leaves each, so its load is bound by the
-per-member work: the system calls that cannot be shared (a probe for the member's record of new
-entries, reading its ``meta.json``, one ``stat`` per leaf file) and the Python around them.
+per-member work: the system calls that cannot be shared (reading its ``meta.json``, one ``stat``
+per leaf file) and the Python around them.  No member is probed for a record of new entries
+(``meta.jsonl``): tdshare marks a level's ``meta.json`` before it starts one (see
+:mod:`tdshare._journal`), so only a member whose ``meta.json`` carries the mark has its record read.
 :func:`load_members` does that work in one loop, through one descriptor of the stack's folder
 (the paths it hands the kernel are ``"7/meta.json"``, not absolute ones), and nothing else:
 
@@ -15,7 +17,7 @@ entries, reading its ``meta.json``, one ``stat`` per leaf file) and the Python a
 
 Anything unusual goes to the general walker (:func:`tdshare._read.load_level`), one member at a
 time and in order, so its errors are the ones a load raises, naming the member and the file: a
-member folder that is a symbolic link, holds a record of new entries (``meta.jsonl``) or has no
+member folder that is a symbolic link, is marked as having a record of new entries, or has no
 readable, small, plain ``meta.json``; a level the template does not cover (a nested level, a
 nested-tensor or empty leaf, another layout); a leaf file that is missing, short or irregular.
 Only a fresh load takes the loop (``mode`` None or ``"r"``, robust key names, no target device
@@ -32,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ._format import JOURNAL_FILE, LEAF_SUFFIX, LEVEL, META_FILE, layout_of, loads_json
+from ._format import JOURNAL_FIELD, LEAF_SUFFIX, LEVEL, META_FILE, layout_of, loads_json
 from ._keys import encode_key
 from ._lazy_leaves import PendingLeaf, new_lazy_leaves, track_below
 from ._store import DirectoryStore, Store, checked_members, member_entries
@@ -104,7 +106,7 @@ def member_template(store: Store, meta: dict, where: str, device: Any) -> Member
     >>> member_template(None, {"shape": []}, "meta.json", None) is None  # not a folder's store
     True
     """
-    if not templates_apply(store, device) or layout_of(meta) != LEVEL:
+    if not templates_apply(store, device) or layout_of(meta) != LEVEL or JOURNAL_FIELD in meta:
         return None
     parsed = store.parse(meta, where)
     if parsed.children:
@@ -125,7 +127,7 @@ def member_template(store: Store, meta: dict, where: str, device: Any) -> Member
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _READ = 1 << 16  # a meta.json this long or longer goes the general way (read in full there)
-_DIR_FD = os.open in os.supports_dir_fd and os.stat in os.supports_dir_fd and os.access in os.supports_dir_fd
+_DIR_FD = os.open in os.supports_dir_fd and os.stat in os.supports_dir_fd
 
 
 def load_members(
@@ -193,9 +195,9 @@ def _build(
 ) -> list[TensorDictBase]:
     """The loop of :func:`load_members`: member ``i`` is read through ``dfd`` as ``"i/..."``; a
     name missing from ``plain`` (a gap) raises ``KeyError`` (the caller raises the gap's error)."""
-    access, open_, read, close, stat_, isreg = os.access, os.open, os.read, os.close, os.stat, stat.S_ISREG
+    open_, read, close, stat_, isreg = os.open, os.read, os.close, os.stat, stat.S_ISREG
     new_leaves, pending, from_leaves = new_lazy_leaves, PendingLeaf, cls._from_leaves
-    exists, nofollow, journal, meta_file = os.F_OK, _NOFOLLOW, os.sep + JOURNAL_FILE, os.sep + META_FILE
+    nofollow, meta_file = _NOFOLLOW, os.sep + META_FILE
     mode, guard, annotate = store.mode, store.guard, store.annotate
     inline = type(store).annotate is DirectoryStore.annotate  # then what it does is written out below
     keep = mode != "r"  # (a folder's annotate: a read-only load keeps no folder to memmap_ into)
@@ -209,8 +211,8 @@ def _build(
     hit: tuple[dict, MemberTemplate | None] = ({}, None)
     for index in range(len(plain)):
         name = str(index)
-        if not plain[name] or access(name + journal, exists, dir_fd=dfd, follow_symlinks=False):
-            add(general(index, base + name, None, False))  # a link is checked, a record read there
+        if not plain[name]:
+            add(general(index, base + name, None, False))  # a link is checked there
             continue
         try:
             fd = open_(name + meta_file, nofollow, dir_fd=dfd)
@@ -236,8 +238,8 @@ def _build(
                 got = parsed[raw] = (meta, template_of(meta, sub + meta_file))
             hit, last = got, raw
         meta, template = hit
-        if template is None:
-            add(general(index, sub, meta, True))
+        if template is None:  # (a marked member: its record is read there, before its meta.json again)
+            add(general(index, sub, None if JOURNAL_FIELD in meta else meta, True))
             continue
         where = sub + meta_file
         leaves = template.leaves

@@ -34,7 +34,7 @@ from ._coordination import SharedRegistry, unchanged_since
 from ._debris import sweep_staging, sweep_tree
 from ._errors import MemmapError, NotAFolderError
 from ._files import check_not_symlink, replace_file, tmp_name, write_file
-from ._format import META_FILE
+from ._format import JOURNAL_FIELD, META_FILE
 from ._future import TensorDictFuture
 from ._journal import drop_journal
 from ._lazy_leaves import resolve_under
@@ -135,7 +135,10 @@ def _write_metadata(root: PlannedLevel, fresh: bool = False) -> tuple[bool, bool
             continue
         src = level.src
         meta = encodings.meta(level)
-        if src._meta_seen is not None and meta == src._meta_seen and src._memmap_prefix == level.path:
+        seen = src._meta_seen
+        if seen is not None and JOURNAL_FIELD in seen:  # the record's field is the folder's, not the tensordict's
+            seen = {k: v for k, v in seen.items() if k != JOURNAL_FIELD}
+        if seen is not None and meta == seen and src._memmap_prefix == level.path:
             kept = True
             continue
         data = encodings.data(level)

@@ -136,3 +136,19 @@ def proc_fd_passing() -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def add_record(level: Any, entries: dict[str, dict]) -> None:
+    """Append ``entries`` to the record (``meta.jsonl``) of the saved level in folder ``level``, as
+    tdshare's writer does: the level's ``meta.json`` gets the record field before the first line."""
+    import json
+    from pathlib import Path
+
+    folder = Path(level)
+    meta = json.loads((folder / "meta.json").read_text())
+    if meta.get("_tdshare_journal") is not True:
+        meta["_tdshare_journal"] = True
+        (folder / "meta.json").write_text(json.dumps(meta))
+    with open(folder / "meta.jsonl", "a") as f:
+        for key, entry in entries.items():
+            f.write(json.dumps({key: entry}) + "\n")

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import tensordict
 import torch
+from _helpers import add_record
 
 import tdshare
 import tdshare._read
@@ -117,11 +118,47 @@ def test_a_member_with_a_record_of_new_entries(tmp_path: Path) -> None:
     folder = tmp_path / "s" / "3"
     (folder / "w.memmap").write_bytes(torch.arange(2.0).numpy().tobytes())
     entry = {"device": "cpu", "shape": [2], "dtype": "torch.float32", "is_nested": False}
-    (folder / "meta.jsonl").write_text(json.dumps({"w": entry}) + "\n")
+    add_record(folder, {"w": entry})
     back = LazyStackedTensorDict.load_memmap(tmp_path / "s")
     assert list(back.tensordicts[3].keys()) == ["x", "y", "w"]
     assert back.tensordicts[3]["w"].tolist() == [0.0, 1.0]
     assert [list(m.keys()) for i, m in enumerate(back.tensordicts) if i != 3] == [["x", "y"]] * 4
+
+
+def test_a_member_given_a_record_is_marked_and_loads_whole(tmp_path: Path) -> None:
+    """make_memmap past a member's write-through: its meta.json gets the record field first, the
+    stack's load reads the record, tensordict skips the field."""
+    stack = LazyStackedTensorDict(*_members()).memmap_(tmp_path / "s")
+    member = stack.tensordicts[1]
+    for i in range(100):
+        member.make_memmap_from_tensor(f"k{i}", torch.full((2,), float(i)))
+    folder = tmp_path / "s" / "1"
+    assert json.loads((folder / "meta.json").read_text())["_tdshare_journal"] is True
+    assert (folder / "meta.jsonl").stat().st_size > 0  # the last additions are in the record only
+    others = [json.loads((tmp_path / "s" / str(i) / "meta.json").read_text()) for i in (0, 2, 3, 4)]
+    assert not any("_tdshare_journal" in meta for meta in others)
+    back = LazyStackedTensorDict.load_memmap(tmp_path / "s")
+    got = back.tensordicts[1]
+    assert list(got.keys()) == ["x", "y"] + [f"k{i}" for i in range(100)]
+    assert [got[f"k{i}"][1].item() for i in range(100)] == [float(i) for i in range(100)]
+    ref = tensordict.LazyStackedTensorDict.load_memmap(tmp_path / "s")  # meta.json only, the field skipped
+    seen = list(ref.tensordicts[1].keys())
+    assert 2 < len(seen) < 102 and seen == list(got.keys())[: len(seen)]
+    tdshare.compact_metadata(tmp_path / "s")
+    ref = tensordict.LazyStackedTensorDict.load_memmap(tmp_path / "s")
+    assert ref.tensordicts[1]["k99"].tolist() == [99.0, 99.0] and len(list(ref.tensordicts[1].keys())) == 102
+
+
+def test_a_record_without_the_field_is_not_read_by_a_stack_load(tmp_path: Path) -> None:
+    """Only a hand or another program leaves a record in a meta.json without the field: the
+    stack's load does not probe for it; the member loaded on its own (the general walker) reads it."""
+    LazyStackedTensorDict(*_members()).memmap_(tmp_path / "s")
+    folder = tmp_path / "s" / "3"
+    (folder / "w.memmap").write_bytes(torch.arange(2.0).numpy().tobytes())
+    entry = {"device": "cpu", "shape": [2], "dtype": "torch.float32", "is_nested": False}
+    (folder / "meta.jsonl").write_text(json.dumps({"w": entry}) + "\n")
+    assert list(LazyStackedTensorDict.load_memmap(tmp_path / "s").tensordicts[3].keys()) == ["x", "y"]
+    assert list(TensorDict.load_memmap(folder).keys()) == ["x", "y", "w"]
 
 
 @pytest.mark.parametrize("target", ["dangling", "file"])
@@ -130,6 +167,8 @@ def test_a_record_that_is_a_symbolic_link_is_refused(tmp_path: Path, target: str
     real = tmp_path / "record"
     if target == "file":
         real.write_text("")
+    add_record(tmp_path / "s" / "2", {})  # marked as having a record, as tdshare's writer does
+    (tmp_path / "s" / "2" / "meta.jsonl").unlink()
     os.symlink(real, tmp_path / "s" / "2" / "meta.jsonl")
     with pytest.raises(CorruptDataError, match=r"2/meta\.jsonl"):
         LazyStackedTensorDict.load_memmap(tmp_path / "s")

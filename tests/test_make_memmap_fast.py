@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+from pathlib import Path
 
 import pytest
 import tensordict
@@ -430,3 +431,25 @@ def test_from_storage_takes_the_fast_path(tmp_path: object, monkeypatch: pytest.
     with pytest.raises(MemmapError, match="needs 32"):
         fast.make_memmap_from_storage("s0x", other, [8], dtype=torch.int32)
     assert "s_other" not in fast.keys() and "s0x" not in fast.keys()
+
+
+def test_a_loaded_level_with_a_record_saved_back_keeps_what_others_added(tmp_path: Path) -> None:
+    """The record field is the folder's: a tensordict loaded from a marked level and saved back
+    unchanged keeps its level (and so the entries another writer added since)."""
+    import json
+
+    td = TensorDict({f"a{i}": torch.zeros(1) for i in range(WRITE_THROUGH + 6)}).memmap_(tmp_path / "t")
+    td.make_memmap("b0", (1,))
+    assert json.loads((tmp_path / "t" / "meta.json").read_text())["_tdshare_journal"] is True
+    other = TensorDict.load_memmap(tmp_path / "t")
+    assert "_tdshare_journal" not in other.keys()
+    td.make_memmap_from_tensor("b1", torch.ones(1))  # after the other's load
+    other.memmap_()
+    back = TensorDict.load_memmap(tmp_path / "t")
+    assert back["b1"].tolist() == [1.0] and "b0" in back.keys()
+
+
+def test_the_record_field_is_refused_as_a_key(tmp_path: Path) -> None:
+    td = TensorDict({"a": torch.zeros(1)}).memmap_(tmp_path / "t")
+    with pytest.raises(InvalidArgumentError, match=r"_tdshare_journal"):
+        td.make_memmap("_tdshare_journal", (1,))

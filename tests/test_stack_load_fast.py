@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import tensordict
 import torch
+from _helpers import add_record
 from _kinds import KINDS, Sample, build
 
 import tdshare._lazy_leaves
@@ -197,7 +198,7 @@ def _xs(stack: Any) -> list[float]:
 def _journal(folder: Path) -> None:
     (folder / "2" / "w.memmap").write_bytes(torch.arange(2.0).numpy().tobytes())
     entry = {"device": "cpu", "shape": [2], "dtype": "torch.float32", "is_nested": False}
-    (folder / "2" / "meta.jsonl").write_text(json.dumps({"w": entry}) + "\n")
+    add_record(folder / "2", {"w": entry})
 
 
 def _member_link_inside(folder: Path) -> None:

@@ -900,7 +900,7 @@ def test_shared_memory_td_cannot_be_memmapped_in_place(tmp_path: Path) -> None:
     assert copy.is_memmap() and isinstance(copy["a"], MemoryMappedTensor)
 
 
-@pytest.mark.parametrize("key", ["shape", "device", "_type", "_format_version", "_class", "_names"])
+@pytest.mark.parametrize("key", ["shape", "device", "_type", "_format_version", "_class", "_names", "_tdshare_journal"])
 @pytest.mark.parametrize("where", ["top", "nested", "non-tensor"])
 def test_field_named_keys_are_refused(tmp_path: Path, key: str, where: str) -> None:
     if where == "top":
