@@ -260,7 +260,7 @@ def write_files_in(
         return None
     if listed.get(names[0]) != first:
         return None
-    inos = list(map(listed.get, names))
+    inos: list[Any] = list(map(listed.get, names))
     if None in inos:  # (removed meanwhile by someone else: stat-ing it reports that)
         inos = [os.stat(head + n).st_ino if i is None else i for n, i in zip(names, inos, strict=True)]
     return inos

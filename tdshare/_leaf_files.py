@@ -122,7 +122,7 @@ def leaf_bytes(
                 j += 1
         if j - i > 1:
             try:
-                flat: torch.Tensor | None = torch.cat(srcs[i:j])
+                flat: torch.Tensor | None = torch.cat(list(srcs[i:j]))
             except RuntimeError:  # e.g. leaves on different devices
                 flat = None
             if flat is None or flat.is_meta:  # one leaf at a time (a meta leaf is refused by name there)

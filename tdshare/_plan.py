@@ -164,13 +164,17 @@ class LevelEncodings:
 
     >>> enc = LevelEncodings()
     >>> import tdshare
-    >>> a, b = (plan_tree(tdshare.TensorDict(x=torch.ones(2)), f"/x/{i}", True, False, True) for i in "ab")
+    >>> a, b = (plan_tree(tdshare.TensorDict(x=torch.ones(2)), f"/x/{i}", True, False, False) for i in "ab")
     >>> enc.meta(a) is enc.meta(b), enc.data(a) is enc.data(b)
     (True, True)
+    >>> tree = tdshare.TensorDict(a=tdshare.TensorDict(x=torch.ones(2)), b=tdshare.TensorDict(x=torch.zeros(2)))
+    >>> a, b = (level for _, level in plan_tree(tree, "/x", True, False, True).children)  # one schema
+    >>> a.schema is b.schema, enc.meta(a) is enc.meta(b), enc.data(a) is enc.data(b)
+    (True, True, True)
     """
 
     def __init__(self) -> None:
-        self._seen: dict[tuple, list[Any]] = {}  # key -> [metadata dict, its bytes or None]
+        self._seen: dict[Any, list[Any]] = {}  # key (or schema) -> [metadata dict, its bytes or None]
         self._last: tuple[PlannedLevel | None, list[Any]] = (None, [])  # meta() then data() of one level
 
     def _entry(self, level: PlannedLevel) -> list[Any]:
