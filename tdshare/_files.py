@@ -16,11 +16,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import itertools
+import operator
 import os
 import secrets
 import stat
 import weakref
-from collections.abc import Iterable
+from collections.abc import Sequence
+from os import scandir
 from typing import Any
 
 import torch
@@ -36,7 +38,7 @@ __all__ = [
     "shaped",
     "no_data_error",
     "write_file",
-    "write_files",
+    "write_files_in",
     "replace_file",
     "reserve_file",
     "map_file",
@@ -145,9 +147,12 @@ def _write_all(fd: int, data: memoryview | bytes, path: str) -> None:
             while done < total:
                 done += os.write(fd, view[done:])
     except OSError as err:
-        raise OSError(
-            err.errno, f"{os.strerror(err.errno or 0)}: writing {total} bytes to {path!r} failed after {done}"
-        ) from err
+        raise _write_failed(err, total, done, path) from err
+
+
+def _write_failed(err: OSError, total: int, done: int, path: str) -> OSError:
+    """The error of a failed write, naming the file and how far it got (its errno kept)."""
+    return OSError(err.errno, f"{err.strerror or err}: writing {total} bytes to {path!r} failed after {done}")
 
 
 def check_not_symlink(path: str, fix: str = "Remove the link, or save elsewhere.") -> None:
@@ -194,22 +199,76 @@ def write_file(path: str, data: memoryview | bytes, *, existsok: bool = True, st
     return ino
 
 
-def write_files(files: Iterable[tuple[str, memoryview | bytes]], *, existsok: bool = True) -> None:
-    """:func:`write_file` for many files (none is stat-ed), in one loop: thousands of small leaves."""
-    os_open, os_close = os.open, os.close
-    for path, data in files:
-        try:
-            fd = os_open(path, _NEW_FILE, 0o666)
-        except FileExistsError:
-            write_file(path, data, existsok=existsok, stat=False)
-            continue
-        try:
-            _write_all(fd, data, path)
-        except BaseException:
-            os_close(fd)
+def write_files_in(
+    folder: str, names: Sequence[str], blobs: Sequence[memoryview | bytes], *, existsok: bool = True
+) -> list[int] | None:
+    """:func:`write_file` for the files ``folder``/``names[i]`` with the bytes ``blobs[i]``, in one
+    loop (thousands of small leaves), and their inodes from one listing of ``folder``.
+
+    Past a few files they are created relative to one descriptor of ``folder``: the kernel then
+    looks up one name per file instead of walking the whole path.  Returns None when the
+    listing's inode numbers disagree with ``fstat`` on the first file (overlayfs and some FUSE
+    file systems report others) or the folder cannot be listed: the caller stats the files.
+
+    Raises:
+        OSError: a file cannot be created or written (the error names its full path; files
+            written before it stay, for the caller to remove).
+    """
+    head = folder + os.sep
+    first = write_file(head + names[0], blobs[0], existsok=existsok)
+    dfd = os.open(folder, _AT_FOLDER) if len(names) >= _AT_MIN else None
+    targets = names if dfd is not None else [head + n for n in names]
+    open_, write, close, new = os.open, os.write, os.close, _NEW_FILE
+    fd = -1
+    target = ""
+    try:
+        for target, blob in zip(itertools.islice(targets, 1, None), itertools.islice(blobs, 1, None), strict=True):
+            try:
+                fd = open_(target, new, 0o666, dir_fd=dfd)
+            except FileExistsError:
+                write_file(head + target if dfd is not None else target, blob, existsok=existsok, stat=False)
+                continue
+            try:
+                done = write(fd, blob)
+            except OSError as err:
+                raise _write_failed(err, len(blob), 0, head + target if dfd is not None else target) from err
+            if done != len(blob):  # the kernel stops at ~2 GiB a call
+                _write_all(fd, memoryview(blob)[done:], head + target if dfd is not None else target)
+            close(fd)
+            fd = -1
+    except OSError as err:
+        path = head + target if dfd is not None else target
+        if fd >= 0:
+            os.close(fd)
             _unlink_quietly(path)
-            raise
-        os_close(fd)
+        if err.filename is not None and err.filename != path:  # relative to the folder's descriptor
+            raise OSError(err.errno, err.strerror, path) from None
+        raise
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+            _unlink_quietly(head + target if dfd is not None else target)
+        raise
+    finally:
+        if dfd is not None:
+            os.close(dfd)
+    try:
+        with scandir(folder) as it:
+            entries = list(it)
+        listed = dict(zip(map(_NAME, entries), map(_INODE, entries), strict=True))  # C loops, no Python one
+    except OSError:  # a folder we may write but not list
+        return None
+    if listed.get(names[0]) != first:
+        return None
+    inos: list[Any] = list(map(listed.get, names))
+    if None in inos:  # (removed meanwhile by someone else: stat-ing it reports that)
+        inos = [os.stat(head + n).st_ino if i is None else i for n, i in zip(names, inos, strict=True)]
+    return inos
+
+
+_AT_FOLDER = getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC
+_NAME, _INODE = operator.attrgetter("name"), operator.methodcaller("inode")
+_AT_MIN = 8  # files: below, the folder's own open and close cost more than the shorter lookups save
 
 
 def replace_file(path: str, data: memoryview | bytes, *, stat: bool = False, existing: bool = False) -> int | None:

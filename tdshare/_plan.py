@@ -47,6 +47,7 @@ from ._format import (
 )
 from ._lazy_leaves import PendingLeaf, raw_items
 from ._leaf_files import LeafPlan, plain_leaf
+from ._level_schema import LevelSchema, SchemaCache
 from ._memmap import MemoryMappedTensor
 from ._nodes import NodeKind, kind_of
 from ._nontensor import NonTensorData
@@ -133,6 +134,8 @@ class PlannedLevel:
     # a lazy stack (a STACK kind): ``children`` are its members "0", "1"..., ``stack_meta`` its meta.json
     stack: NodeKind | None = None
     stack_meta: bytes = b""
+    # a level of plain leaves only, planned as the equal levels before it: their shared schema
+    schema: LevelSchema | None = None
 
     def walk(self) -> list[PlannedLevel]:
         """Every level, children before their parent."""
@@ -161,13 +164,17 @@ class LevelEncodings:
 
     >>> enc = LevelEncodings()
     >>> import tdshare
-    >>> a, b = (plan_tree(tdshare.TensorDict(x=torch.ones(2)), f"/x/{i}", True, False, True) for i in "ab")
+    >>> a, b = (plan_tree(tdshare.TensorDict(x=torch.ones(2)), f"/x/{i}", True, False, False) for i in "ab")
     >>> enc.meta(a) is enc.meta(b), enc.data(a) is enc.data(b)
     (True, True)
+    >>> tree = tdshare.TensorDict(a=tdshare.TensorDict(x=torch.ones(2)), b=tdshare.TensorDict(x=torch.zeros(2)))
+    >>> a, b = (level for _, level in plan_tree(tree, "/x", True, False, True).children)  # one schema
+    >>> a.schema is b.schema, enc.meta(a) is enc.meta(b), enc.data(a) is enc.data(b)
+    (True, True, True)
     """
 
     def __init__(self) -> None:
-        self._seen: dict[tuple, list[Any]] = {}  # key -> [metadata dict, its bytes or None]
+        self._seen: dict[Any, list[Any]] = {}  # key (or schema) -> [metadata dict, its bytes or None]
         self._last: tuple[PlannedLevel | None, list[Any]] = (None, [])  # meta() then data() of one level
 
     def _entry(self, level: PlannedLevel) -> list[Any]:
@@ -178,7 +185,13 @@ class LevelEncodings:
         return hit
 
     def _lookup(self, level: PlannedLevel) -> list[Any]:
-        key: tuple = (id(level),)  # a level with other entries: its own (it lives as long as the write)
+        key: Any = (id(level),)  # a level with other entries: its own (it lives as long as the write)
+        schema = level.schema
+        if schema is not None:  # planned through its schema, which holds both (keyed by itself)
+            hit = self._seen.get(schema)
+            if hit is None:
+                hit = self._seen[schema] = [schema.meta, schema.data]
+            return hit
         if len(level.texts) == len(level.entries):  # every entry a leaf whose JSON text is known
             names = level.names
             key = (tuple(level.texts.items()), tuple(level.src.batch_size), None if names is None else tuple(names))
@@ -217,12 +230,15 @@ def plan_tree(
     existsok: bool,
     where: str = "the tensordict",
     parent_names: list | None = None,
+    schemas: SchemaCache | None = None,
 ) -> PlannedLevel:
     """Plan the save of ``td`` into ``path``: every file name, key, dtype, existing file and pickle
     checked, nothing touched on disk.
 
     ``path`` None plans anonymous memory (no names), ``""`` an archive (paths relative to its
-    root).  ``where`` names the level in messages.
+    root).  ``where`` names the level in messages.  ``schemas``: the schemas of the levels planned
+    so far in this write (a level of plain leaves only, into a folder, is planned as the equal
+    level before it: :mod:`tdshare._level_schema`).
 
     Raises:
         InvalidArgumentError: a key that cannot be a file name, two keys stored under one name.
@@ -232,10 +248,21 @@ def plan_tree(
     """
     own = kind_of(td)
     if own is not None and own.layout == STACK:
-        return _plan_stack(td, own, path, robust, copy_existing, existsok, where)
+        return _plan_stack(td, own, path, robust, copy_existing, existsok, where, schemas)
     level = PlannedLevel(td, path, names=_inherit_names(td, parent_names))
-    used: dict[str, str] = {}  # file name -> key: a leaf "a" and a folder "a.memmap" would collide
     head = path + os.sep if path and robust and existsok else None
+    if head is not None:
+        if schemas is None:
+            schemas = SchemaCache()
+        schema = schemas.of(td._tensordict, tuple(td.batch_size), level.names)
+        if schema is not None:  # plain leaves only (the many small levels of a large tree)
+            values = list(dict.values(td._tensordict))
+            level.schema = schema
+            level.plain_keys = list(schema.keys)
+            level.plain = list(zip(values, [head + name for name in schema.files], schema.infos, strict=True))
+            level.entries, level.texts = schema.entries, schema.texts  # shared: never changed
+            return level
+    used: dict[str, str] = {}  # file name -> key: a leaf "a" and a folder "a.memmap" would collide
     plain_keys, plain, entries, texts = level.plain_keys, level.plain, level.entries, level.texts
     for key, value in raw_items(td._tensordict):  # a leaf not mapped yet stays so (see _plan_pending)
         if type(value) is PendingLeaf:
@@ -281,10 +308,10 @@ def plan_tree(
             continue
         here = _here(where, key)
         if kind.layout == LEVEL:
-            child = plan_tree(value, sub, robust, copy_existing, existsok, here, level.names)
+            child = plan_tree(value, sub, robust, copy_existing, existsok, here, level.names, schemas)
             level.children.append((key, child))
         elif kind.layout == STACK:
-            level.children.append((key, plan_tree(value, sub, robust, copy_existing, existsok, here)))
+            level.children.append((key, plan_tree(value, sub, robust, copy_existing, existsok, here, None, schemas)))
         elif kind.layout in (VALUE, VALUE_STACK):
             nt = PlannedValue(key, value, sub)
             if path is not None:
@@ -293,7 +320,7 @@ def plan_tree(
         elif kind.layout == WRAPPED and kind.unwrap is not None and kind.type_tag is not None:
             inner, fields = kind.unwrap(value)
             inner_path = None if sub is None else sub + os.sep + WRAPPED_DIR
-            planned = plan_tree(inner, inner_path, robust, copy_existing, existsok, here, level.names)
+            planned = plan_tree(inner, inner_path, robust, copy_existing, existsok, here, level.names, schemas)
             w = PlannedWrapper(key, value, sub, kind, fields, planned)
             if path is not None:
                 w.meta = dumps_json({"_type": kind.type_tag, **fields})
@@ -305,7 +332,14 @@ def plan_tree(
 
 
 def _plan_stack(
-    td: Any, kind: NodeKind, path: str | None, robust: bool, copy_existing: bool, existsok: bool, where: str
+    td: Any,
+    kind: NodeKind,
+    path: str | None,
+    robust: bool,
+    copy_existing: bool,
+    existsok: bool,
+    where: str,
+    schemas: SchemaCache | None,
 ) -> PlannedLevel:
     """Plan a lazy stack: its members as the levels ``0/``, ``1/``... and its own ``meta.json``."""
     if kind.unwrap is None:
@@ -315,7 +349,7 @@ def _plan_stack(
     for i, member in enumerate(members):
         sub = None if path is None else (path + os.sep + str(i) if path else str(i))
         here = f"member {i}" if where == "the tensordict" else f"{where} member {i}"
-        level.children.append((str(i), plan_tree(member, sub, robust, copy_existing, existsok, here)))
+        level.children.append((str(i), plan_tree(member, sub, robust, copy_existing, existsok, here, None, schemas)))
     if path is not None:
         level.stack_meta = dumps_json(lazy_stack_meta(fields["stack_dim"], fields.get("stack_dim_name")))
     return level

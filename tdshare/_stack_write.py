@@ -8,8 +8,9 @@ them.  :func:`write_stack` does the same work for the common stack in one pass:
 - **Planning** is one look at each member: a plain collection level (no nested level, no
   non-tensor value) whose entries are all plain dense tensors under plain keys (each its own file
   name), with data.  Members whose entries have equal keys, shapes and dtypes (with equal batch
-  size and dim names) share one schema: one metadata dict and one encoded ``meta.json``, written
-  as bytes into each of their folders.
+  size and dim names) share one schema (:class:`tdshare._level_schema.LevelSchema`, as the levels
+  of the general writer do): one metadata dict and one encoded ``meta.json``, written as bytes
+  into each of their folders.
 - **Writing**, per member and in order: its folder, each leaf file (create, write, ``fstat`` for
   the inode, close) and its ``meta.json`` after them; the stack's own ``meta.json`` last, replaced
   whole, so a reader sees no stack or all of it.  The bytes of the small leaves are taken in
@@ -27,24 +28,21 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
 from ._files import check_not_symlink, replace_file
 from ._format import (
-    LEAF_SUFFIX,
     LEVEL,
     META_FILE,
     STACK,
     dumps_json,
-    dumps_level,
     lazy_stack_meta,
-    level_meta,
-    plain_key,
 )
 from ._lazy_leaves import PendingLeaf, new_lazy_leaves, track_below
-from ._leaf_files import LeafPlan, leaf_bytes, plain_leaf
+from ._leaf_files import leaf_bytes
+from ._level_schema import LevelSchema, SchemaCache
 from ._mapping_limits import check_descriptors, is_limit_error, limit_error
 from ._nodes import kind_of
 from ._options import SaveOptions
@@ -93,25 +91,14 @@ def stack_applies(td: TensorDictBase, opts: SaveOptions) -> bool:
     )
 
 
-class _Schema:
-    """What the members with equal keys, shapes, dtypes, batch size and dim names share."""
-
-    __slots__ = ("data", "meta")
-
-    def __init__(self, entries: dict[str, dict], texts: dict[str, str], batch: torch.Size, names: list | None) -> None:
-        self.meta = level_meta(entries, batch, names)  # what each member remembers as seen (never changed)
-        self.data = dumps_level(entries, texts, batch, names)
-
-
-# a member, planned: its source, its leaves (key, tensor, LeafPlan) and its schema
-_Member = tuple[TensorDictBase, list[tuple[str, torch.Tensor, LeafPlan]], _Schema]
+# a member, planned: its source, its leaf tensors (in its schema's key order) and its schema
+_Member = tuple[TensorDictBase, list[torch.Tensor], LevelSchema]
 
 
 def _plan(members: list[TensorDictBase]) -> list[_Member] | None:
     """Each member's leaves and schema, or None when one is not covered (see the module docstring)."""
     levels: dict[type, bool] = {}
-    keys: dict[str, bool] = {}
-    schemas: dict[tuple, _Schema] = {}
+    schemas = SchemaCache()
     out: list[_Member] = []
     for member in members:
         tp = type(member)
@@ -121,36 +108,11 @@ def _plan(members: list[TensorDictBase]) -> list[_Member] | None:
             ok = levels[tp] = kind is not None and kind.layout == LEVEL and kind.unwrap is None
         if not ok:
             return None
-        leaves = []
-        sig: list[Any] = []
-        for key, value in dict.items(member._tensordict):  # a pending (loaded) leaf: not a plain tensor
-            if type(value) is not _Tensor or value.layout is not _STRIDED or value.is_nested:
-                return None
-            plain = keys.get(key)
-            if plain is None:
-                plain = keys[key] = plain_key(key)
-            if not plain:
-                return None
-            info = plain_leaf(value.shape, value.dtype)[2]
-            if not info.numel:
-                return None
-            leaves.append((key, value, info))
-            sig.append(key)
-            sig.append(info)
-        if not leaves:
-            return None
-        names = member._names
-        sig.append(tuple(member.batch_size))
-        sig.append(None if names is None else tuple(names))
-        sig_key = tuple(sig)
-        schema = schemas.get(sig_key)
+        entries = member._tensordict
+        schema = schemas.of(entries, tuple(member.batch_size), member._names)
         if schema is None:
-            entries: dict[str, dict] = {}
-            texts: dict[str, str] = {}
-            for key, value, _ in leaves:
-                entries[key], texts[key], _ = plain_leaf(value.shape, value.dtype)
-            schema = schemas[sig_key] = _Schema(entries, texts, member.batch_size, names)
-        out.append((member, leaves, schema))
+            return None
+        out.append((member, list(dict.values(entries)), schema))
     return out
 
 
@@ -207,13 +169,10 @@ def write_stack(td: T, path: str, opts: SaveOptions, *, inplace: bool) -> T | No
     made: list[str] = []
     written: list[list[PendingLeaf]] = []
     try:
-        data = leaf_bytes(
-            [
-                (src, f"{head}{i}{os.sep}{key}{LEAF_SUFFIX}", info)
-                for i, m in enumerate(planned)
-                for key, src, info in m[1]
-            ]
-        )
+        files = [f"{head}{i}{os.sep}{name}" for i, m in enumerate(planned) for name in m[2].files]
+        srcs = [src for m in planned for src in m[1]]
+        blobs = leaf_bytes(srcs, [info for m in planned for info in m[2].infos], files)
+        data = list(zip(files, blobs, strict=True))
         _write_members(planned, head, data, made, written)
         replace_file(head + META_FILE, dumps_json(lazy_stack_meta(fields["stack_dim"], fields.get("stack_dim_name"))))
     except BaseException as err:
@@ -246,13 +205,13 @@ def _write_members(
     mkdir, open_, write, fstat, close = os.mkdir, os.open, os.write, os.fstat, os.close
     new, pending, meta_file = _NEW_FILE, PendingLeaf, os.sep + META_FILE
     files = iter(data)
-    for i, (_, leaves, schema) in enumerate(planned):
+    for i, (_, _, schema) in enumerate(planned):
         sub = head + str(i)
         mkdir(sub)
         made.append(sub)
         where = sub + meta_file
         out = []
-        for _, _, info in leaves:
+        for info in schema.infos:
             file, blob = next(files)
             fd = open_(file, new, 0o666)
             try:
@@ -278,9 +237,9 @@ def _install(dests: list[TensorDictBase], planned: list[_Member], written: list[
     """Put each member's pending leaves into its destination (its source for ``memmap_``) and lock it."""
     made: list[dict] = []
     setitem = dict.__setitem__
-    for i, (member, (src, leaves, schema), out) in enumerate(zip(dests, planned, written, strict=True)):
+    for i, (member, (src, _, schema), out) in enumerate(zip(dests, planned, written, strict=True)):
         values = new_lazy_leaves()
-        for (key, _, _), leaf in zip(leaves, out, strict=True):
+        for key, leaf in zip(schema.keys, out, strict=True):
             setitem(values, key, leaf)
         member._tensordict = values
         made.append(values)

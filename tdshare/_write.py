@@ -71,7 +71,8 @@ def _write_level(level: PlannedLevel, existsok: bool, listing: Listing) -> None:
     if level.plain:
         assert level.path is not None
         if level.empty:
-            level.plain_out = write_batch(level.path, level.plain, existsok, listing)
+            names = None if level.schema is None else level.schema.files
+            level.plain_out = write_batch(level.path, level.plain, existsok, listing, names)
         else:
             level.plain_out = [write_leaf(src, path, existsok) for src, path, _ in level.plain]
     for leaf in level.leaves:

@@ -84,6 +84,10 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
     if level.stack is not None:
         _install_stack(level, dest, final_path, share, made)
         return
+    if level.schema is not None and not level.leaves:  # plain leaves only, written as such: the dict in one step
+        dest._tensordict = rebuilt(zip(level.plain_keys, level.plain_out, strict=True))
+        _finish(level, dest, final_path, made)
+        return
     in_place = dest is level.src
     values: dict = {}
     if in_place:  # the copy has the source's key order, and every entry keeps its position
@@ -126,6 +130,11 @@ def _install(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, 
         dest._tensordict = values
     else:  # keep the source's key order
         dest._tensordict = rebuilt([(k, values[k]) for k in level.src._tensordict])
+    _finish(level, dest, final_path, made)
+
+
+def _finish(level: PlannedLevel, dest: TensorDictBase, final_path: str | None, made: list[dict]) -> None:
+    """Mark ``dest``, which holds its written entries now, memory-mapped under ``final_path`` and lock it."""
     if final_path is not None and type(dest._tensordict) is LazyLeaves:
         made.append(dest._tensordict)
     dest._device = _CPU

@@ -108,6 +108,7 @@ LAYERS: dict[str, list[str]] = {
         "_shape_stack",
     ],
     "io": [
+        "_level_schema",
         "_plan",
         "_write_results",
         "_write_install",

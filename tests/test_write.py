@@ -78,19 +78,25 @@ class _Failer:
         self.armed = True
 
 
+def _file_of(fd: int) -> str:
+    """The path of the file open as ``fd`` (leaf files are written by more than one loop: a test
+    that watches them patches ``os.write``)."""
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
 @pytest.fixture
 def fail_third_leaf(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Failer]:
-    real = tdshare._files._write_all
+    real = os.write
     failer = _Failer()
 
-    def failing(fd: int, data: Any, path: str) -> None:
-        if failer.armed and path.endswith(".memmap"):
+    def failing(fd: int, data: Any) -> int:
+        if failer.armed and _file_of(fd).endswith(".memmap"):
             failer.calls += 1
             if failer.calls == 3:
                 raise OSError("injected failure on the third leaf")
-        real(fd, data, path)
+        return real(fd, data)
 
-    monkeypatch.setattr(tdshare._files, "_write_all", failing)
+    monkeypatch.setattr(os, "write", failing)
     yield failer
 
 
@@ -314,7 +320,7 @@ def test_names_are_saved(tmp_path: Path) -> None:
 
 def test_leaf_data_is_written_before_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[str] = []
-    real_leaf, real_replace = tdshare._files._write_all, os.replace
+    real_write, real_replace = os.write, os.replace
 
     metas: set[str] = set()
 
@@ -323,17 +329,18 @@ def test_leaf_data_is_written_before_metadata(tmp_path: Path, monkeypatch: pytes
             metas.add(path)
             events.append("meta")
 
-    def leaf(fd: int, data: Any, path: str) -> None:
+    def write(fd: int, data: Any) -> int:  # every file's bytes, whichever loop writes them
+        path = _file_of(fd)
         if path.endswith(".memmap"):
             events.append("leaf")
         meta(path)  # a level below the root of a new tree writes its meta.json in place
-        real_leaf(fd, data, path)
+        return real_write(fd, data)
 
     def replace(src: Any, dst: Any) -> None:
         meta(os.fspath(dst))
         real_replace(src, dst)
 
-    monkeypatch.setattr(tdshare._files, "_write_all", leaf)
+    monkeypatch.setattr(os, "write", write)
     monkeypatch.setattr(os, "replace", replace)
     _make().save(tmp_path / "td")
     monkeypatch.undo()
@@ -405,7 +412,7 @@ def _memmap_listing(td: TensorDict, path: Path, monkeypatch: pytest.MonkeyPatch)
         return real(folder)
 
     with monkeypatch.context() as patch:
-        patch.setattr(tdshare._leaf_files, "scandir", scandir)
+        patch.setattr(tdshare._files, "scandir", scandir)
         out = td.memmap(path)
     return out, sorted(listings)
 
@@ -436,7 +443,7 @@ def test_batched_leaves_when_listings_disagree_with_fstat(tmp_path: Path, monkey
         with real(path) as entries:
             yield [Wrong(e) for e in entries]
 
-    monkeypatch.setattr(tdshare._leaf_files, "scandir", scandir)
+    monkeypatch.setattr(tdshare._files, "scandir", scandir)
     out = _batchable().memmap(tmp_path / "td")
     monkeypatch.undo()
     assert listings[0] == 1  # the first disagreement settles it for the rest of the write
@@ -447,7 +454,7 @@ def test_batched_leaves_in_a_folder_that_cannot_be_listed(tmp_path: Path, monkey
     def scandir(folder: Any) -> Any:  # a folder with write but no read permission (root ignores modes)
         raise PermissionError(13, "Permission denied", os.fspath(folder))
 
-    monkeypatch.setattr(tdshare._leaf_files, "scandir", scandir)
+    monkeypatch.setattr(tdshare._files, "scandir", scandir)
     out = _batchable().memmap(tmp_path / "td")
     monkeypatch.undo()
     _check_batchable(out)
@@ -745,15 +752,16 @@ def test_worker_error_is_raised_once_every_thread_stopped(tmp_path: Path, monkey
 # -- atomic=True ----------------------------------------------------------------------------------
 def test_atomic_into_a_new_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     written: list[str] = []
-    real = tdshare._files._write_all
+    real = os.write
 
-    def record(fd: int, data: Any, path: str) -> None:
+    def record(fd: int, data: Any) -> int:
+        path = _file_of(fd)
         if path.endswith(".memmap"):
             written.append(path)
         assert not (tmp_path / "td").exists()  # nothing at the prefix until the rename
-        real(fd, data, path)
+        return real(fd, data)
 
-    monkeypatch.setattr(tdshare._files, "_write_all", record)
+    monkeypatch.setattr(os, "write", record)
     out = _make(1.0).memmap(tmp_path / "td", atomic=True)
     assert len(written) == 4
     for path in written:  # staged next to the prefix (same file system), then renamed into place
