@@ -47,7 +47,9 @@ __all__ = [
     "group_views",
     "inline",
     "raw",
+    "read_header",
     "require_group",
+    "write_header",
 ]
 
 _MAGIC = 0x7464736861726531  # "tdshare1"
@@ -137,11 +139,7 @@ class Header:
 
     def write(self, message: torch.Tensor) -> torch.Tensor:
         """Write the header into the first :data:`HEADER_BYTES` of ``message`` (bytes); return it."""
-        if message.device.type == "cpu" and message.is_contiguous():
-            ctypes.memmove(message.data_ptr(), self.pack(), HEADER_BYTES)  # no tensor op: a few µs less
-        else:
-            message[:HEADER_BYTES].copy_(self.tensor())
-        return message
+        return write_header(message, self.pack())
 
     @classmethod
     def from_tensor(cls, raw: torch.Tensor) -> Header:
@@ -150,17 +148,30 @@ class Header:
         Raises:
             FormatError: not a tdshare header (another sender on the same tag).
         """
-        if raw.device.type == "cpu" and raw.is_contiguous():
-            data = ctypes.string_at(raw.data_ptr(), HEADER_BYTES)
-        else:
-            data = raw[:HEADER_BYTES].cpu().numpy().tobytes()
-        magic, digest, layout, length, flags, *_ = _HEAD.unpack(data)
+        magic, digest, layout, length, flags, *_ = _HEAD.unpack(read_header(raw))
         if magic != _MAGIC:
             raise FormatError(
                 "The message is not a tdshare transfer header: another send on the same peer and tag was received "
                 "here; use a distinct tag for tdshare transfers."
             )
         return cls(digest, layout, length, bool(flags))
+
+
+def write_header(message: torch.Tensor, packed: bytes) -> torch.Tensor:
+    """Write the :data:`HEADER_BYTES` bytes ``packed`` (see :meth:`Header.pack`) at the start of
+    ``message`` (bytes); return it."""
+    if message.device.type == "cpu" and message.is_contiguous():
+        ctypes.memmove(message.data_ptr(), packed, HEADER_BYTES)  # no tensor op: a few µs less
+    else:
+        message[:HEADER_BYTES].copy_(torch.frombuffer(bytearray(packed), dtype=torch.uint8))
+    return message
+
+
+def read_header(raw: torch.Tensor) -> bytes:
+    """The first :data:`HEADER_BYTES` of ``raw`` (bytes, at least that many) as ``bytes``."""
+    if raw.device.type == "cpu" and raw.is_contiguous():
+        return ctypes.string_at(raw.data_ptr(), HEADER_BYTES)
+    return raw[:HEADER_BYTES].cpu().numpy().tobytes()
 
 
 _HEAD = struct.Struct("<8q")

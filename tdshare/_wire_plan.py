@@ -39,12 +39,14 @@ from ._schema import Schema, describe
 from ._transport import (
     GRAIN,
     HEADER_BYTES,
+    Header,
     Transport,
     contiguous_run,
     copier,
     copy_bytes,
     data_layout,
     group_views,
+    inline,
     staged_views,
 )
 from ._wire_span import FusedCopy, fused_copy
@@ -187,6 +189,10 @@ class Plan:
         self.schema, self.leaves = describe(tree, allow_pickle=allow_pickle, storage=self.storage)
         if self.schema.storage is None:
             self.storage = None  # a leaf outside the storage: sent as a plain tree
+        # whether the data rides in the header's message, its size, and that header (the same
+        # schema again), worked out once
+        self.wire = (inline(self.schema), data_layout(self.schema)[0])
+        self.steady_header = Header(self.schema.digest, self.schema.layout_digest, 0, True).pack()
         # an in-memory consolidated tree: the header's room before its storage (one message, no copy)
         self.framed = consolidated_message(tree) if self.storage is not None else None
         if self.framed is not None and (

@@ -200,6 +200,34 @@ def test_broadcast_of_a_changing_consolidated_tree_world_4(tmp_path: Path) -> No
     assert all(results[r] == [True] * 4 for r in (1, 2, 3))
 
 
+def _two_receipts_outstanding(rank: int, world: int, consolidated: bool) -> list[bool]:
+    """In the steady state, two ``irecv`` on one stream posted before either is waited for: each
+    gets its own transfer, in order (the header recognised at once, the stream's record kept)."""
+    td = _tree().consolidate() if consolidated else _tree()
+    if rank == 0:
+        for step in range(5):
+            td["a"].add_(step)  # in place: the layout stays
+            tdd.send(td, 1, tag=6, timeout=20)
+        return []
+    expected = _tree()
+    targets = [_tree().zero_() for _ in range(2)]
+    tdd.recv(targets[0], 0, tag=6, timeout=20)
+    expected["a"].add_(0)
+    seen = [_content(targets[0]) == _content(expected)]
+    for _ in range(2):
+        handles = [tdd.irecv(t, 0, tag=6, timeout=20) for t in targets]
+        for handle in handles:
+            got = handle.wait(timeout=20)
+            expected["a"].add_(len(seen))
+            seen.append(_content(got) == _content(expected))
+    return seen
+
+
+@pytest.mark.parametrize("consolidated", [False, True], ids=["plain", "consolidated"])
+def test_two_outstanding_irecv_in_the_steady_state_each_get_their_transfer(tmp_path: Path, consolidated: bool) -> None:
+    assert _run(2, _two_receipts_outstanding, tmp_path, consolidated, timeout=120)[1] == [True] * 5
+
+
 def _killed_in_steady_state(rank: int, world: int, consolidated: bool) -> str:
     td = _tree().consolidate() if consolidated else _tree()
     target = _tree().zero_().consolidate() if consolidated else _tree().zero_()
