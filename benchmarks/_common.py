@@ -14,6 +14,7 @@ import gc
 import importlib
 import itertools
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -314,7 +315,11 @@ Measure = Callable[[], "float | Mapping[str, float]"]
 def run_interleaved(
     cases: Mapping[str, Measure], reps: int, warmup: int, before: Callable[[], object] | None = None
 ) -> dict[str, dict[str, Cell]]:
-    """Run ``warmup + reps`` rounds; in each, every case once, starting one case later each round.
+    """Run ``warmup + reps`` rounds; in each, every case once, in an order shuffled per round.
+
+    The order of round ``r`` is the same in every process (a generator seeded with ``r``), so the
+    ranks of a distributed case run the same case at the same time; a fixed rotation would make
+    each case always follow the same one (after another library's case, its caches cold).
 
     ``before`` runs (untimed) before every case: e.g. ``os.sync``, so that no case is measured
     while the kernel writes back what the one before it wrote.  Returns ``{metric: {case: Cell}}``;
@@ -325,9 +330,12 @@ def run_interleaved(
     failed: dict[str, str] = {}
     names = list(cases)
     for rnd in range(warmup + reps):
-        # Each round starts with the next case, so whatever one case leaves behind (a journal to
-        # commit, pages to free) falls on every case in turn.
-        for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
+        # Whatever one case leaves behind (a journal to commit, pages to free, cold caches) falls
+        # on every case in turn: a new order each round, and the first round starts in order.
+        order = names[:]
+        if rnd:
+            random.Random(rnd).shuffle(order)
+        for name in order:
             case = cases[name]
             if name in failed:
                 continue

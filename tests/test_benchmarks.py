@@ -120,9 +120,26 @@ def test_run_interleaved_runs_before_ahead_of_every_case() -> None:
         warmup=1,
         before=lambda: calls.append("sync"),
     )
-    # three rounds, each starting one case later, every case preceded by the hook
-    assert calls == ["sync", "a", "sync", "b", "sync", "b", "sync", "a", "sync", "a", "sync", "b"]
+    # three rounds, every case once in each, preceded by the hook; the first round in order
+    assert calls[::2] == ["sync"] * 6 and calls[1:3:2] == ["a"] and calls[3:4] == ["b"]
+    rounds = [calls[i + 1 : i + 4 : 2] for i in range(0, 12, 4)]
+    assert all(sorted(r) == ["a", "b"] for r in rounds)
     assert res[""]["b"].values == [2.0, 2.0]
+
+
+def test_run_interleaved_orders_are_shuffled_alike_in_every_process() -> None:
+    common = _import("benchmarks._common")
+    names = [f"c{i}" for i in range(6)]
+
+    def orders() -> list[list[str]]:
+        calls: list[str] = []
+        common.run_interleaved({n: (lambda n=n: calls.append(n) or 1.0) for n in names}, reps=9, warmup=1)
+        return [calls[i : i + 6] for i in range(0, len(calls), 6)]
+
+    first, again = orders(), orders()
+    assert first == again  # seeded by the round: two processes (ranks) run the same order
+    assert first[0] == names and all(sorted(r) == names for r in first)
+    assert len({tuple(r) for r in first}) > 5  # not one rotation: predecessors change
 
 
 def test_only_selects_groups() -> None:
