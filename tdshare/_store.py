@@ -327,6 +327,14 @@ def member_without_meta(store: Store, level: str, index: int) -> CorruptDataErro
     return CorruptDataError(f"{store.where(level)!r}: the stacked member folder {index!r} has no {META_FILE}.")
 
 
+def _file_of(info: LeafInfo) -> str:
+    """The robust file name of a non-empty, non-nested leaf; "" for any other (loaded the careful way)."""
+    key, shape, _, nested = info
+    if nested or not (shape[0] if len(shape) == 1 else math.prod(shape)):
+        return ""
+    return (key if key.isidentifier() else encode_key(key)) + LEAF_SUFFIX
+
+
 #: a folder level of more leaves than this is checked at load from its listing, not a ``stat`` per
 #: file: a file's size is then checked when its leaf is first read (see ``open_leaves``)
 STAT_AT_LOAD = 64
@@ -347,6 +355,7 @@ class DirectoryStore(Store):
         self._links: set[str] = set()  # sub-levels child() found to be symbolic links
         self._plain: set[str] = set()  # and those it found to be real entries
         self.lazy = True  # leaves are checked at load and mapped on first read (:mod:`tdshare._lazy_leaves`)
+        self._leaf_files: dict[int, tuple[list[LeafInfo], list[tuple[LeafInfo, str]]]] = {}  # see _pending_leaves
 
     def where(self, level: str, name: str = "") -> str:
         return level + _SEP + name if name else level  # levels are absolute and normalized: a plain join
@@ -526,25 +535,40 @@ class DirectoryStore(Store):
         listing holds, :meth:`open_leaf` for the rest (see there)."""
         prefix = level + os.sep
         names = self._scan(level)
-        get, mode, guard, pending, suffix = names.get, self.mode, self.guard, PendingLeaf, LEAF_SUFFIX
+        get, mode, guard, pending = names.get, self.mode, self.guard, PendingLeaf
         out: dict[str, Any] = {}
-        for info in infos:
-            key, shape, dtype, nested = info
-            if nested or (current and current.get(key) is not None):
-                out[key] = self.open_leaf(level, info, meta_where, current.get(key))
+        if current:
+            for info in infos:
+                old = current.get(info.key)
+                if info.is_nested or old is not None:
+                    out[info.key] = self.open_leaf(level, info, meta_where, old)
+                else:
+                    self._pending_leaf(out, get, level, info, _file_of(info), meta_where)
+            return out
+        plan = self._leaf_files.get(id(infos))
+        if plan is None or plan[0] is not infos:  # equal levels share one parse, so one plan
+            plan = self._leaf_files[id(infos)] = (infos, [(info, _file_of(info)) for info in infos])
+        for info, name in plan[1]:
+            entry = get(name) if name else None
+            # a missing file, a symbolic link, anything but a regular file, a nested or empty leaf: the careful way
+            if entry is None or not entry.is_file(follow_symlinks=False):
+                out[info[0]] = self.open_leaf(level, info, meta_where)
                 continue
-            name = (key if key.isidentifier() else encode_key(key)) + suffix
-            entry = get(name)
-            # a missing file, a symbolic link, anything but a regular file or an empty leaf: the careful way
-            if (
-                entry is None
-                or not (shape[0] if len(shape) == 1 else math.prod(shape))
-                or not entry.is_file(follow_symlinks=False)
-            ):
-                out[key] = self.open_leaf(level, info, meta_where)
-                continue
-            out[key] = pending(dtype, shape, prefix + name, mode, None, 0, entry.inode(), meta_where, guard)
+            out[info[0]] = pending(info[2], info[1], prefix + name, mode, None, 0, entry.inode(), meta_where, guard)
         return out
+
+    def _pending_leaf(
+        self, out: dict[str, Any], get: Callable[[str], Any], level: str, info: LeafInfo, name: str, meta_where: str
+    ) -> None:
+        """``out[info.key]``: a pending leaf for the regular file ``name`` of the level's listing
+        (``get``), or :meth:`open_leaf`'s answer when there is none (``name`` ""): the careful way."""
+        entry = get(name) if name else None
+        if entry is None or not entry.is_file(follow_symlinks=False):
+            out[info.key] = self.open_leaf(level, info, meta_where)
+            return
+        out[info.key] = PendingLeaf(
+            info.dtype, info.shape, level + os.sep + name, self.mode, None, 0, entry.inode(), meta_where, self.guard
+        )
 
     def open_leaf(self, level: str, info: LeafInfo, meta_where: str, old: Any = None) -> Any:
         """Map one leaf file (size checked); ``old`` is kept if it maps the same inode the same way."""
