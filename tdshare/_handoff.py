@@ -412,6 +412,22 @@ _TREES_MAX = 8
 _TREE_LEAVES_MAX = 1 << 14  # per tree; all of them then hold at most 8 x 16,384 pending leaves (~34 MB)
 
 
+def _from_folder(blob: bytes) -> tuple[list[tuple[Any, ...]], list[dict]]:
+    """The template of a folder tree (cached per schema bytes) and its levels' entries for this
+    hand-off: always copies of the cached template's, never its own dicts, since a level maps
+    its leaves into its own dict and gets its child levels set there; a cached dict would keep
+    the last tree's mapped leaves and levels alive after the tree is gone."""
+    template = _TREES.get(blob)
+    if template is None:
+        template = _template(blob, ())
+        if not _shareable(template):
+            return template, [entries for _, entries, _ in template]  # (made for this call alone)
+        if len(_TREES) >= _TREES_MAX:
+            del _TREES[next(iter(_TREES))]
+        _TREES[blob] = template
+    return template, [entries.copy() if type(entries) is LazyLeaves else dict(entries) for _, entries, _ in template]
+
+
 def _template(blob: bytes, segments: tuple[Segment, ...]) -> list[tuple[Any, ...]]:
     """Per level of the schema ``blob``: (attributes, entries with pending leaves, children)."""
     schema = _Unpickler(io.BytesIO(blob), segments).load()
@@ -467,20 +483,7 @@ def rebuild_tree(cls: type, blob: bytes, segments: tuple[Segment, ...]) -> Any:
     Returns:
         The root level.
     """
-    if segments:
-        template, dicts = _anonymous(blob, segments)
-    else:
-        known = _TREES.get(blob)
-        if known is None:
-            template = _template(blob, segments)
-            if _shareable(template):
-                if len(_TREES) >= _TREES_MAX:
-                    del _TREES[next(iter(_TREES))]
-                _TREES[blob] = template
-            dicts = [entries for _, entries, _ in template]  # (made for this call alone)
-        else:
-            template = known
-            dicts = [entries.copy() if type(entries) is LazyLeaves else dict(entries) for _, entries, _ in template]
+    template, dicts = _anonymous(blob, segments) if segments else _from_folder(blob)
     nodes = []
     for (attrs, _, _), d in zip(template, dicts, strict=True):
         batch, device, names, locked, memmap, shared, prefix, anon_store, generation = attrs

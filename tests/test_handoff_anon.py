@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
-import os
 import pickle
 import weakref
 from multiprocessing.reduction import ForkingPickler
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import proc_fd_passing
+from _helpers import memfd_counts, proc_fd_passing
 
 from tdshare import TensorDict, _handoff
 from tdshare._fd_pass import unreleased
@@ -182,22 +181,9 @@ def test_a_forked_child_reads_a_received_tree_while_its_template_is_lent() -> No
     assert _values(got) == want
 
 
-def _memfds() -> tuple[int, int]:
-    """(descriptors, mappings) of this process's anonymous segments."""
-    fds = 0
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            fds += os.readlink(f"/proc/self/fd/{name}").startswith("/memfd:tdshare")
-        except OSError:
-            continue
-    with open("/proc/self/maps") as f:
-        maps = sum("/memfd:tdshare" in line for line in f)
-    return fds, maps
-
-
 def _receive_again_and_again(inbox: Any, out: Any) -> None:
     gc.collect()
-    out.put(_memfds())
+    out.put(memfd_counts())
     while True:
         waiting = len(_handoff._ANON)
         td = inbox.get(timeout=WAIT)
@@ -205,13 +191,13 @@ def _receive_again_and_again(inbox: Any, out: Any) -> None:
             break
         reused = len(_handoff._ANON) == waiting - 1  # a template waiting there is lent now
         values = _values(td)
-        held = _memfds()
+        held = memfd_counts()
         back = ForkingPickler.dumps(td).tobytes()  # a received tree pickles again
         del td
         gc.collect()
         out.put((values, held, reused, back))
         assert inbox.get(timeout=WAIT) == "received"  # the sender has opened what ``back`` hands over
-        out.put((unreleased(), _memfds()))
+        out.put((unreleased(), memfd_counts()))
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="descriptors cannot be handed through /proc here")
