@@ -16,26 +16,28 @@ import torch
 
 from . import limits, report
 from ._common import LIBRARIES, Config, Row, Scratch, config_for, filesystem_of, load_backends, log, settle
-from .workloads import GROUPS
+from .workloads import EXTRA_GROUPS, GROUPS
 
 __all__ = ["main", "machine", "select_groups"]
 
 
 def select_groups(only: list[str] | None) -> list[str]:
-    """The workload groups named by ``--only`` (exact names or unique prefixes), in run order."""
+    """The workload groups named by ``--only`` (exact names or unique prefixes), in run order; a
+    part of a group (``EXTRA_GROUPS``, e.g. ``handoff-live``) runs only when named exactly."""
     names = ["limits", *GROUPS]
     if not only:
         return names
+    every = names + list(EXTRA_GROUPS)
     wanted: list[str] = []
     for item in ",".join(only).split(","):
         item = item.strip().lower()
         if not item:
             continue
-        matches = [n for n in names if n == item] or [n for n in names if n.startswith(item)]
+        matches = [n for n in every if n == item] or [n for n in names if n.startswith(item)]
         if len(matches) != 1:
-            raise SystemExit(f"--only {item!r}: choose from {', '.join(names)}")
+            raise SystemExit(f"--only {item!r}: choose from {', '.join(every)}")
         wanted.append(matches[0])
-    return [n for n in names if n in wanted]
+    return [n for n in every if n in wanted]
 
 
 def _cpu_model() -> str:
@@ -94,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         metavar="NAME",
         action="append",
-        help=f"run only these workloads (repeat or comma-separate): {', '.join(['limits', *GROUPS])}",
+        help="run only these workloads (repeat or comma-separate): "
+        + ", ".join(["limits", *GROUPS])
+        + f"; parts of a group: {', '.join(EXTRA_GROUPS)}",
     )
     parser.add_argument("--dir", metavar="DIR", help="where the temporary folders go (default: the temp dir, /tmp)")
     parser.add_argument("--reps", type=int, help="repetitions per measurement (default 5, quick 3)")
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             if name == "limits":
                 rows += limits.raw_limits(cfg, scratch, shm, spawn="handoff" not in groups)
                 continue
-            func, wants_shm = GROUPS[name]
+            func, wants_shm = GROUPS[name] if name in GROUPS else EXTRA_GROUPS[name]
             _quiet(scratch)
             rows += func(cfg, backends, scratch, shm) if wants_shm else func(cfg, backends, scratch)
     except KeyboardInterrupt:

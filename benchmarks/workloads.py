@@ -41,12 +41,14 @@ from .distributed import distributed
 from .map_rows import map_rows
 
 __all__ = [
+    "EXTRA_GROUPS",
     "GROUPS",
     "big_leaves",
     "consolidate",
     "dataloader",
     "family",
     "handoff",
+    "handoff_live",
     "loader",
     "make_memmap",
     "refresh",
@@ -844,7 +846,11 @@ def _live_handoff(
         log(f"  {group}: a live worker receives a td with {n:,} leaves ({where})")
         cases: dict[str, Case] = {b.name: case_for(b, where) for b in backends}
         cases[LIMIT] = lambda: round_trip(b"x")
-        res = run_interleaved(cases, cfg.reps, cfg.warmup)
+        # Before each case (untimed), after this process's clean-up of the case before (a
+        # collection after tensordict's 1,000 storages, the round's full collection: tens to
+        # hundreds of ms, while the worker sleeps), a small message wakes the worker, so that
+        # every case starts from a worker that has just run, as in a loop of hand-offs.
+        res = run_interleaved(cases, cfg.reps, cfg.warmup, before=lambda: round_trip(b"x"))
         rows.append(
             Row(
                 group,
@@ -857,6 +863,28 @@ def _live_handoff(
     inbox.put(None)
     proc.join(60)
     anon.clear()
+    return rows
+
+
+def handoff_live(cfg: Config, backends: list[Backend], scratch: Scratch) -> list[Row]:
+    """Only the hand-off group's two live-worker rows (a folder, anonymous memory): the group's
+    spawned rows take minutes, these seconds (``--only handoff-live``)."""
+    leaves = [torch.randn(cfg.small_leaf_floats) for _ in range(cfg.pickle_leaves)]
+    tds: dict[str, dict[str, Any]] = {"many": {}}
+    paths: dict[tuple[str, str], str] = {}
+    log("  hand-off: writing the tensordicts")
+    for b in backends:
+        folder = paths["many", b.name] = scratch.fresh(f"{b.name}-many")
+        try:
+            tds["many"][b.name] = small_td(b, leaves, cfg.small_subtds).memmap_(folder)
+        except Exception as e:
+            _write_errors[folder] = e
+    gc.collect()
+    rows = _live_handoff(cfg, backends, tds, paths, leaves)
+    tds.clear()
+    gc.collect()
+    for folder in paths.values():
+        scratch.remove(folder)
     return rows
 
 
@@ -1365,4 +1393,9 @@ GROUPS: dict[str, tuple[Group, bool]] = {
     "consolidate": (consolidate, False),
     "map": (map_rows, False),
     "distributed": (distributed, False),
+}
+
+#: name -> (function, needs the /dev/shm scratch): parts of a group, run only when named in --only
+EXTRA_GROUPS: dict[str, tuple[Group, bool]] = {
+    "handoff-live": (handoff_live, False),
 }

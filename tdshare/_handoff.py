@@ -11,11 +11,14 @@ segment: see :mod:`tdshare._reductions`), the root pickles instead as one *schem
   travel beside the bytes, each handed over afresh by every pickle);
 - remembered on the root with what it depends on (the levels and values by identity, the
   memory-mapped leaves' version counters, each level's attributes), so a hand-off of an
-  unchanged tree checks those and sends the same bytes;
+  unchanged tree checks those (a few C-level passes over the whole tree) and sends the same bytes;
 - rebuilt by the receiver in one pass: the levels made, then linked, then the lock parents
   recorded once per level that has children.  A receiver that gets the same bytes again (the
-  same folder tree handed off again) copies the pending leaves it made the last time (they are
-  never changed; each copy checks and maps its own file at first read).
+  same tree handed off again) copies the pending leaves it made the last time: a folder tree's
+  are shared by every copy (they are never changed; each copy checks and maps its own file at
+  first read); an anonymous tree's template is lent to one tree at a time, its leaves bound to
+  that hand-off's segments and unbound when the tree is gone (see :class:`_Lent`), so that no
+  cached template keeps a segment alive.
 
 Anything else (a tensorclass, a lazy stack or a non-tensor value inside, a consolidated level,
 plain tensors) pickles level by level as before.
@@ -26,14 +29,17 @@ from __future__ import annotations
 import io
 import operator
 import pickle
+import sys
 import weakref
-from collections.abc import Callable
-from itertools import repeat
+from collections import deque
+from collections.abc import Callable, Iterator
+from itertools import chain, count, repeat
 from typing import Any
 
 import torch
 
-from ._lazy_leaves import LazyLeaves, PendingLeaf
+from ._lazy_leaves import LazyLeaves, PendingLeaf, new_lazy_leaves
+from ._leaf_handle import LeafHandle
 from ._memmap import MemoryMappedTensor
 from ._private_compat import note_lock_parent
 from ._reductions import decode_level, encode_level
@@ -43,6 +49,7 @@ __all__ = ["reduce_tree", "rebuild_tree"]
 
 _MEMO = "_tdshare_tree"
 _VERSION = operator.attrgetter("_version")
+_PLAIN_TENSORS = torch._C.DisableTorchFunctionSubclass
 
 
 def _attrs(node: Any) -> tuple[Any, ...]:
@@ -86,38 +93,85 @@ class _Unpickler(pickle.Unpickler):
 
 
 class _Memo:
-    """What a tree's schema depends on, and the schema."""
+    """What a tree's schema depends on, and the schema.
 
-    __slots__ = ("__weakref__", "blob", "checks", "segments", "valid")
+    The checks are flat over the whole tree (a handful of C-level passes, not a Python loop per
+    level): the levels (weakly), the number of entries of each, every entry's key and the identity
+    of its value, the memory-mapped leaves' version counters, and each level's attributes.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "attrs",
+        "blob",
+        "getter",
+        "ids",
+        "keys",
+        "refs",
+        "segments",
+        "sizes",
+        "valid",
+        "versions",
+    )
 
     def __init__(self) -> None:
         self.valid = True
         self.blob = b""
         self.segments: tuple[Segment, ...] = ()
-        # per level: (weak reference to the level, its entries' ids, keys, a getter of its
-        # memory-mapped leaves (or None), their versions, its attributes)
-        self.checks: list[tuple[Any, ...]] = []
+        self.refs: tuple[weakref.ref[Any], ...] = ()
+        self.sizes: tuple[int, ...] = ()
+        self.ids: tuple[int, ...] = ()
+        self.keys: tuple[str, ...] = ()
+        self.getter: Callable[[list[Any]], Any] | None = None  # the memory-mapped leaves among the values
+        self.versions: tuple[int, ...] = ()
+        self.attrs: tuple[tuple[Any, ...], ...] = ()
+
+    def root(self) -> Any:
+        return self.refs[0]() if self.refs else None
 
     def still_valid(self) -> bool:
         if not self.valid:
             return False
-        for ref, ids, keys, getter, versions, attrs in self.checks:
-            node = ref()
-            if node is None:
+        try:
+            dicts = list(map(_TENSORDICT, map(_DEREF, self.refs)))
+        except AttributeError:  # a level is gone (None has no _tensordict)
+            return False
+        if tuple(map(len, dicts)) != self.sizes or tuple(chain.from_iterable(map(dict.keys, dicts))) != self.keys:
+            return False
+        values = list(chain.from_iterable(map(dict.values, dicts)))
+        if tuple(map(id, values)) != self.ids:
+            return False
+        if self.getter is not None:
+            picked = self.getter(values)
+            if type(picked) is not tuple:
+                picked = (picked,)
+            with _PLAIN_TENSORS():  # (half the cost of each attribute read on a tensor subclass)
+                versions = tuple(map(_VERSION, picked))
+            if versions != self.versions:
                 return False
-            d = node._tensordict
-            values = tuple(dict.values(d))
-            if tuple(map(id, values)) != ids or tuple(dict.keys(d)) != keys:
-                return False
-            if getter is not None:
-                picked = getter(values)
-                if type(picked) is not tuple:
-                    picked = (picked,)
-                if tuple(map(_VERSION, picked)) != versions:
-                    return False
-            if _attrs(node) != attrs:
-                return False
-        return True
+        return tuple(map(_snapshot, map(_DEREF, self.refs))) == self.attrs
+
+
+_TENSORDICT = operator.attrgetter("_tensordict")
+_DEREF = weakref.ref.__call__
+_RAW_ATTRS = operator.attrgetter(
+    "_batch_size",
+    "_device",
+    "_names",
+    "_is_locked",
+    "_is_memmap",
+    "_is_shared",
+    "_memmap_prefix",
+    "_anon_store",
+    "_generation",
+)
+
+
+def _snapshot(node: Any) -> tuple[Any, ...]:
+    """A level's attributes as :class:`_Memo` compares them (its dim names copied: a list)."""
+    raw = _RAW_ATTRS(node)
+    names = raw[2]
+    return raw if names is None else (*raw[:2], list(names), *raw[3:])
 
 
 def _invalidate(memo_ref: weakref.ref[_Memo]) -> Callable[[Any], None]:
@@ -157,6 +211,7 @@ def _build(root: Any) -> _Memo | None:
     segments: list[Segment] = []
     seg_index: dict[int, int] = {}
     interned: dict[Any, Any] = {}
+    all_values: list[Any] = []
     for node, children in zip(levels, children_of, strict=True):
         if node._consolidated is not None:
             return None
@@ -192,17 +247,21 @@ def _build(root: Any) -> _Memo | None:
                     pass
                 entries[key] = code
             schema.append((attrs, entries, tuple(children.items()), None))
-        mapped = [j for j, v in enumerate(values) if type(v) is MemoryMappedTensor]
-        getter = operator.itemgetter(*mapped) if mapped else None
-        versions = tuple(values[j]._version for j in mapped)
         for v in values:
             if type(v) is PendingLeaf:
                 keep.append(v)
             else:
                 keep.append(weakref.ref(v, invalidate))
-        memo.checks.append(
-            (weakref.ref(node, invalidate), tuple(map(id, values)), tuple(dict.keys(d)), getter, versions, attrs)
-        )
+        all_values.extend(values)
+    mapped = [j for j, v in enumerate(all_values) if type(v) is MemoryMappedTensor]
+    memo.getter = operator.itemgetter(*mapped) if mapped else None
+    memo.versions = tuple(all_values[j]._version for j in mapped)
+    memo.ids = tuple(map(id, all_values))
+    memo.refs = tuple(weakref.ref(node, invalidate) for node in levels)
+    dicts = [node._tensordict for node in levels]
+    memo.sizes = tuple(map(len, dicts))
+    memo.keys = tuple(chain.from_iterable(map(dict.keys, dicts)))
+    memo.attrs = tuple(map(_snapshot, levels))
     buf = io.BytesIO()
     _Pickler(buf, segments, seg_index).dump(schema)
     memo.blob = buf.getvalue()
@@ -236,8 +295,8 @@ def reduce_tree(root: Any) -> tuple[Any, ...] | None:
     """
     held = root.__dict__.get(_MEMO)
     memo = held[0] if held is not None else None
-    # (checks[0] is the root's own: a memo copied along with a __dict__ is not this tree's)
-    if memo is None or memo.checks[0][0]() is not root or not memo.still_valid():
+    # (refs[0] is the root's own: a memo copied along with a __dict__ is not this tree's)
+    if memo is None or memo.root() is not root or not memo.still_valid():
         memo = _build(root)
         if memo is None:
             root.__dict__.pop(_MEMO, None)
@@ -245,11 +304,128 @@ def reduce_tree(root: Any) -> tuple[Any, ...] | None:
     return (rebuild_tree, (type(root), memo.blob, memo.segments))
 
 
+# An anonymous tree's template, cached per schema bytes but lent to one tree at a time: its pending
+# leaves are bound to the segments of the hand-off that borrows it (one C-level pass), the tree's
+# levels get copies of its entries, and when the last of those levels is gone the leaves are
+# unbound again, so that a cached template holds no segment (the memory goes with the tree, as
+# with a template made afresh) and waits in _ANON for the next equal bytes.  A leaf that something
+# else still holds then (the level that is being freed, or another level it was moved into) is
+# left as it is, with its segment, and the template takes a fresh unbound leaf in its place.
+_ANON: dict[bytes, _Lent] = {}
+_ANON_MAX = 8
+_LENT: dict[int, _Lent] = {}  # the templates lent now (held here: only weak references lead to them)
+# (the slot's own setter: a C call per leaf)
+_SET_SEGMENT: Callable[[Any, Any], None] = LeafHandle.__dict__["segment"].__set__
+
+
+class _Lent:
+    """A template of an anonymous tree (see above), lent to one tree at a time."""
+
+    __slots__ = ("base", "blob", "bound", "dead", "levels", "nsegments", "places", "refs", "slots")
+
+    def __init__(self, blob: bytes, levels: list[tuple[Any, ...]], segments: tuple[Segment, ...]) -> None:
+        self.blob = blob
+        self.levels = levels
+        self.nsegments = len(segments)
+        self.places = [
+            (entries, k)
+            for _, entries, _ in levels
+            for k, v in dict.items(entries)
+            if type(v) is PendingLeaf and v.segment is not None
+        ]
+        self.bound: list[PendingLeaf] = [dict.__getitem__(d, k) for d, k in self.places]
+        if len(segments) == 1:
+            self.slots: tuple[int, ...] | None = None
+        else:
+            index = {id(seg): j for j, seg in enumerate(segments)}
+            self.slots = tuple(index[id(v.segment)] for v in self.bound)
+        # a leaf's reference count while only this template holds it (its entries and its list)
+        self.base = self.counts()[0] if self.bound else 0
+        self.refs: list[weakref.ref[LazyLeaves]] = []
+        self.dead: Iterator[int] = count(1)
+
+    def counts(self) -> list[int]:
+        return list(map(sys.getrefcount, self.bound))
+
+    def bind(self, segments: tuple[Segment, ...]) -> None:
+        if self.slots is None:
+            deque(map(_SET_SEGMENT, self.bound, repeat(segments[0])), 0)
+        else:
+            deque(map(_SET_SEGMENT, self.bound, map(segments.__getitem__, self.slots)), 0)
+
+    def lend(self) -> list[dict]:
+        """Copies of the levels' entries for one tree (its lazy levels watched)."""
+        out: list[dict] = []
+        refs = []
+        returned = self._returned
+        for _, entries, _ in self.levels:
+            d: dict
+            if type(entries) is LazyLeaves:
+                d = new_lazy_leaves()
+                dict.update(d, dict.items(entries))
+                refs.append(weakref.ref(d, returned))
+            else:
+                d = dict(entries)
+            out.append(d)
+        self.refs, self.dead = refs, count(1)
+        _LENT[id(self)] = self
+        return out
+
+    def _returned(self, _: Any) -> None:
+        # (a weak reference's callback: any thread, any time; next() on a count is atomic)
+        if next(self.dead) != len(self.refs):
+            return
+        self.refs = []
+        base, bound = self.base, self.bound
+        for i, n in enumerate(self.counts()):
+            if n != base:  # held elsewhere too: it keeps its segment; the template takes a new leaf
+                v = bound[i]
+                fresh = PendingLeaf(v.dtype, v.shape, v.path, v.mode, None, v.offset, v.ino, v.where, v.guard)
+                d, k = self.places[i]
+                dict.__setitem__(d, k, fresh)
+                bound[i] = fresh
+                del v
+        deque(map(_SET_SEGMENT, bound, repeat(None)), 0)
+        _LENT.pop(id(self), None)
+        if self.blob not in _ANON and len(_ANON) >= _ANON_MAX:
+            _ANON.pop(next(iter(_ANON)), None)
+        _ANON[self.blob] = self
+
+
+def _anonymous(blob: bytes, segments: tuple[Segment, ...]) -> tuple[list[tuple[Any, ...]], list[dict]]:
+    """The template of an anonymous tree and its levels' entries for this hand-off."""
+    lent = _ANON.pop(blob, None)
+    if lent is not None and lent.nsegments == len(segments):
+        lent.bind(segments)
+        return lent.levels, lent.lend()
+    template = _template(blob, segments)
+    if not _shareable(template):
+        return template, [entries for _, entries, _ in template]  # (made for this call alone)
+    lent = _Lent(blob, template, segments)
+    return template, lent.lend()
+
+
 # The trees this process rebuilt last from a folder (no segment): schema bytes -> the levels'
 # attributes, entries (pending leaves) and children, to copy when the same bytes come again.
 _TREES: dict[bytes, list[tuple[Any, ...]]] = {}
 _TREES_MAX = 8
 _TREE_LEAVES_MAX = 1 << 14  # per tree; all of them then hold at most 8 x 16,384 pending leaves (~34 MB)
+
+
+def _from_folder(blob: bytes) -> tuple[list[tuple[Any, ...]], list[dict]]:
+    """The template of a folder tree (cached per schema bytes) and its levels' entries for this
+    hand-off: always copies of the cached template's, never its own dicts, since a level maps
+    its leaves into its own dict and gets its child levels set there; a cached dict would keep
+    the last tree's mapped leaves and levels alive after the tree is gone."""
+    template = _TREES.get(blob)
+    if template is None:
+        template = _template(blob, ())
+        if not _shareable(template):
+            return template, [entries for _, entries, _ in template]  # (made for this call alone)
+        if len(_TREES) >= _TREES_MAX:
+            del _TREES[next(iter(_TREES))]
+        _TREES[blob] = template
+    return template, [entries.copy() if type(entries) is LazyLeaves else dict(entries) for _, entries, _ in template]
 
 
 def _template(blob: bytes, segments: tuple[Segment, ...]) -> list[tuple[Any, ...]]:
@@ -307,18 +483,10 @@ def rebuild_tree(cls: type, blob: bytes, segments: tuple[Segment, ...]) -> Any:
     Returns:
         The root level.
     """
-    template = None if segments else _TREES.get(blob)
-    if template is None:
-        template = _template(blob, segments)
-        if not segments and _shareable(template):
-            if len(_TREES) >= _TREES_MAX:
-                del _TREES[next(iter(_TREES))]
-            _TREES[blob] = template
+    template, dicts = _anonymous(blob, segments) if segments else _from_folder(blob)
     nodes = []
-    fresh = segments or template is not _TREES.get(blob)  # a template made for this call alone
-    for attrs, entries, _ in template:
+    for (attrs, _, _), d in zip(template, dicts, strict=True):
         batch, device, names, locked, memmap, shared, prefix, anon_store, generation = attrs
-        d = entries if fresh else entries.copy() if type(entries) is LazyLeaves else dict(entries)
         node = cls._from_leaves(d, torch.Size(batch), device, None if names is None else list(names))  # type: ignore[attr-defined]
         node._is_memmap, node._is_shared, node._memmap_prefix = memmap, shared, prefix
         node._anon_store, node._generation = anon_store, generation

@@ -152,3 +152,30 @@ def add_record(level: Any, entries: dict[str, dict]) -> None:
     with open(folder / "meta.jsonl", "a") as f:
         for key, entry in entries.items():
             f.write(json.dumps({key: entry}) + "\n")
+
+
+def memfd_counts() -> tuple[int, int]:
+    """(descriptors, mappings) of this process's anonymous segments (memfds named ``tdshare*``)."""
+    fds = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds += os.readlink(f"/proc/self/fd/{name}").startswith("/memfd:tdshare")
+        except OSError:
+            continue
+    with open("/proc/self/maps") as f:
+        maps = sum("/memfd:tdshare" in line for line in f)
+    return fds, maps
+
+
+def counts_under(root: str) -> tuple[int, int]:
+    """(descriptors, mappings) of this process on files under the folder ``root``."""
+    root = os.path.realpath(root) + os.sep
+    fds = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds += os.readlink(f"/proc/self/fd/{name}").startswith(root)
+        except OSError:
+            continue
+    with open("/proc/self/maps") as f:
+        maps = sum(line.rstrip("\n").split(maxsplit=5)[-1].startswith(root) for line in f if "/" in line)
+    return fds, maps

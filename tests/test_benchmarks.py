@@ -146,5 +146,9 @@ def test_only_selects_groups() -> None:
     runner = _import("benchmarks.runner")
     assert runner.select_groups(["small", "ref"]) == ["small", "refresh"]
     assert runner.select_groups(None)[0] == "limits"
+    # a part of a group only by its exact name, never in the default run or by a prefix
+    assert "handoff-live" not in runner.select_groups(None)
+    assert runner.select_groups(["handoff-live"]) == ["handoff-live"]
+    assert runner.select_groups(["hand"]) == ["handoff"]
     with pytest.raises(SystemExit):
         runner.select_groups(["nope"])
