@@ -57,6 +57,27 @@ def test_tiny_workloads_give_sensible_rows(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_family_rows_come_with_a_tensordict_measured_in_the_same_rounds(tmp_path: Path) -> None:
+    common = _import("benchmarks._common")
+    workloads = _import("benchmarks.workloads")
+
+    backends, _ = common.load_backends()
+    scratch = common.Scratch(str(tmp_path))
+    cfg = common.config_for("tiny", scratch.root, None)
+    rows = workloads.family(cfg, backends, scratch)
+    scratch.close()
+    names = [r.name for r in rows]
+    assert len(rows) == 8 and sum("(same rounds)" in n for n in names) == 4
+    for row, companion in zip(rows[::2], rows[1::2], strict=True):
+        assert "(same rounds)" in companion.name and "TensorDict" in companion.name
+        assert companion.cells["limit"] is row.cells["limit"]  # one limit, measured once in those rounds
+        for b in backends:
+            mine, plain = row.cells[b.name], companion.cells[b.name]
+            assert mine.error is None and plain.error is None, (row.name, b.name, mine.error, plain.error)
+            assert len(mine.values) == len(plain.values) > 0 and mine.values != plain.values
+    assert not list(tmp_path.iterdir())
+
+
 def test_settle_measures_file_creation_and_keeps_its_probes(tmp_path: Path) -> None:
     common = _import("benchmarks._common")
     scratch = common.Scratch(str(tmp_path))
