@@ -537,38 +537,19 @@ class DirectoryStore(Store):
         names = self._scan(level)
         get, mode, guard, pending = names.get, self.mode, self.guard, PendingLeaf
         out: dict[str, Any] = {}
-        if current:
-            for info in infos:
-                old = current.get(info.key)
-                if info.is_nested or old is not None:
-                    out[info.key] = self.open_leaf(level, info, meta_where, old)
-                else:
-                    self._pending_leaf(out, get, level, info, _file_of(info), meta_where)
-            return out
         plan = self._leaf_files.get(id(infos))
         if plan is None or plan[0] is not infos:  # equal levels share one parse, so one plan
             plan = self._leaf_files[id(infos)] = (infos, [(info, _file_of(info)) for info in infos])
         for info, name in plan[1]:
-            entry = get(name) if name else None
-            # a missing file, a symbolic link, anything but a regular file, a nested or empty leaf: the careful way
+            old = current.get(info[0]) if current else None
+            entry = get(name) if name and old is None else None
+            # a reusable old leaf, a missing file, a symbolic link, anything but a regular file, a
+            # nested or empty leaf: the careful way
             if entry is None or not entry.is_file(follow_symlinks=False):
-                out[info[0]] = self.open_leaf(level, info, meta_where)
+                out[info[0]] = self.open_leaf(level, info, meta_where, old)
                 continue
             out[info[0]] = pending(info[2], info[1], prefix + name, mode, None, 0, entry.inode(), meta_where, guard)
         return out
-
-    def _pending_leaf(
-        self, out: dict[str, Any], get: Callable[[str], Any], level: str, info: LeafInfo, name: str, meta_where: str
-    ) -> None:
-        """``out[info.key]``: a pending leaf for the regular file ``name`` of the level's listing
-        (``get``), or :meth:`open_leaf`'s answer when there is none (``name`` ""): the careful way."""
-        entry = get(name) if name else None
-        if entry is None or not entry.is_file(follow_symlinks=False):
-            out[info.key] = self.open_leaf(level, info, meta_where)
-            return
-        out[info.key] = PendingLeaf(
-            info.dtype, info.shape, level + os.sep + name, self.mode, None, 0, entry.inode(), meta_where, self.guard
-        )
 
     def open_leaf(self, level: str, info: LeafInfo, meta_where: str, old: Any = None) -> Any:
         """Map one leaf file (size checked); ``old`` is kept if it maps the same inode the same way."""
