@@ -83,6 +83,7 @@ __all__ = [
     "LeafInfo",
     "parse_level",
     "LEVEL",
+    "LEVEL_FIELDS",
     "VALUE",
     "VALUE_STACK",
     "STACK",
@@ -117,6 +118,8 @@ JAGGED_FIELD = "_tdshare_jagged"
 JOURNAL_FIELD = "_tdshare_journal"
 #: Level fields of meta.json: a user key with one of these names would be overwritten by them.
 RESERVED_KEYS = frozenset({"shape", "device", "_type", "_format_version", "_class", "_names", JOURNAL_FIELD})
+#: The level fields that describe the level itself (a change means it was restructured): all but the record's.
+LEVEL_FIELDS = RESERVED_KEYS - {JOURNAL_FIELD}
 
 # -- layouts: what a level's folder holds, as its meta.json says -------------------------------
 #: entries of a tensor collection (leaf files, sub-level folders) and the batch fields ("shape"...)

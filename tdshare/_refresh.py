@@ -19,8 +19,10 @@ from ._coordination import level_in_tree, registry_of, unchanged_since
 from ._entries import insert_entry
 from ._errors import CorruptDataError, MemmapError, NotMemmapError
 from ._format import (
+    JOURNAL_FIELD,
     JOURNAL_FILE,
     LEVEL,
+    LEVEL_FIELDS,
     META_FILE,
     RESERVED_KEYS,
     VALUE,
@@ -195,10 +197,10 @@ def _refresh_level(
     if layout_of(meta) != LEVEL:
         raise CorruptDataError(f"{meta_path} no longer describes a TensorDict level: load the folder again.")
     seen = seen_meta if same_files else None
-    if seen is not None and all(meta.get(k) == seen.get(k) for k in RESERVED_KEYS):
+    if seen is not None and all(meta.get(k) == seen.get(k) for k in LEVEL_FIELDS):
         # Only entries whose metadata changed need work; unchanged nested levels are still read,
         # since their own meta.json may have changed.
-        changed = {k: v for k, v in meta.items() if seen.get(k) != v}
+        changed = {k: v for k, v in meta.items() if seen.get(k) != v and k != JOURNAL_FIELD}
         removed = [k for k in seen if k not in meta]
     else:
         changed, removed = meta, list(td._tensordict)

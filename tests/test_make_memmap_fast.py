@@ -453,3 +453,28 @@ def test_the_record_field_is_refused_as_a_key(tmp_path: Path) -> None:
     td = TensorDict({"a": torch.zeros(1)}).memmap_(tmp_path / "t")
     with pytest.raises(InvalidArgumentError, match=r"_tdshare_journal"):
         td.make_memmap("_tdshare_journal", (1,))
+
+
+def test_a_reader_refreshing_past_the_record_field_keeps_its_leaves(tmp_path: Path) -> None:
+    """The record field arriving in meta.json is no restructuring: a reader's refresh adds the new
+    entry and keeps every leaf it had, mapped ones as they are and pending ones unmapped."""
+    from tdshare._lazy_leaves import PendingLeaf
+
+    n = WRITE_THROUGH + 6
+    writer = TensorDict({f"a{i}": torch.full((1,), float(i)) for i in range(n)}).memmap_(tmp_path / "t")
+    reader = TensorDict.load_memmap(tmp_path / "t").memmap_()  # (writes nothing: a handle on the folder)
+    first = reader["a0"]
+    before = _maps_under(tmp_path)
+    for j in range(5):  # the first goes to the level's record: its meta.json gets the field first
+        writer.make_memmap_from_tensor(f"b{j}", torch.full((1,), float(j)))
+    reader.memmap_refresh_()
+    raw = reader._tensordict
+    assert all(type(dict.__getitem__(raw, k)) is PendingLeaf for k in [f"a{i}" for i in range(1, n)] + ["b1", "b4"])
+    assert _maps_under(tmp_path) == before + 5  # the writer's five; none of the reader's
+    assert reader["a0"] is first and [reader[f"b{j}"].item() for j in range(5)] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def _maps_under(root: Path) -> int:
+    prefix = os.path.realpath(root) + os.sep
+    with open("/proc/self/maps") as f:
+        return sum(line.rstrip("\n").split(maxsplit=5)[-1].startswith(prefix) for line in f if "/" in line)
