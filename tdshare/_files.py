@@ -218,6 +218,7 @@ def write_files_in(
     first = write_file(head + names[0], blobs[0], existsok=existsok)
     dfd = os.open(folder, _AT_FOLDER) if len(names) >= _AT_MIN else None
     targets = names if dfd is not None else [head + n for n in names]
+    full = head.__add__ if dfd is not None else str  # a target's full path (for errors)
     open_, write, close, new = os.open, os.write, os.close, _NEW_FILE
     fd = -1
     target = ""
@@ -226,18 +227,18 @@ def write_files_in(
             try:
                 fd = open_(target, new, 0o666, dir_fd=dfd)
             except FileExistsError:
-                write_file(head + target if dfd is not None else target, blob, existsok=existsok, stat=False)
+                write_file(full(target), blob, existsok=existsok, stat=False)
                 continue
             try:
                 done = write(fd, blob)
             except OSError as err:
-                raise _write_failed(err, len(blob), 0, head + target if dfd is not None else target) from err
+                raise _write_failed(err, len(blob), 0, full(target)) from err
             if done != len(blob):  # the kernel stops at ~2 GiB a call
-                _write_all(fd, memoryview(blob)[done:], head + target if dfd is not None else target)
+                _write_all(fd, memoryview(blob)[done:], full(target))
             close(fd)
             fd = -1
     except OSError as err:
-        path = head + target if dfd is not None else target
+        path = full(target)
         if fd >= 0:
             os.close(fd)
             _unlink_quietly(path)
@@ -247,7 +248,7 @@ def write_files_in(
     except BaseException:
         if fd >= 0:
             os.close(fd)
-            _unlink_quietly(head + target if dfd is not None else target)
+            _unlink_quietly(full(target))
         raise
     finally:
         if dfd is not None:
