@@ -114,7 +114,9 @@ def sweep_staging(parent: str, out: Swept | None = None) -> Swept:
     """
     out = Swept() if out is None else out
     try:
-        names = os.listdir(parent)
+        # a folder of many saved trees (checkpoints side by side) is listed on every save: only
+        # the few staging names get a Python step
+        names = [name for name in os.listdir(parent) if name.startswith(STAGING_PREFIX)]
     except OSError:
         return out
     for name in names:
