@@ -20,6 +20,7 @@ buffers that become a new tree).
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -44,6 +45,10 @@ __all__ = [
     "Outgoing",
     "Receipt",
     "SchemaMismatchError",
+    "framed_receipt",
+    "framed_send",
+    "forget_framed_receipt",
+    "keep_framed_receipt",
     "resolve_schema",
 ]
 
@@ -127,9 +132,12 @@ class Outgoing:
         self.notice: list[torch.Tensor] = []
         # the stream's last schema again, its data inline: the header the plan packed, then the data
         self.steady = known is not None and bool(known) and self.wire[0] and next(reversed(known)) == schema.digest
+        _FRAMED_OUT.pop(key, None)
         if self.steady:
             first, *direct = plan.buffers(transport, reuse, HEADER_BYTES)
             self.msgs = [write_header(first, plan.steady_header), *direct]
+            if not collective and not direct and first is plan.framed:
+                _keep(_FRAMED_OUT, key, td, (plan, allow_pickle))
             return
         last, opening, split = _opening(known)
         text = b"" if known and schema.digest in known else schema.to_json().encode()
@@ -292,6 +300,80 @@ class Receipt:
         landing = Landing(self.td, self.plan, self.last, self.transport, HEADER_BYTES)
         copy_bytes(landing.msgs[0], early.msgs[0])
         return landing
+
+
+# -- steady streams of a tree consolidated in memory ----------------------------------------------
+# A point-to-point stream whose last transfer sent (received) a tree consolidated in memory again,
+# unchanged, as one message from (into) the room before its storage and the storage: the next
+# transfer of that same tree checks it (:meth:`Plan.valid`) and posts at once.  On a warm stream
+# this is a few µs either way; what it saves is the code run between two transfers, which on a
+# busy machine runs with cold caches (the Outgoing and Receipt machinery measured 23 µs on the
+# sender before its post and 16 µs on the receiver after its wait, between two gloo ranks).
+_FRAMED_OUT: dict[_Stream, tuple[weakref.ref[Any], tuple[Plan, bool]]] = {}
+_FRAMED_IN: dict[_Stream, tuple[weakref.ref[Any], tuple[Plan, Schema, bytes]]] = {}
+
+
+def _keep(book: dict[_Stream, Any], key: _Stream, tree: Any, value: tuple[Any, ...]) -> None:
+    """Record ``value`` for ``tree`` on the stream ``key``, dropped when the tree dies (the plan
+    holds its storage: never kept alive by the record)."""
+
+    def drop(ref: weakref.ref[Any]) -> None:
+        entry = book.get(key)
+        if entry is not None and entry[0] is ref:
+            del book[key]
+
+    try:
+        book[key] = (weakref.ref(tree, drop), value)
+    except TypeError:  # no weak references to this kind: not kept
+        book.pop(key, None)
+
+
+def framed_send(td: Any, key: _Stream, allow_pickle: bool) -> torch.Tensor | None:
+    """The one message of ``td``'s transfer on the stream ``key`` (its header written into the
+    room before its storage) where the stream's last transfer sent this tree the same way and
+    it is unchanged since, else None (the caller builds an :class:`Outgoing`)."""
+    entry = _FRAMED_OUT.get(key)
+    if entry is None or entry[0]() is not td:
+        return None
+    plan, pickled = entry[1]
+    if pickled != allow_pickle or not plan.valid(td):
+        return None
+    if plan.room is None:
+        return write_header(plan.framed, plan.steady_header)  # type: ignore[arg-type]  # framed: checked when kept
+    plan.room[:] = plan.steady_header
+    return plan.framed
+
+
+def framed_receipt(td: Any, key: _Stream) -> tuple[torch.Tensor, bytes, memoryview | None] | None:
+    """Where the stream's last receipt landed ``td`` in its own room and storage (one message)
+    and ``td`` is unchanged since: that message (to post), the header that announces the same
+    schema again, and the message's first bytes as a ``memoryview`` (None off the CPU); else
+    None (the caller builds a :class:`Receipt`).  Once the message arrived, the header it starts
+    with equal to that one means the tree is received: nothing else to do; any other header
+    goes through :class:`Receipt`, whose first message is that same one."""
+    entry = _FRAMED_IN.get(key)
+    if entry is None or entry[0]() is not td:
+        return None
+    plan, schema, header = entry[1]
+    if _last(_SEEN, key) is not schema or not plan.valid(td):
+        return None  # another schema came since, or the target changed: it is checked anew
+    return plan.framed, header, plan.room  # type: ignore[return-value]  # framed: checked when kept
+
+
+def keep_framed_receipt(receipt: Receipt, landing: Landing) -> None:
+    """After a steady receipt completed: record it for :func:`framed_receipt` where it landed
+    in the target's own room and storage as one message, else forget the stream's record."""
+    key = receipt.key
+    _FRAMED_IN.pop(key, None)
+    plan, last = landing.plan, receipt.last
+    if landing.direct and len(landing.msgs) == 1 and plan is not None and last is not None and receipt.inline:
+        if plan.framed is landing.msgs[0] and plan.schema.content_digest == last.content_digest:
+            _keep(_FRAMED_IN, key, receipt.td, (plan, last, _steady_header(last, True)[0]))
+
+
+def forget_framed_receipt(key: _Stream) -> None:
+    """A receipt on ``key`` goes the general way: the stream's record no longer holds."""
+    _FRAMED_IN.pop(key, None)
 
 
 _STEADY: OrderedDict[tuple[int, int, bool], tuple[bytes, Header]] = OrderedDict()

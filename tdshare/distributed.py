@@ -30,8 +30,28 @@ from ._errors import ArgumentTypeError, BatchSizeError, InvalidArgumentError
 from ._nodes import kind_of
 from ._schema import Schema, build_tree, describe, leaves_of, schema_of
 from ._sync import sync_tree
-from ._transport import DistributedError, Header, PeerError, Transport, raw, require_group
-from ._wire_streams import Landing, Outgoing, Receipt, SchemaMismatchError, resolve_schema
+from ._transport import (
+    HEADER_BYTES,
+    DistributedError,
+    Header,
+    PeerError,
+    Transport,
+    copy_bytes,
+    raw,
+    read_header,
+    require_group,
+)
+from ._wire_streams import (
+    Landing,
+    Outgoing,
+    Receipt,
+    SchemaMismatchError,
+    forget_framed_receipt,
+    framed_receipt,
+    framed_send,
+    keep_framed_receipt,
+    resolve_schema,
+)
 
 __all__ = [
     "DistributedError",
@@ -109,7 +129,13 @@ class Transfer:
 
 def _post_send(
     td: Any, dst: int, group: Any, tag: int, allow_pickle: bool, timeout: float | None, reuse: bool
-) -> tuple[Outgoing, Transport, list[Any]]:
+) -> tuple[Transport, list[Any]]:
+    if type(dst) is int:  # the stream's last tree again, consolidated in memory: one message at once
+        key = (_group_key(group), dst, tag)
+        message = framed_send(td, key, allow_pickle)
+        if message is not None:
+            transport = Transport(group, timeout)
+            return transport, transport.post_send([message], dst, tag)
     _check_collection(td, "send")
     transport = _check_rank(dst, "send", group, timeout)
     key = (_group_key(group), dst, tag)
@@ -117,7 +143,7 @@ def _post_send(
     first, *rest = out.msgs
     works = transport.post_send([first, *out.notice, *rest], dst, tag)
     out.remember()
-    return out, transport, works
+    return transport, works
 
 
 def send(
@@ -139,7 +165,7 @@ def send(
 
     >>> # rank 0: send(td, dst=1); rank 1: recv(td_like, src=0)
     """
-    _, transport, works = _post_send(td, dst, group, tag, allow_pickle, timeout, True)
+    transport, works = _post_send(td, dst, group, tag, allow_pickle, timeout, True)
     transport.wait_all(works, f"send to rank {dst}")
 
 
@@ -152,21 +178,32 @@ def isend(
 
     >>> # handle = isend(td, dst=1); handle.wait()
     """
-    out, transport, works = _post_send(td, dst, group, tag, allow_pickle, timeout, False)
+    transport, works = _post_send(td, dst, group, tag, allow_pickle, timeout, False)
 
     def finish(t: float | None) -> Any:
         transport.wait_all(works, f"send to rank {dst}", t)
-        return out.td
+        return td
 
     return Transfer(finish, works)
 
 
-def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, transport: Transport) -> tuple[Any, Any]:
+def _start_recv(
+    td: Any,
+    src: int,
+    group: Any,
+    tag: int,
+    allow_pickle: bool,
+    transport: Transport,
+    arrived: torch.Tensor | None = None,
+) -> tuple[Any, Any]:
     """Post the receipt of a transfer from ``src``: the first message (see :class:`Receipt`) and,
     when the last schema's data message travels on its own, that message at once (into the
     target where it fits), so an unchanged tree costs no round trip.  Returns the first
-    message's work and ``finish(timeout)``."""
+    message's work (None when ``arrived``) and ``finish(timeout)``.  ``arrived``: the first
+    message came already (the quick receipt of :func:`framed_receipt`, whose header announced
+    something else)."""
     key = (_group_key(group), src, tag)
+    forget_framed_receipt(key)
     peer = f"rank {src}"
     what = f"recv from {peer}"
     receipt = Receipt(td, key, peer, transport, False)
@@ -174,7 +211,12 @@ def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, tra
     if receipt.last is not None and not receipt.inline:
         receipt.check()
         split = Landing(td, receipt.plan, receipt.last, transport)
-    first = transport.post_recv([receipt.first], src, tag)
+    if arrived is None:
+        first = transport.post_recv([receipt.first], src, tag)
+    else:  # (the same memory, unless the target's plan was made anew: then the header is copied)
+        first = []
+        if receipt.first.data_ptr() != arrived.data_ptr():
+            copy_bytes(receipt.first[:HEADER_BYTES], arrived[:HEADER_BYTES])
     split_works = transport.post_recv(split.msgs[:1], src, tag) if split is not None else []
     if split is None:
         receipt.check()  # while the message travels
@@ -186,14 +228,17 @@ def _start_recv(td: Any, src: int, group: Any, tag: int, allow_pickle: bool, tra
         if steady:
             landing = receipt.inline_landing() if split is None else split
             transport.wait_all(transport.post_recv(landing.msgs[1:], src, tag), what, t)
-            return landing.complete(allow_pickle, peer)
+            tree = landing.complete(allow_pickle, peer)
+            if split is None:
+                keep_framed_receipt(receipt, landing)
+            return tree
         text = transport.recv_bytes(header.schema_len, src, tag, peer) if header.schema_len else None
         schema = resolve_schema(header, text, key, peer)
         landing = Landing(td, receipt.plan, schema, transport)
         transport.wait_all(transport.post_recv(landing.msgs, src, tag), what, t)
         return landing.complete(allow_pickle, peer)
 
-    return first[0], finish
+    return (first[0] if first else None), finish
 
 
 def _check_target(target: Any, what: str) -> None:
@@ -224,6 +269,15 @@ def recv(
 
     >>> # td = recv(TensorDict(a=torch.empty(3), batch_size=[3]), src=0)
     """
+    if type(src) is int and td is not None:  # the stream's last tree again, into its own memory
+        quick = framed_receipt(td, (_group_key(group), src, tag))
+        if quick is not None:
+            message, expected, room = quick
+            transport = Transport(group, timeout)
+            transport.wait_all(transport.post_recv([message], src, tag), f"recv from rank {src}")
+            if (room if room is not None else read_header(message)) == expected:
+                return td  # the same schema again, its data in the tree's storage: received
+            return _start_recv(td, src, group, tag, allow_pickle, transport, message)[1](None)
     _check_target(td, "recv")
     transport = _check_rank(src, "recv", group, timeout)
     return _start_recv(td, src, group, tag, allow_pickle, transport)[1](None)

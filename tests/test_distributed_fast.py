@@ -259,3 +259,97 @@ def _run_one(tmp_path: Path, consolidated: bool) -> str:
     results = _run(2, _killed_in_steady_state, tmp_path, consolidated, timeout=90, reports=1)
     assert list(results) == [1], results
     return str(results[1])
+
+
+def _other() -> TensorDict:
+    """A tree of another layout than ``_tree`` (one more key)."""
+    td = _tree()
+    td["extra"] = torch.full((2,), 5.0)
+    return td
+
+
+def _consolidated_stream_turns(rank: int, world: int) -> list[tuple[str, bool, bool, bool]]:
+    """Both trees consolidated, the steady stream interrupted every way: another layout sent
+    on the same tag (the receiver's quick receipt sees another header), the receiver's own tree
+    changed between two receipts (in place, a non-tensor value, a new key), the sender's changed
+    in place.  Rank 1 reports per step: what arrived is what was sent, whether it arrived in the
+    target's own storage, and whether the stream's quick receipt is recorded after it."""
+    from tdshare._wire_streams import framed_receipt
+
+    whole = _tree().consolidate()
+    other = _other().consolidate()
+    # (name, what rank 0 sends, what rank 1 does to its target first)
+    steps: list[tuple[str, Any, Callable[[Any], Any] | None]] = [
+        ("first", whole, None),
+        ("second (steady)", whole, None),
+        ("third (quick)", whole, None),
+        ("another layout on the tag", other, None),
+        ("back to the first layout", whole, None),
+        ("steady again", whole, None),
+        ("quick again", whole, None),
+        ("target changed in place", whole, lambda t: t["a"].add_(100)),
+        ("sender changed in place", whole, None),
+        ("quick after it", whole, None),
+        # (no longer consolidated: received through the general path, the value sent back in)
+        ("target's non-tensor value changed", whole, lambda t: t.set_("note", "mine")),
+    ]
+    if rank == 0:
+        for name, tree, _ in steps:
+            if name == "sender changed in place":
+                whole["m"].add_(3)
+            tdd.send(tree, 1, tag=9, timeout=20)
+        return []
+    target = _tree().zero_().consolidate()
+    storage = tdd.leaves_of(target)[0].untyped_storage().data_ptr()
+    expected = _tree()
+    key = (id(dist.group.WORLD), 0, 9)
+    report = []
+    for name, _, local in steps:
+        if name == "sender changed in place":
+            expected["m"].add_(3)
+        if local is not None:
+            local(target)
+        sent = _other() if name == "another layout on the tag" else expected
+        try:
+            got = tdd.recv(target, 0, tag=9, timeout=20)
+        except tdd.SchemaMismatchError as err:
+            got = err.received
+        in_place = got is target and tdd.leaves_of(got)[0].untyped_storage().data_ptr() == storage
+        report.append((name, _content(got) == _content(sent), in_place, framed_receipt(target, key) is not None))
+    return report
+
+
+def test_a_consolidated_stream_interrupted_every_way_stays_exact(tmp_path: Path) -> None:
+    report = _run(2, _consolidated_stream_turns, tmp_path, timeout=120)[1]
+    names = [r[0] for r in report]
+    by_name = {r[0]: r[1:] for r in report}
+    assert all(same for same, _, _ in by_name.values()), report
+    # every receipt of the first layout lands in the target's own storage
+    assert all(by_name[n][1] for n in names if n != "another layout on the tag"), report
+    assert not by_name["another layout on the tag"][1]
+    # the quick receipt is recorded once the stream is steady, and dropped by anything else
+    recorded = [by_name[n][2] for n in names]
+    assert recorded == [False, True, True, False, False, True, True, True, True, True, False], report
+
+
+def _dropped_with_its_tree(rank: int, world: int) -> bool:
+    """The streams' records of a consolidated tree never keep its storage alive."""
+    import gc
+    import weakref
+
+    from tdshare import consolidated_parts
+
+    whole = _tree().consolidate() if rank == 0 else _tree().zero_().consolidate()
+    for _ in range(3):
+        if rank == 0:
+            tdd.send(whole, 1, tag=4, timeout=20)
+        else:
+            tdd.recv(whole, 0, tag=4, timeout=20)
+    ref = weakref.ref(consolidated_parts(whole)[0])
+    del whole
+    gc.collect()
+    return ref() is None
+
+
+def test_a_consolidated_trees_stream_records_die_with_it(tmp_path: Path) -> None:
+    assert _run(2, _dropped_with_its_tree, tmp_path, timeout=90) == {0: True, 1: True}
