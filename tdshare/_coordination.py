@@ -241,8 +241,8 @@ class SharedRegistry:
                 return None  # not created yet
             try:
                 small = os.fstat(fd).st_size < 16
-                reserve_blocks(fd, 16)  # blocks allocated: a full file system refuses here, never with SIGBUS later
-                if small:
+                if small:  # (its creator reserved them: a file reaches 16 bytes only that way)
+                    reserve_blocks(fd, 16)  # blocks allocated: a full file system refuses here, never with SIGBUS later
                     with open(gen_path[: -len(".gen")] + ".path", "w", encoding="utf-8", errors="surrogateescape") as f:
                         f.write(os.path.realpath(self.root))
                 self._map = mmap.mmap(fd, 16)

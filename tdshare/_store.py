@@ -348,7 +348,7 @@ class DirectoryStore(Store):
     def __init__(self, directory: str, robust: bool, mode: str | None, allow_pickle: bool | None) -> None:
         super().__init__(robust, allow_pickle)
         self.root = directory
-        self.real = os.path.realpath(directory)
+        self._real: str | None = None  # the folder's real path, found at the first symbolic link
         self.mode = mode
         self._active: set[str] = set()  # real paths of the symlinked folders being loaded (loops)
         self._names: dict[str, dict[str, os.DirEntry]] = {}  # one scan per level, on first use
@@ -369,11 +369,19 @@ class DirectoryStore(Store):
             names = self._names[level] = {e.name: e for e in os.scandir(level)}
         return names
 
+    @property
+    def real(self) -> str:
+        """The loaded folder's real path (where its symbolic links must lead)."""
+        if self._real is None:
+            self._real = os.path.realpath(self.root)
+        return self._real
+
     def _inside(self, path: str, what: str) -> str:
         """The real path of ``path``, which must stay inside the loaded directory."""
         real = os.path.realpath(path)
-        if real != self.real and not real.startswith(self.real + os.sep):
-            raise CorruptDataError(f"{what} {path!r} is a symbolic link that leads outside {self.real!r}: refusing it.")
+        top = self.real
+        if real != top and not real.startswith(top + os.sep):
+            raise CorruptDataError(f"{what} {path!r} is a symbolic link that leads outside {top!r}: refusing it.")
         return real
 
     def _check_file_link(self, path: str) -> None:

@@ -99,6 +99,24 @@ def test_the_registry_api(tmp_path: Path) -> None:
     assert anon_reg is not reg and anon_reg.generation == 0
 
 
+def test_every_path_to_a_tree_names_the_same_control_files(tmp_path: Path) -> None:
+    """A link to the tree, a link to a folder above it, and a tree not created yet: the control
+    files are the tree's by its parent's inode and its real name, however it is reached."""
+    real = tmp_path / "data" / "td"
+    real.parent.mkdir()
+    td = _td().memmap_(real)
+    (tmp_path / "link-to-tree").symlink_to(real)
+    (tmp_path / "link-to-parent").symlink_to(real.parent)
+    paths = control_paths(str(real))
+    assert control_paths(str(tmp_path / "link-to-tree")) == paths
+    assert control_paths(str(tmp_path / "link-to-parent" / "td")) == paths
+    assert control_paths(str(tmp_path / "data" / "other")) != paths  # a sibling, not created yet
+    assert control_paths(str(tmp_path / "link-to-parent" / "other")) == control_paths(str(tmp_path / "data" / "other"))
+    reader = TensorDict.load_memmap(tmp_path / "link-to-parent" / "td").memmap_()  # (writes nothing)
+    td.make_memmap("added", [4])[:] = 3.0
+    assert reader.memmap_refresh_()["added"].tolist() == [3.0] * 4
+
+
 def _waiter(prefix: str, since: int, ready: Any, out: Any) -> None:
     reg = SharedRegistry.for_path(prefix)
     ready.set()
