@@ -514,9 +514,12 @@ def resolve_under(folder: str, files: set[str] | None = None) -> None:
     those whose file is one of these), before those files are replaced; the leaves mapped so are
     never unmapped by the bound (their bytes are no longer in any file).
 
+    A leaf whose file is already gone or replaced (another process re-saved the folder since) has
+    lost its bytes whatever this save does: it stays pending and raises at its own first read, as
+    it would have; this save goes on.
+
     Raises:
         ResourceLimitError: more such leaves than the memory map has room for (nothing mapped).
-        CorruptDataError: such a leaf's file is already missing or damaged.
     """
     head = folder.rstrip(os.sep) + os.sep
     wheres = [w for w in _LIVE if w == folder or w.startswith(head)]
@@ -533,7 +536,10 @@ def resolve_under(folder: str, files: set[str] | None = None) -> None:
             "Delete those tensordicts first (del them, or load the folder again after the save)",
         )
     for d, k, v in todo:
-        dict.__setitem__(d, k, v.resolve())
+        try:
+            dict.__setitem__(d, k, v.resolve())
+        except CorruptDataError:
+            continue  # (see above) the stale leaf names its file when it is read
     with _LRU_LOCK:  # leaves mapped before whose files are replaced: kept mapped from now on
         for slot in [s for s, e in _LRU.items() if _among(e[2].path, head, files)]:
             del _LRU[slot]

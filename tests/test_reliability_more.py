@@ -232,6 +232,29 @@ def _saver(path: str, first: int, times: int, go: Any) -> int:
     return first
 
 
+def _one_save(path: str, j: int) -> int:
+    _version(j).memmap_(path, atomic=True, existsok=True)
+    return j
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "in-place"])
+def test_a_save_goes_on_when_a_kept_result_was_replaced_by_another_process(tmp_path: Path, atomic: bool) -> None:
+    """This process keeps what its save returned (its leaves not read yet), another process
+    re-saves the prefix (those leaves' files are gone), then this process saves again: that save
+    must not fail because of the kept tensordict, whose bytes were lost whatever it does."""
+    path = str(tmp_path / f"td-{uuid.uuid4().hex[:8]}")
+    kept = _version(1).memmap_(path)
+    ctx = _ctx("fork")
+    queue = ctx.Queue()
+    with _reaped([ctx.Process(target=_guard, args=(_one_save, queue, path, 2))]):
+        assert _results(queue, 1) == [2]
+    _version(3).memmap_(path, atomic=atomic, existsok=True)
+    assert _same(TensorDict.load_memmap(path), _version(3))
+    assert kept.is_memmap() and kept.batch_size == _version(1).batch_size  # kept as it was, unread
+    COUNTS["saves past a replaced kept result"] += 1
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("method", METHODS)
 def test_threads_and_processes_saving_one_prefix_end_with_one_version(tmp_path: Path, method: str) -> None:
