@@ -105,6 +105,8 @@ class SharedRegistry:
         #: with its open descriptors, as long as the tensordicts that hold this registry
         self.adders: dict[str, Any] = {}
         self.entry_gen = -1  # the generation after this process's last make_memmap* (see _adder)
+        #: the guards of this process's leaves of the tree not read yet (see :meth:`rebase_guards`)
+        self.guards: weakref.WeakSet[EpochGuard] = weakref.WeakSet()
 
     # -- finding the registry -------------------------------------------------------------------
     @classmethod
@@ -470,6 +472,33 @@ class SharedRegistry:
         if m is not None:
             m[8:16] = ((int.from_bytes(m[8:16], "little") + 1) & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
 
+    def rebase_guards(self, before: tuple[int, int] | None, after: tuple[int, int] | None) -> None:
+        """After this process's own commit (``before``/``after``: the states around it, the lock
+        still held), move the guards that were current before it to ``after``'s file epoch.
+
+        Every save maps first this process's unread leaves whose files it replaces
+        (:func:`tdshare._lazy_leaves.resolve_under`), so the leaves still unread after it read
+        files it left alone: their guards must not see its epoch step as a replacement.  A guard
+        already behind ``before`` (another process replaced files since) stays behind.
+
+        >>> import tempfile
+        >>> from tdshare import TensorDict, SharedRegistry
+        >>> from tdshare._coordination import EpochGuard
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     reg = SharedRegistry.for_tensordict(TensorDict(a=torch.zeros(2)).memmap_(path))
+        ...     mine, behind = EpochGuard(reg, reg.state(create=True)), EpochGuard(reg, (0, -1))
+        ...     with reg.lock():
+        ...         before = reg.state()
+        ...         reg.rebase_guards(before, reg.bump(files_replaced=True))
+        ...     print(mine.stale(), behind.stale())
+        False True
+        """
+        if before is None or after is None or before[1] == after[1]:
+            return
+        for guard in list(self.guards):
+            if (0 if guard.epoch is None else guard.epoch) == before[1]:
+                guard.epoch = after[1]
+
     def bump(self, files_replaced: bool = False, level: str | None = None) -> tuple[int, int] | None:
         """Advance the generation after a commit (writers call it with the lock held).
 
@@ -560,11 +589,12 @@ class EpochGuard:
     (False, True)
     """
 
-    __slots__ = ("epoch", "registry")
+    __slots__ = ("__weakref__", "epoch", "registry")
 
     def __init__(self, registry: SharedRegistry, state: tuple[int, int] | None) -> None:
         self.registry = registry
         self.epoch = None if state is None else state[1]
+        registry.guards.add(self)  # this process's own saves move it along (rebase_guards)
 
     def stale(self) -> bool:
         """True if files of the tree may have been replaced since the load."""

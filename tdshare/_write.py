@@ -277,6 +277,7 @@ def _commit_metadata(
             _unstage(root, staged)
         changed, kept = _write_metadata(root)
         after = registry.bump(files_replaced=wrote_data) if changed or wrote_data else before
+        registry.rebase_guards(before, after)  # our own replacements: their unread leaves were mapped first
     return after if not kept or unchanged_since(seen, before) else seen
 
 

@@ -399,6 +399,21 @@ def test_a_resave_here_keeps_unread_leaves_a_file_replaced_elsewhere_is_named(tm
     assert TensorDict.load_memmap(folder)["b"].tolist() == [0, 1, 2, 3]  # loading again reads the new file
 
 
+def test_a_partial_resave_here_leaves_the_other_unread_leaves_readable(tmp_path: Path) -> None:
+    """A re-save by this process that rewrites one file and reuses another: the loaded leaf of the
+    rewritten file keeps its bytes, the one whose file was left alone reads it (this process's own
+    epoch step is no replacement of it), as eager leaves would."""
+    src, folder = _saved(tmp_path)
+    held = TensorDict.load_memmap(folder)
+    assert type(dict.__getitem__(held._tensordict, "a")) is PendingLeaf
+    assert type(dict.__getitem__(held._tensordict, "b")) is PendingLeaf
+    reused = TensorDict.load_memmap(folder)["b"]  # mapped: saved back in place, not rewritten
+    TensorDict(a=torch.full((4, 3), 7.0), b=reused, batch_size=[4]).memmap_(folder, existsok=True)
+    assert torch.equal(held["a"], src["a"])  # its file was replaced: mapped first
+    assert torch.equal(held["b"], src["b"])  # its file is the same: read as it is
+    assert TensorDict.load_memmap(folder)["a"].tolist() == [[7.0] * 3] * 4
+
+
 def test_the_info_command_lists_entries_not_compacted_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tdshare.__main__ import main
 
