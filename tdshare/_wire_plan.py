@@ -240,22 +240,26 @@ class Plan:
         for fn, args in self.checks:
             if not fn(*args):
                 return False
-        storage = self.storage
-        if (  # a consolidated tree's one address and counter (its storage: a plain tensor)
-            self.storage_version is not None
-            and type(storage) is torch.Tensor
-            and storage._version == self.storage_version
-            and storage.data_ptr() == self.storage_ptr
-        ):
-            return True
+        if type(self.storage) is torch.Tensor and self._storage_unchanged():
+            return True  # (a plain tensor's methods: no need to turn subclass dispatch off first)
         with torch._C.DisableTorchFunctionSubclass():  # a tensor subclass's methods at C speed too
             return self._leaves_unchanged()
 
-    def _leaves_unchanged(self) -> bool:
+    def _storage_unchanged(self) -> bool:
+        """A consolidated tree's one address and version counter are the plan's: its leaves are
+        views sharing that counter, so nothing was written or moved in place."""
         storage = self.storage
-        if self.storage_version is not None and storage is not None:
-            if storage.data_ptr() == self.storage_ptr and storage._version == self.storage_version:
-                return True  # the leaves are views sharing the storage's version counter: nothing in place
+        return (
+            self.storage_version is not None
+            and storage is not None
+            and storage._version == self.storage_version
+            and storage.data_ptr() == self.storage_ptr
+        )
+
+    def _leaves_unchanged(self) -> bool:
+        if self._storage_unchanged():
+            return True
+        storage = self.storage
         leaves = self.leaves
         if list(map(_ptr, leaves)) != self.ptrs:
             return False
