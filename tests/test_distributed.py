@@ -658,8 +658,12 @@ def _sync(rank: int, world: int, folder: str) -> dict[str, Any]:
 def _dead_peer(rank: int, world: int, gone: Any = None) -> str:
     store = dist.distributed_c10d._get_default_store()
     if rank == 1:
+        # not before rank 0's own init is done: gloo's init may return on one rank while the
+        # other still connects its pairs, which a peer dying then fails (not what is tested)
+        store.wait(["up"], timedelta(seconds=20))
         store.set("ready", "1")
         os._exit(0)  # dies without sending
+    store.set("up", "1")
     store.wait(["ready"], timedelta(seconds=20))
     if gone is not None:  # the peer is dead before the call: gloo refuses to post the receive itself
         assert gone.wait(30)
