@@ -308,7 +308,7 @@ class Plan:
                 if isinstance(part, torch.Tensor):
                     copy_bytes(view, part)  # a run, the storage or a big leaf, bit for bit
                 elif isinstance(part, FusedCopy):
-                    part(out=view)  # the group's leaves, gathered in one indexed kernel
+                    part(words=view)  # the group's leaves, gathered in one indexed kernel
                 else:
                     torch.cat(part, out=view)
         return [data, *direct]
@@ -400,8 +400,10 @@ _SendLayout = tuple[list[_Op] | None, torch.Tensor, list[torch.Tensor], list[tor
 
 
 def _views(ops: list[_Op], groups: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each op's slice of its group's view."""
-    return [groups[g][start : start + n] for g, start, n, _ in ops]
+    """Each op's slice of its group's view (a :class:`FusedCopy`'s as the words it writes: made
+    once for the plan's buffer, not at each send)."""
+    views = [groups[g][start : start + n] for g, start, n, _ in ops]
+    return [part.words(v) if isinstance(part, FusedCopy) else v for v, (_, _, _, part) in zip(views, ops, strict=True)]
 
 
 def _gathered(members: list[torch.Tensor], group: torch.Tensor) -> FusedCopy | None:

@@ -6,11 +6,14 @@ and ``torch.cat`` run that per-tensor loop too.  :class:`FusedCopy` does the sam
 one or two indexed kernels: each side is seen as one *span*, a 1-D tensor over the address range
 its tensors lie in (a view of memory that is already there, made with ``torch.frombuffer`` of a
 ``ctypes`` array at that address: nothing is allocated and nothing outside the tensors is ever
-read or written), and an index of the words those tensors hold in it: rows of the widest power
-of two bytes, up to 4 KiB, that every address and size allows (rows of 64 bytes, as torch's
-allocator aligns, gather eight times faster than single bytes).  A side whose tensors lie back
-to back in order (a packed buffer) needs no index: its span is that region.  The copy is then
-one ``index_select`` (into a packed buffer), one ``index_copy_`` (out of one), or both.
+read or written), and an index of the words those tensors hold in it.  A gather reads rows of the
+widest power of two bytes, up to 4 KiB, that every address and size allows (rows of 64 bytes, as
+torch's allocator aligns, gather eight times faster than single bytes); a scatter writes words of
+at most 16 bytes (``complex128`` elements, moved as bytes) with ``scatter_``, whose CPU kernel
+measured 2.5-3x faster than ``index_copy_`` of rows for 1,000 leaves of 64-256 bytes (11.5 against
+31 µs for 230 KB), for a larger index (8 bytes a word).  A side whose tensors lie back to back in
+order (a packed buffer) needs no index: its span is that region.  The copy is then one
+``index_select`` (into a packed buffer), one ``scatter_`` (out of one), or both.
 
 Only CPU tensors that are contiguous qualify, destinations that do not overlap, and at most
 :data:`SPAN_WORDS` words in all (the index costs 8 bytes a word); :func:`fused_copy` returns None
@@ -40,17 +43,21 @@ __all__ = ["SPAN_WORDS", "FusedCopy", "fused_copy"]
 
 SPAN_WORDS = 1 << 22  # at most this many words (an int64 index each: 32 MiB) in one fused copy
 _UNITS = [1 << k for k in range(12, -1, -1)]  # a word: 4 KiB down to one byte
-_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.complex128}
+_SCATTER_WORD = 16  # the widest word a scatter writes (see the module docstring)
 
 
 class _Side:
     """One side of a fused copy: its span and, unless its tensors are one run in order, the
-    index of their words in it."""
+    index of their words in it (``scatter``: the side written, in words of at most 16 bytes)."""
 
-    def __init__(self, ptrs: list[int], sizes: list[int], unit: int) -> None:
+    def __init__(self, ptrs: list[int], sizes: list[int], unit: int, scatter: bool = False) -> None:
         lo = min(ptrs)
         hi = max(p + n for p, n in zip(ptrs, sizes, strict=True))
         self.run = all(p == lo + at for p, at in zip(ptrs, _starts(sizes), strict=True))
+        if scatter and not self.run and sum(sizes) // min(unit, _SCATTER_WORD) <= SPAN_WORDS:
+            unit = min(unit, _SCATTER_WORD)  # written by scatter_ (see the module docstring)
+        self.unit = unit
         self.buffer = (ctypes.c_char * (hi - lo)).from_address(lo)  # kept: the span's memory holder
         self.words = _words(torch.frombuffer(self.buffer, dtype=torch.uint8), unit)
         self.index: torch.Tensor | None = None
@@ -63,7 +70,7 @@ class _Side:
 
 
 def _words(flat: torch.Tensor, unit: int) -> torch.Tensor:
-    """The bytes ``flat`` as words of ``unit`` bytes: 1-D of 1, 2 or 4 bytes, else rows of int64."""
+    """The bytes ``flat`` as words of ``unit`` bytes: 1-D up to 16 bytes, else rows of int64."""
     return flat.view(_DTYPES[unit]) if unit in _DTYPES else flat.view(torch.int64).view(-1, unit // 8)
 
 
@@ -99,15 +106,29 @@ class FusedCopy:
         sizes = [t.numel() * t.element_size() for t in dst]
         self.unit = unit
         self.nbytes = sum(sizes)
-        self.dst = _Side([t.data_ptr() for t in dst], sizes, unit)
+        self.dst = _Side([t.data_ptr() for t in dst], sizes, unit, scatter=True)
         self.src = _Side([t.data_ptr() for t in src], sizes, unit)
+        # a packed source scattered: its span in the scatter's words, made once
+        self._packed = (
+            _words(torch.frombuffer(self.src.buffer, dtype=torch.uint8), self.dst.unit)
+            if self.src.index is None and self.dst.index is not None
+            else None
+        )
 
-    def __call__(self, out: torch.Tensor | None = None) -> None:
+    def words(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (a contiguous CPU tensor of this copy's byte size) as the words :meth:`__call__`
+        writes with ``words=``: made once for a buffer used again and again."""
+        return _words(out.view(torch.uint8).view(-1), self.dst.unit)
+
+    def __call__(self, out: torch.Tensor | None = None, words: torch.Tensor | None = None) -> None:
         """Do the copies; ``out``: write the packed destination there instead (a contiguous CPU
         tensor of the same bytes, e.g. a new buffer each time; only where the destinations are
-        one run)."""
+        one run), or ``words``: :meth:`words` of such a tensor."""
         dst, src = self.dst, self.src
-        target = dst.words if out is None else _words(out.view(torch.uint8).view(-1), self.unit)
+        if words is not None:
+            out = target = words
+        else:
+            target = dst.words if out is None else self.words(out)
         with torch.no_grad():
             if dst.index is None:
                 if src.index is None:
@@ -116,8 +137,11 @@ class FusedCopy:
                     torch.index_select(src.words, 0, src.index, out=target)
                 return
             assert out is None, "out= only where the destinations are one run"
-            values = src.words if src.index is None else src.words.index_select(0, src.index)
-            target.index_copy_(0, dst.index, values)
+            if self._packed is not None or src.index is None:
+                values = self._packed if self._packed is not None else src.words
+            else:  # gathered first, then seen as the same bytes in the scatter's words
+                values = _words(src.words.index_select(0, src.index).view(torch.uint8).view(-1), dst.unit)
+            target.scatter_(0, dst.index, values)
 
 
 def fused_copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> FusedCopy | None:

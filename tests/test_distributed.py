@@ -349,6 +349,37 @@ def test_fused_copy_scatters_bit_for_bit_and_refuses_what_does_not_qualify() -> 
     assert fused_copy([torch.zeros(4)], [torch.ones(3)]) is None  # different sizes
 
 
+@pytest.mark.parametrize("gathered_first", [False, True])
+def test_fused_scatter_in_wide_words_keeps_nan_payloads_and_the_bytes_between(gathered_first: bool) -> None:
+    """Leaves of 64-byte rows are written in 16-byte words by scatter_: every bit moves (NaN
+    payloads, signalling ones too), and the memory between the leaves is never touched."""
+    from tdshare._wire_span import fused_copy
+
+    g = torch.Generator().manual_seed(11)
+    arena = torch.full((40 * 32,), -7, dtype=torch.int64)  # leaves spread over it, with gaps
+    dst = [arena[i * 32 : i * 32 + 8 * (1 + i % 3)] for i in range(40)]
+    raw = torch.randint(-(2**62), 2**62, (sum(t.numel() for t in dst),), dtype=torch.int64, generator=g)
+    raw[:4] = torch.tensor([0x7FF0000000000001, 0x7FF8DEADBEEF0001, -1, 0x0000000000000001])  # sNaN, qNaN, ...
+    if gathered_first:  # neither side one run: gathered in rows, then scattered in 16-byte words
+        spread = torch.zeros(raw.numel() * 2, dtype=torch.int64)
+        src, at = [], 0
+        for t in dst:
+            spread[2 * at : 2 * at + t.numel()] = raw[at : at + t.numel()]
+            src.append(spread[2 * at : 2 * at + t.numel()])
+            at += t.numel()
+    else:
+        src = list(raw.split([t.numel() for t in dst]))
+    copy = fused_copy([t.view(torch.float64) for t in dst], [s.view(torch.float64) for s in src])
+    assert copy is not None and copy.unit == 64 and copy.dst.unit == 16 and copy.dst.index is not None
+    copy()
+    assert b"".join(_bits(t) for t in dst) == _bits(raw)
+    written = torch.zeros(arena.numel(), dtype=torch.bool)
+    for t in dst:
+        start = (t.data_ptr() - arena.data_ptr()) // 8
+        written[start : start + t.numel()] = True
+    assert (arena[~written] == -7).all()  # the gaps as they were
+
+
 def _plans(rank: int, world: int) -> dict[str, Any]:
     report: dict[str, Any] = {}
     if rank == 0:
