@@ -108,12 +108,9 @@ class FusedCopy:
         self.nbytes = sum(sizes)
         self.dst = _Side([t.data_ptr() for t in dst], sizes, unit, scatter=True)
         self.src = _Side([t.data_ptr() for t in src], sizes, unit)
-        # a packed source scattered: its span in the scatter's words, made once
-        self._packed = (
-            _words(torch.frombuffer(self.src.buffer, dtype=torch.uint8), self.dst.unit)
-            if self.src.index is None and self.dst.index is not None
-            else None
-        )
+        # a packed source as the scatter's words, made once
+        packed = self.src.index is None
+        self._packed = _words(torch.frombuffer(self.src.buffer, dtype=torch.uint8), self.dst.unit) if packed else None
 
     def words(self, out: torch.Tensor) -> torch.Tensor:
         """``out`` (a contiguous CPU tensor of this copy's byte size) as the words :meth:`__call__`
@@ -137,10 +134,11 @@ class FusedCopy:
                     torch.index_select(src.words, 0, src.index, out=target)
                 return
             assert out is None, "out= only where the destinations are one run"
-            if self._packed is not None or src.index is None:
-                values = self._packed if self._packed is not None else src.words
-            else:  # gathered first, then seen as the same bytes in the scatter's words
+            if src.index is not None:  # gathered first, then seen as the same bytes in the scatter's words
                 values = _words(src.words.index_select(0, src.index).view(torch.uint8).view(-1), dst.unit)
+            else:
+                assert self._packed is not None  # (made for a packed source)
+                values = self._packed
             target.scatter_(0, dst.index, values)
 
 
