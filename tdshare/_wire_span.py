@@ -108,8 +108,8 @@ class FusedCopy:
         self.nbytes = sum(sizes)
         self.dst = _Side([t.data_ptr() for t in dst], sizes, unit, scatter=True)
         self.src = _Side([t.data_ptr() for t in src], sizes, unit)
-        # a packed source as the scatter's words, made once
-        packed = self.src.index is None
+        # a packed source scattered: seen once in the scatter's words
+        packed = self.src.index is None and self.dst.index is not None
         self._packed = _words(torch.frombuffer(self.src.buffer, dtype=torch.uint8), self.dst.unit) if packed else None
 
     def words(self, out: torch.Tensor) -> torch.Tensor:
@@ -117,15 +117,11 @@ class FusedCopy:
         writes with ``words=``: made once for a buffer used again and again."""
         return _words(out.view(torch.uint8).view(-1), self.dst.unit)
 
-    def __call__(self, out: torch.Tensor | None = None, words: torch.Tensor | None = None) -> None:
-        """Do the copies; ``out``: write the packed destination there instead (a contiguous CPU
-        tensor of the same bytes, e.g. a new buffer each time; only where the destinations are
-        one run), or ``words``: :meth:`words` of such a tensor."""
+    def __call__(self, words: torch.Tensor | None = None) -> None:
+        """Do the copies; ``words``: write the packed destination there instead, as :meth:`words`
+        of another tensor of the same bytes (only where the destinations are one run)."""
         dst, src = self.dst, self.src
-        if words is not None:
-            out = target = words
-        else:
-            target = dst.words if out is None else self.words(out)
+        target = dst.words if words is None else words
         with torch.no_grad():
             if dst.index is None:
                 if src.index is None:
@@ -133,7 +129,7 @@ class FusedCopy:
                 else:
                     torch.index_select(src.words, 0, src.index, out=target)
                 return
-            assert out is None, "out= only where the destinations are one run"
+            assert words is None, "words= only where the destinations are one run"
             if src.index is not None:  # gathered first, then seen as the same bytes in the scatter's words
                 values = _words(src.words.index_select(0, src.index).view(torch.uint8).view(-1), dst.unit)
             else:
