@@ -9,7 +9,11 @@ stays true between two additions:
 
 - the level's folder, open (the new file is created relative to it, ``O_EXCL | O_NOFOLLOW``: an
   existing name or a symbolic link there sends the call to the general path);
-- the record, open with ``O_APPEND`` (one ``write`` appends the line);
+- the record, open with ``O_APPEND`` (one ``write`` appends the line).  At most
+  :data:`MAX_OPEN_ADDERS` adders of the process hold their two descriptors at once (the oldest
+  opened closes first); a closed adder keeps what it knows and opens the folder and the record
+  again by path at its next addition, which then takes the fast path if the record is the same
+  file (its inode) and the rest below holds;
 - on the registry, the generation after this process's last addition to the tree
   (``entry_gen``), by either path.  Under the tree's lock, an unchanged generation means nobody
   committed anything but those additions since, so what this process knows of the level
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import weakref
 from typing import Any, cast
 
@@ -50,11 +55,31 @@ _NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | _CLOE
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
 _RECORD = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | _CLOEXEC
 _SHAPES = (tuple, list)
-# Adders open in this process at once, over every tree (two descriptors each), oldest closed
-# first: a writer adding to thousands of levels must not run into RLIMIT_NOFILE (ulimit -n 1024).
-MAX_OPEN_ADDERS = 64
-# (weak: an adder goes, its descriptors closed, with the registry that holds it)
-_OPEN: weakref.WeakKeyDictionary[Adder, tuple[weakref.ref[SharedRegistry], str]] = weakref.WeakKeyDictionary()
+
+
+def _open_adders_allowed() -> int:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 64
+    if soft == resource.RLIM_INFINITY:
+        return 512
+    return max(16, min(512, soft // 8))
+
+
+# Adders open in this process at once, over every tree (two descriptors each), oldest opened
+# closed first: a quarter of the descriptors RLIMIT_NOFILE allows (128 adders under ulimit -n
+# 1024), at most 512, so that a writer adding to thousands of levels never runs out of them.  A
+# closed adder opens its descriptors again at its next addition (13 µs more on tmpfs).
+MAX_OPEN_ADDERS = _open_adders_allowed()
+# The adders whose descriptors are open, oldest first (weak: an adder goes with its registry).
+_OPEN: weakref.WeakKeyDictionary[Adder, None] = weakref.WeakKeyDictionary()
+# Held while an adder's descriptors are opened, used or closed: a thread adding to one tree may
+# close (to make room) the adder of another tree that a second thread is writing through, and a
+# descriptor closed under it could be reused by an unrelated file before its write.
+_FDS = threading.RLock()
 
 
 class Adder:
@@ -62,46 +87,74 @@ class Adder:
 
     __slots__ = ("__weakref__", "dfd", "hit", "ino", "jfd", "pid", "ring", "size", "tails")
 
-    def __init__(self, dfd: int, jfd: int, ino: int, ring: str | None) -> None:
-        self.dfd, self.jfd, self.ino, self.ring = dfd, jfd, ino, ring
+    def __init__(self, ino: int, ring: str | None) -> None:
+        self.dfd = self.jfd = -1
+        self.ino, self.ring = ino, ring
         self.pid = os.getpid()
         self.size = -1
         self.hit: LevelState | None = None
         self.tails: dict[tuple[tuple[int, ...], torch.dtype], bytes] = {}
 
+    def open(self, level: str) -> bool:
+        """Open the level's folder and record (counted among the :data:`MAX_OPEN_ADDERS`, the
+        oldest open adder closed to make room); False, nothing left open, when either is gone or
+        the record is not the file this adder knew (compacted since, or the folder replaced)."""
+        try:
+            dfd = os.open(level, _DIR)
+        except OSError:
+            return False
+        try:
+            jfd = os.open(JOURNAL_FILE, _RECORD, dir_fd=dfd)
+        except OSError:
+            os.close(dfd)
+            return False
+        try:
+            same = os.fstat(jfd).st_ino == self.ino
+        except OSError:
+            same = False
+        if not same:
+            os.close(jfd)
+            os.close(dfd)
+            return False
+        with _FDS:
+            self.close()
+            while len(_OPEN) >= MAX_OPEN_ADDERS:
+                oldest = next(iter(_OPEN))
+                oldest.close()  # it stays its level's adder, closed
+            self.dfd, self.jfd = dfd, jfd
+            _OPEN[self] = None
+        return True
+
     def close(self) -> None:
-        """Close the descriptors (in a forked child, its own copies)."""
-        for fd in (self.dfd, self.jfd):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self.dfd = self.jfd = -1
+        """Close the descriptors (in a forked child, its own copies); the adder stays usable."""
+        with _FDS:
+            _OPEN.pop(self, None)
+            for fd in (self.dfd, self.jfd):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            self.dfd = self.jfd = -1
 
     def __del__(self) -> None:
-        self.close()
+        if self.dfd >= 0 or self.jfd >= 0:
+            self.close()
+
+
+def _reset_after_fork() -> None:
+    global _FDS  # a thread of the parent may have held it at the fork
+    _FDS = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _drop(registry: SharedRegistry, level: str) -> None:
     adder = registry.adders.pop(level, None)
     if adder is not None:
-        _OPEN.pop(adder, None)
         adder.close()
-
-
-def _keep(registry: SharedRegistry, level: str, adder: Adder) -> None:
-    """Record ``adder`` as ``registry``'s for ``level``, closing the oldest open one past
-    :data:`MAX_OPEN_ADDERS` (its level takes the general path until it is readied again)."""
-    while len(_OPEN) >= MAX_OPEN_ADDERS:
-        oldest, (ref, where) = next(iter(_OPEN.items()))
-        del _OPEN[oldest]
-        owner = ref()
-        if owner is not None and owner.adders.get(where) is oldest:
-            del owner.adders[where]
-        oldest.close()
-    registry.adders[level] = adder
-    _OPEN[adder] = (weakref.ref(registry), level)
 
 
 def prime_adder(
@@ -123,20 +176,10 @@ def prime_adder(
     adder = registry.adders.get(level)
     if adder is None or adder.pid != os.getpid() or adder.ino != ino:
         _drop(registry, level)
-        try:
-            dfd = os.open(level, _DIR)
-        except OSError:
+        adder = Adder(ino, level_in_tree(registry.root, level))
+        if not adder.open(level):
             return
-        try:
-            jfd = os.open(JOURNAL_FILE, _RECORD, dir_fd=dfd)
-        except OSError:
-            os.close(dfd)
-            return
-        adder = Adder(dfd, jfd, ino, level_in_tree(registry.root, level))
-        if os.fstat(jfd).st_ino != ino:
-            adder.close()
-            return
-        _keep(registry, level, adder)
+        registry.adders[level] = adder
     adder.size, adder.hit = size, hit
 
 
@@ -222,30 +265,33 @@ def fast_add(
             or last in hit.meta
         ):
             return None  # another commit, or this process re-read the level: the general path
-        st = os.fstat(adder.jfd)
-        if st.st_size != adder.size or not st.st_nlink:
-            return None
-        made = (
-            torch.empty(0, dtype=dtype_).set_(storage, 0, (numel,), (1,))
-            if storage is not None
-            else _new_file(adder.dfd, name, path, numel, dtype_, src)
-        )
-        if made is None:
-            return None
-        flat = made
-        line = b'{"' + last.encode() + _tail(adder, size, dtype_)
-        try:
-            written = os.write(adder.jfd, line)
-        except BaseException:
-            if storage is None:
-                os.unlink(name, dir_fd=adder.dfd)
-            adder.size = -1  # a torn line: the general path cuts it off
-            raise
-        if written != len(line):  # never for a regular file short of a full disk: leave it to the general path
-            if storage is None:
-                os.unlink(name, dir_fd=adder.dfd)
-            adder.size = -1
-            return None
+        with _FDS:
+            if adder.jfd < 0 and not adder.open(level):
+                return None  # the record is another file now: the general path
+            st = os.fstat(adder.jfd)
+            if st.st_size != adder.size or not st.st_nlink:
+                return None
+            made = (
+                torch.empty(0, dtype=dtype_).set_(storage, 0, (numel,), (1,))
+                if storage is not None
+                else _new_file(adder.dfd, name, path, numel, dtype_, src)
+            )
+            if made is None:
+                return None
+            flat = made
+            line = b'{"' + last.encode() + _tail(adder, size, dtype_)
+            try:
+                written = os.write(adder.jfd, line)
+            except BaseException:
+                if storage is None:
+                    os.unlink(name, dir_fd=adder.dfd)
+                adder.size = -1  # a torn line: the general path cuts it off
+                raise
+            if written != len(line):  # never for a regular file short of a full disk: the general path
+                if storage is None:
+                    os.unlink(name, dir_fd=adder.dfd)
+                adder.size = -1
+                return None
         adder.size += written
         if record_appended(level, hit, last, leaf_entry(size, dtype_), adder.ino, adder.size):
             _drop(registry, level)  # compacted: the record is gone; the next addition starts one

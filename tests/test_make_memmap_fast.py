@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,26 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(live_mod, "add_entry", counted)
     return calls
+
+
+def _in_threads(fn: Callable[[int], None], n: int) -> list[BaseException]:
+    """Run ``fn(0)`` ... ``fn(n - 1)`` in ``n`` threads started together; the errors they raised."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(n)
+
+    def run(t: int) -> None:
+        try:
+            start.wait(TIMEOUT)
+            fn(t)
+        except BaseException as err:  # pragma: no cover - reported by the caller
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(TIMEOUT)
+    return errors
 
 
 def _value(i: int) -> torch.Tensor:
@@ -345,27 +367,17 @@ def test_round_robin_over_levels(tmp_path: object, monkeypatch: pytest.MonkeyPat
 
 
 def test_threads_adding_to_one_level(tmp_path: object) -> None:
-    import threading
 
     folder = str(tmp_path)
     td = TensorDict({}, batch_size=[]).memmap_(folder)
     for i in range(WRITE_THROUGH + 1):
         td.make_memmap(f"w{i}", [1])
-    errors: list[BaseException] = []
 
     def add(t: int) -> None:
-        try:
-            for i in range(150):
-                td.make_memmap_from_tensor(f"t{t}_{i}", torch.full((2,), float(i)))
-        except BaseException as err:  # pragma: no cover - reported below
-            errors.append(err)
+        for i in range(150):
+            td.make_memmap_from_tensor(f"t{t}_{i}", torch.full((2,), float(i)))
 
-    threads = [threading.Thread(target=add, args=(t,)) for t in range(3)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(TIMEOUT)
-    assert not errors
+    assert not _in_threads(add, 3)
     loaded = TensorDict.load_memmap(folder)
     assert all(loaded[f"t{t}_{i}"].tolist() == [float(i)] * 2 for t in range(3) for i in range(150))
     tdshare.compact_metadata(folder)
@@ -374,24 +386,83 @@ def test_threads_adding_to_one_level(tmp_path: object) -> None:
 
 def test_open_adders_are_bounded(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """Adding to more levels than MAX_OPEN_ADDERS keeps at most that many open (two descriptors
-    each); a level whose adder was closed takes the general path and its entries still land."""
+    each); a level whose adder was closed opens it again and still takes the fast path."""
     monkeypatch.setattr(adder_mod, "MAX_OPEN_ADDERS", 4)
     folder = os.path.join(str(tmp_path), "td")
     td = TensorDict({f"s{i}": {"x": torch.zeros(2)} for i in range(10)}, batch_size=[]).memmap_(folder)
     rounds = WRITE_THROUGH + 4  # past the entries written through to meta.json: each level has a record
     fds_before = 0
+    calls: list[int] = []
     for j in range(rounds):
         if j == 1:  # the tree's lock and control files are open by now; the adders come later
             fds_before = len(os.listdir("/proc/self/fd"))
+        if j == rounds - 2:
+            calls = _counting(monkeypatch)
         for i in range(10):
             td.make_memmap_from_tensor((f"s{i}", f"k{j}"), torch.full((2,), float(i * 1000 + j)))
     reg = SharedRegistry.for_tensordict(td)
-    assert 1 <= len(reg.adders) <= 4 and len(adder_mod._OPEN) <= 4
+    assert not calls  # the last two rounds: every level's adder reopened in turn, no general path
+    assert len(reg.adders) == 10 and len(adder_mod._OPEN) <= 4
+    assert sum(a.jfd >= 0 for a in reg.adders.values()) == len(adder_mod._OPEN)
     assert len(os.listdir("/proc/self/fd")) - fds_before <= 2 * 4
     back = TensorDict.load_memmap(folder)
     for i in range(10):
         for j in (0, WRITE_THROUGH - 1, WRITE_THROUGH, rounds - 1):
             assert back[f"s{i}", f"k{j}"].tolist() == [float(i * 1000 + j)] * 2
+
+
+def test_a_closed_adder_whose_record_was_replaced_takes_the_general_path(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An adder closed to make room reopens its level's record by path; a record that is another
+    file by then (same bytes, a new inode) is not the one it knew: the general path adds."""
+    folder = str(tmp_path)
+    td = TensorDict({}, batch_size=[]).memmap_(folder)
+    for i in range(WRITE_THROUGH + 2):
+        td.make_memmap(f"k{i}", [1])
+    adder = SharedRegistry.for_tensordict(td).adders[folder]
+    adder.close()
+    record = os.path.join(folder, "meta.jsonl")
+    with open(record, "rb") as f:
+        data = f.read()
+    with open(record + ".new", "wb") as f:
+        f.write(data)
+    os.replace(record + ".new", record)
+    calls = _counting(monkeypatch)
+    td.make_memmap_from_tensor("after", torch.full((3,), 7.0))
+    assert len(calls) == 1
+    td.make_memmap_from_tensor("then", torch.full((3,), 8.0))
+    assert len(calls) == 1  # readied again by the general path
+    back = TensorDict.load_memmap(folder)
+    assert back["after"].tolist() == [7.0] * 3 and back["then"].tolist() == [8.0] * 3
+    assert len(back.keys()) == WRITE_THROUGH + 4
+
+
+def test_threads_adding_to_trees_that_take_each_others_descriptors(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads adding to different trees, with room for fewer adders than levels: each closes the
+    others' adders to open its own (under one lock, so no descriptor is closed while written)."""
+
+    monkeypatch.setattr(adder_mod, "MAX_OPEN_ADDERS", 2)
+    trees = []
+    for t in range(3):
+        td = TensorDict({"a": {}, "b": {}}, batch_size=[]).memmap_(os.path.join(str(tmp_path), f"t{t}"))
+        for i in range(WRITE_THROUGH + 1):
+            for level in ("a", "b"):
+                td.make_memmap((level, f"w{i}"), [1])
+        trees.append(td)
+
+    def add(t: int) -> None:
+        for i in range(200):
+            value = torch.full((2,), float(t * 1000 + i))
+            trees[t].make_memmap_from_tensor(("a" if i % 2 else "b", f"x{i}"), value)
+
+    assert not _in_threads(add, 3) and len(adder_mod._OPEN) <= 2
+    for t in range(3):
+        back = TensorDict.load_memmap(os.path.join(str(tmp_path), f"t{t}"))
+        got = [back["a" if i % 2 else "b", f"x{i}"][0].item() for i in range(200)]
+        assert got == [float(t * 1000 + i) for i in range(200)]
 
 
 def _fill_from_storage(td: TensorDict, folder: str, n: int = N) -> list[torch.UntypedStorage]:
