@@ -24,6 +24,12 @@ stays true between two additions:
   finds the chain broken (another commit came between) drops every adder of the tree;
 - the record line's bytes after the key, per (shape, dtype).
 
+A small level (no record yet, under :data:`~tdshare._compaction.WRITE_THROUGH` entries) has no
+adder: with the generation unchanged, :func:`~tdshare._compaction.small_level` checks with two
+``stat`` calls that its ``meta.json`` is still the file this process last wrote or read and that
+no record appeared, then the data file is created by path and ``meta.json`` replaced with the
+entry added (:func:`~tdshare._compaction.write_through`), the bytes the general path writes.
+
 Anything else (another process committed, a nested key whose levels do not exist in memory, a
 key that is not a plain ASCII identifier, a file-less or nested entry, an empty tensor, an
 error from the file system) returns None before anything is written, and the caller takes the
@@ -41,7 +47,7 @@ from typing import Any, cast
 
 import torch
 
-from ._compaction import LevelState, level_state, record_appended
+from ._compaction import LevelState, level_state, record_appended, small_level, write_through
 from ._coordination import SharedRegistry, level_in_tree, registry_of, unchanged_since
 from ._files import tensor_buffer
 from ._format import JOURNAL_FILE, LEAF_SUFFIX, leaf_entry, plain_key, shared_leaf_entry
@@ -230,7 +236,7 @@ def fast_add(
     level = node._memmap_prefix
     registry = registry_of(td, prefix)
     adder = registry.adders.get(level)
-    if adder is None or adder.pid != os.getpid() or last in node._tensordict:
+    if (adder is not None and adder.pid != os.getpid()) or last in node._tensordict:
         return None
     if not (last.isascii() and plain_key(last)):
         return None
@@ -255,16 +261,25 @@ def fast_add(
     lock.acquire()
     try:
         state = registry.state()
+        if state is None or state[0] != registry.entry_gen:
+            return None  # another commit since this process's last addition: the general path
+        if adder is None:  # a small level, if this process wrote it last: its meta.json rewritten
+            if registry.adders.get(level) is not None:
+                return None  # another thread readied one meanwhile
+            flat = _write_through(level, name, path, last, size, dtype_, src, storage)
+            if flat is None:
+                return None
+            after = registry.bump(level=level_in_tree(registry.root, level))
+            registry.entry_gen = -1 if after is None else after[0]
+            return _install(td, node, last, flat, size, path, state, after)
         hit = level_state(level)
         if (
-            state is None
-            or state[0] != registry.entry_gen
-            or not _current(registry, level, adder)  # another thread dropped it meanwhile
+            not _current(registry, level, adder)  # another thread dropped it meanwhile
             or hit is None
             or hit is not adder.hit
             or last in hit.meta
         ):
-            return None  # another commit, or this process re-read the level: the general path
+            return None  # this process re-read the level: the general path
         with _FDS:
             if adder.jfd < 0 and not adder.open(level):
                 return None  # the record is another file now: the general path
@@ -299,23 +314,73 @@ def fast_add(
         registry.entry_gen = -1 if after is None else after[0]
     finally:
         lock.release()
+    return _install(td, node, last, flat, size, path, state, after)
+
+
+def _install(
+    td: TensorDictBase,
+    node: Any,
+    last: str,
+    flat: torch.Tensor,
+    size: torch.Size,
+    path: str,
+    state: tuple[int, int],
+    after: tuple[int, int] | None,
+) -> MemoryMappedTensor:
+    """The committed entry, put at ``last`` in ``node`` (although the tensordict is locked)."""
     fresh = flat if len(size) == 1 else flat.view(size)  # made here, referenced nowhere else:
     fresh.__class__ = MemoryMappedTensor  # its class changed in place (as_subclass makes an alias)
     tensor = cast(MemoryMappedTensor, fresh)
     tensor._filename = path
-    node._tensordict[last] = tensor  # entries are added although the tensordict is locked
+    node._tensordict[last] = tensor
     if unchanged_since(td._generation, state):
         td._generation = after  # we were current: our own addition is all that changed
     return tensor
 
 
+def _write_through(
+    level: str,
+    name: str,
+    path: str,
+    last: str,
+    size: torch.Size,
+    dtype: torch.dtype,
+    src: torch.Tensor | None,
+    storage: torch.UntypedStorage | None,
+) -> torch.Tensor | None:
+    """Commit the entry to a small level (no record yet, see :func:`small_level`) that this
+    process wrote last: the data file, then its ``meta.json`` replaced with the entry added.
+    None, nothing left behind, when the level is not such a level or a step fails: the general
+    path decides and names the error."""
+    hit = small_level(level, last)
+    if hit is None:
+        return None
+    numel = math.prod(size)
+    made = (
+        torch.empty(0, dtype=dtype).set_(storage, 0, (numel,), (1,))
+        if storage is not None
+        else _new_file(None, name, path, numel, dtype, src)
+    )
+    if made is None:
+        return None
+    try:
+        write_through(level, hit, last, leaf_entry(size, dtype))
+    except OSError:
+        if storage is None:
+            os.unlink(path)
+        return None
+    return made
+
+
 def _new_file(
-    dfd: int, name: str, path: str, numel: int, dtype: torch.dtype, src: torch.Tensor | None
+    dfd: int | None, name: str, path: str, numel: int, dtype: torch.dtype, src: torch.Tensor | None
 ) -> torch.Tensor | None:
     """Create the entry's file (zeros, or ``src``'s bytes) and map it; None (nothing left behind)
-    when the name exists or the file system refuses: the general path decides and names the error."""
+    when the name exists or the file system refuses: the general path decides and names the error.
+    ``dfd``: the level's folder, open (the file is created relative to it), or None (by ``path``)."""
+    where = path if dfd is None else name
     try:
-        fd = os.open(name, _NEW, 0o666, dir_fd=dfd)
+        fd = os.open(where, _NEW, 0o666, dir_fd=dfd)
     except OSError:
         return None  # the name exists (a dead writer's file, a link)
     try:
@@ -328,7 +393,7 @@ def _new_file(
             os.close(fd)
         return torch.from_file(path, shared=True, size=numel, dtype=dtype)
     except (OSError, RuntimeError):
-        os.unlink(name, dir_fd=dfd)
+        os.unlink(where, dir_fd=dfd)
         return None
 
 

@@ -40,6 +40,8 @@ __all__ = [
     "level_state",
     "read_level",
     "record_appended",
+    "small_level",
+    "write_through",
 ]
 
 #: Levels with fewer entries than this (and no record) have their meta.json rewritten on each addition.
@@ -167,6 +169,31 @@ def level_state(directory: str) -> LevelState | None:
     is still this one before it appends on its own.
     """
     return _LEVELS.get(directory)
+
+
+def small_level(directory: str, key: str) -> LevelState | None:
+    """The level in ``directory`` as this process last read or wrote it, if that is still what is
+    on disk and the level is small (no record, under :data:`WRITE_THROUGH` entries, ``key`` not
+    among them): the state :func:`write_through` takes.  None otherwise (ask :func:`read_level`).
+
+    The caller holds the tree's lock and knows that no other process committed to the tree since
+    this process's last addition; the two ``stat`` calls (``meta.json`` still the file this
+    process knows, no record since) cover a commit of this process that bypassed this module.
+    """
+    hit = _LEVELS.get(directory)
+    if hit is None or hit.jstamp is not None or hit.n_meta >= WRITE_THROUGH or key in hit.meta:
+        return None
+    try:
+        current = _stamp(os.stat(directory + os.sep + META_FILE)) == hit.stamp
+    except OSError:
+        return None
+    return hit if current and _jstamp(directory) is None else None
+
+
+def write_through(directory: str, hit: LevelState, key: str, value: dict) -> None:
+    """Commit ``key: value`` to the small level :func:`small_level` returned ``hit`` for: its
+    ``meta.json`` replaced atomically with the entry added (the caller holds the tree's lock)."""
+    _rewrite(directory, hit, key, value, replace_file)
 
 
 def record_appended(directory: str, hit: LevelState, key: str, value: dict, ino: int, size: int) -> bool:

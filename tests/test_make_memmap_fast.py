@@ -187,6 +187,64 @@ def test_other_process_commits_between(tmp_path: object, method: str) -> None:
     assert td.memmap_refresh_()["child"].tolist() == [0.0, 1.0, 2.0]
 
 
+def test_a_small_levels_entries_take_the_fast_path_and_tensordict_sees_each(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under WRITE_THROUGH entries a level has no record: after the first (general) addition, the
+    next ones rewrite its meta.json by the fast path, and tensordict reads each one at once."""
+    folder = str(tmp_path)
+    td = TensorDict({"s0": {}, "s1": {}}, batch_size=[]).memmap_(folder)
+    calls = _counting(monkeypatch)
+    n = WRITE_THROUGH - 10  # meta.json's fields (shape, device, ...) count towards WRITE_THROUGH too
+    for i in range(n):
+        for level in ("s0", "s1"):
+            td.make_memmap_from_tensor((level, f"k{i}"), torch.full((2,), float(i)))
+    assert len(calls) == 2  # the first addition to each level
+    assert not any(name.endswith(".jsonl") for _, _, names in os.walk(folder) for name in names)
+    ref = tensordict.TensorDict.load_memmap(folder)
+    for level in ("s0", "s1"):
+        assert [ref[level, f"k{i}"][0].item() for i in range(n)] == [float(i) for i in range(n)]
+
+
+def _small_level_child(folder: str, out: object) -> None:
+    td = TensorDict.load_memmap(folder).memmap_()
+    td.make_memmap_from_tensor(("s0", "child"), torch.arange(3.0))
+    out.put("added")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_other_process_rewrites_a_small_level_between(
+    tmp_path: object, method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process adds to a small level; this process then adds to another level (the
+    general path: the generation moved) and back to the first: its meta.json is not the one this
+    process wrote, so the general path adds, keeping the other process's entry."""
+    folder = str(tmp_path)
+    td = TensorDict({"s0": {}, "s1": {}}, batch_size=[]).memmap_(folder)
+    for level in ("s0", "s1"):
+        td.make_memmap((level, "first"), [2])
+        td.make_memmap((level, "second"), [2])  # the fast path is warm for both levels
+    ctx = mp.get_context(method)
+    out = ctx.Queue()
+    proc = ctx.Process(target=_small_level_child, args=(folder, out))
+    proc.start()
+    try:
+        assert out.get(timeout=TIMEOUT) == "added"
+    finally:
+        proc.join(TIMEOUT)
+    assert proc.exitcode == 0
+    calls = _counting(monkeypatch)
+    td.make_memmap_from_tensor(("s1", "p1"), torch.ones(2))
+    td.make_memmap_from_tensor(("s0", "p0"), torch.full((2,), 5.0))
+    assert len(calls) == 2
+    td.make_memmap_from_tensor(("s0", "p0b"), torch.full((2,), 6.0))
+    assert len(calls) == 2  # this process wrote s0 last again: the fast path
+    for back in (TensorDict.load_memmap(folder), tensordict.TensorDict.load_memmap(folder)):
+        assert set(back["s0"].keys()) == {"first", "second", "child", "p0", "p0b"}
+        assert back["s0", "child"].tolist() == [0.0, 1.0, 2.0] and back["s0", "p0b"].tolist() == [6.0, 6.0]
+        assert set(back["s1"].keys()) == {"first", "second", "p1"}
+
+
 def _reader_child(folder: str, n: int, out: object) -> None:
     td = TensorDict.load_memmap(folder)
     out.put([td[f"k{i}"].sum().item() for i in range(n)])  # type: ignore[attr-defined]
