@@ -22,8 +22,6 @@ from typing import Any, ClassVar, TypeVar
 from ._crc import crc32_threaded
 from ._errors import (
     CorruptDataError,
-    FileExistsRuntimeError,
-    InvalidArgumentError,
     MemmapError,
     MissingMetadataError,
     NotSupportedError,
@@ -35,7 +33,7 @@ from ._plan import PlannedLevel, PlannedWrapper, TreeWriter, plan_tree
 from ._progress import ProgressCallback, counted
 from ._read import load_tree, read_meta
 from ._tdz import Archive, Entry, inflate, parse_compression
-from ._tdz_write import Source, pwrite_all, write_archive
+from ._tdz_write import Source, archive_target, pwrite_all, write_archive
 from ._tensordict_base import TensorDictBase
 
 __all__ = [
@@ -103,7 +101,7 @@ class ArchiveWriter(TreeWriter):
     def save(self, td: T, opts: SaveOptions, *, inplace: bool) -> T:
         """Write the archive; ``inplace`` changes nothing (an archive is never mapped in place)."""
         method = parse_compression(opts.compression)
-        path = _check_target(self.path, opts.existsok)
+        path = archive_target(self.path, opts.existsok)
         try:
             plan = plan_tree(td, "", opts.robust_key, opts.copy_existing, True)
         except MemmapError as err:  # a leaf mapped to another file, with copy_existing=False
@@ -162,7 +160,7 @@ def pack_memmap(
     if not os.path.isfile(os.path.join(root, META_FILE)):
         raise MissingMetadataError(f"No saved tensordict in {root!r}: {META_FILE} is missing.")
     method = parse_compression(compression)
-    path = _check_target(archive, existsok)
+    path = archive_target(archive, existsok)
     entries: Iterator[tuple[str, Source]] = _folder_entries(root)
     if progress is not None:
         files = list(entries)
@@ -236,20 +234,6 @@ def refresh_archive_checksums(path: PathLike, *, num_threads: int = 0) -> int:
 
 
 # -- where archives come from and go -----------------------------------------------------------
-def _check_target(prefix: str | os.PathLike, existsok: bool) -> str:
-    """The file an archive is written to: not a folder, not an existing file unless ``existsok``."""
-    path = os.path.abspath(os.fspath(prefix))
-    if os.path.isdir(path):
-        raise InvalidArgumentError(
-            f"{path!r} is a directory, but an archive is a single file: remove the folder or choose another name."
-        )
-    if os.path.lexists(path):
-        if not existsok:
-            raise FileExistsRuntimeError(f"A file already exists at {path!r}. Set existsok=True to overwrite.")
-        path = os.path.realpath(path)  # through a symlink: replace the file it names
-    return path
-
-
 def _folder_entries(root: str, directory: str = "", rel: str = "") -> Iterator[tuple[str, Source]]:
     """Every file under the folder ``root``, in archive order (temporary files left out)."""
     directory = directory or root

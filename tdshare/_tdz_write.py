@@ -23,11 +23,12 @@ import torch
 
 from ._crc import CHUNK, crc32, crc32_combine, pool, results
 from ._debris import sweep_archive
+from ._errors import FileExistsRuntimeError, InvalidArgumentError
 from ._files import tensor_buffer, tmp_name
 from ._format import LEAF_SUFFIX
 from ._tdz import ALIGN, CENTRAL_SIG, LOCAL_SIG, M32, PAD_ID
 
-__all__ = ["Source", "pwrite_all", "write_archive"]
+__all__ = ["Source", "archive_target", "pwrite_all", "write_archive"]
 
 _END, _END64, _LOC64 = 0x06054B50, 0x06064B50, 0x07064B50
 _LOCAL_FMT, _CENTRAL_FMT = struct.Struct("<IHHHHHIIIHH"), struct.Struct("<IHHHHHHIIIHHHHHII")
@@ -264,3 +265,22 @@ def _as_tensor(src: Source) -> torch.Tensor:
         return torch.frombuffer(bytearray(src), dtype=torch.uint8)
     size = os.stat(src).st_size  # a file: mapped, never read whole
     return torch.from_file(src, shared=False, size=size, dtype=torch.uint8) if size else torch.empty(0).byte()
+
+
+def archive_target(prefix: str | os.PathLike, existsok: bool) -> str:
+    """The file an archive at ``prefix`` is written to (through a symbolic link: the file it names).
+
+    Raises:
+        InvalidArgumentError: ``prefix`` is a folder.
+        FileExistsRuntimeError: a file exists there and ``existsok`` is False.
+    """
+    path = os.path.abspath(os.fspath(prefix))
+    if os.path.isdir(path):
+        raise InvalidArgumentError(
+            f"{path!r} is a directory, but an archive is a single file: remove the folder or choose another name."
+        )
+    if os.path.lexists(path):
+        if not existsok:
+            raise FileExistsRuntimeError(f"A file already exists at {path!r}. Set existsok=True to overwrite.")
+        path = os.path.realpath(path)  # through a symlink: replace the file it names
+    return path

@@ -210,7 +210,9 @@ def test_value_saved_alone_loads_in_either_library(value: Any, tmp_path: Any) ->
     assert sorted(os.listdir(ours)) == sorted(os.listdir(theirs))
     assert tensordict.NonTensorData.load_memmap(ours).data == value
     back = NonTensorData.load_memmap(theirs, allow_pickle=True)
-    assert type(back) is NonTensorData and back.data == value and back.is_memmap()
+    # as a tensordict's load (and the reference's): unlocked, not memory-mapped until memmap_()
+    assert type(back) is NonTensorData and back.data == value and not back.is_memmap() and not back.is_locked
+    assert back.memmap_().is_memmap() and back.is_locked
 
 
 @pytest.mark.parametrize("values", [["a", "b", "c"], [1 + 2j, 3j, 4j]], ids=["json", "pickle"])
@@ -248,6 +250,112 @@ def test_updates_of_a_value_mapped_alone_rewrite_its_folder(tmp_path: Any) -> No
     value.update_(NonTensorData(1 + 1j))  # now pickled
     assert tensordict.NonTensorData.load_memmap(other).data == 1 + 1j
     assert NonTensorData(0).load_memmap_(other, allow_pickle=True).data == 1 + 1j
+
+
+VALUE_KINDS = ["data", "stack"]
+
+
+def _value_of(kind: str, word: str) -> Any:
+    return NonTensorData(word) if kind == "data" else NonTensorStack(word, word + "2")
+
+
+def _plain(value: Any) -> Any:
+    return value.data if isinstance(value, NonTensorData) and not isinstance(value, NonTensorStack) else value.tolist()
+
+
+SPEC_METHODS = ["memmap_", "memmap", "save", "dumps", "load", "load_memmap", "load_memmap_", "make_memmap_from_storage"]
+
+
+@pytest.mark.parametrize("kind", VALUE_KINDS)
+def test_a_value_alone_has_the_spec_family(kind: str, tmp_path: Any) -> None:
+    cls = type(_value_of(kind, "a"))
+    assert all(callable(getattr(cls, m)) for m in [*SPEC_METHODS, "make_memmap", "memmap_refresh_"])
+    folder = tmp_path / "v"
+    _value_of(kind, "old").memmap_(folder)
+    with pytest.raises(RuntimeError, match=r"existsok=False"):
+        _value_of(kind, "new").memmap_(folder, existsok=False)
+    assert _plain(cls.load(folder)) == _plain(_value_of(kind, "old"))  # nothing written
+    assert _plain(_value_of(kind, "new").memmap_(folder, existsok=True)) == _plain(_value_of(kind, "new"))
+    assert _plain(tensordict.TensorDict.load_memmap(folder)) == _plain(_value_of(kind, "new"))
+
+
+@pytest.mark.parametrize("kind", VALUE_KINDS)
+def test_a_value_alone_saved_atomically(kind: str, tmp_path: Any) -> None:
+    folder = tmp_path / "v"
+    _value_of(kind, "old").memmap_(folder)
+    (folder / "stray").write_text("x")  # a file the value does not write: gone with the swap
+    mapped = _value_of(kind, "new").memmap_(folder, atomic=True)
+    assert mapped.is_memmap() and sorted(os.listdir(folder)) == ["meta.json"]
+    assert _plain(tensordict.TensorDict.load_memmap(folder)) == _plain(_value_of(kind, "new"))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep")
+    with pytest.raises(RuntimeError, match=r"holds no saved tensordict"):
+        _value_of(kind, "x").memmap_(tmp_path / "other", atomic=True)
+    assert os.listdir(tmp_path / "other") == ["notes.txt"]
+    (tmp_path / "file").write_text("f")
+    with pytest.raises(NotADirectoryError):
+        _value_of(kind, "x").memmap_(tmp_path / "file", atomic=True)
+    with pytest.raises(NotImplementedError):
+        _value_of(kind, "x").memmap_(tmp_path / "w", atomic=True, return_early=True, num_threads=2)
+    with pytest.raises(ValueError, match=r"atomic=True needs a folder"):
+        _value_of(kind, "x").memmap_(atomic=True)
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("kind", VALUE_KINDS)
+def test_a_value_alone_in_an_archive_loads_in_either_library(kind: str, tmp_path: Any) -> None:
+    ours, theirs = tmp_path / "ours.tdz", tmp_path / "theirs.tdz"
+    value = _value_of(kind, "v")
+    saved = value.save(ours)
+    assert _plain(saved) == _plain(value) and not saved.is_memmap() and os.path.isfile(ours)
+    assert _plain(type(value).load(ours)) == _plain(value)
+    ref = (
+        tensordict.NonTensorData("v")
+        if kind == "data"
+        else torch.stack([tensordict.NonTensorData(w) for w in ("v", "v2")])
+    )
+    assert _plain(tensordict.TensorDict.load(ours)) == _plain(value)
+    ref.save(theirs)
+    assert _plain(type(value).load(theirs)) == _plain(value)
+    with pytest.raises(RuntimeError, match=r"existsok=True"):
+        value.memmap(ours, existsok=False)
+    assert _plain(value.dumps(tmp_path / "c.tdz", compression="deflate")) == _plain(value)
+
+
+@pytest.mark.parametrize("kind", VALUE_KINDS)
+def test_a_value_alone_returns_a_future_and_loads_back_in_place(kind: str, tmp_path: Any) -> None:
+    from tdshare import TensorDictFuture
+
+    value = _value_of(kind, "a")
+    future = value.memmap_(tmp_path / "a", num_threads=2, return_early=True)
+    assert isinstance(future, TensorDictFuture) and future.result() is value and value.is_memmap()
+    _value_of(kind, "b").memmap(tmp_path / "b")
+    plain = _value_of(kind, "z")
+    assert plain.load_memmap_(tmp_path / "b", True) is plain and _plain(plain) == _plain(_value_of(kind, "b"))
+    assert not plain.is_memmap() and not plain.is_locked  # a value that was not memory-mapped stays so
+    assert value.load_memmap_(tmp_path / "b") is value and value.is_memmap() and value.is_locked
+    assert _plain(value) == _plain(_value_of(kind, "b"))
+    value.load_memmap_(tmp_path / "a", mode="r")  # no folder to stay mapped to
+    assert _plain(value) == _plain(_value_of(kind, "a")) and not value.is_memmap() and not value.is_locked
+    out = _value_of(kind, "q")
+    assert type(value).load_memmap(tmp_path / "b", out=out) is out and _plain(out) == _plain(_value_of(kind, "b"))
+
+
+@pytest.mark.parametrize("kind", VALUE_KINDS)
+def test_a_value_alone_refreshes_and_refuses_entries(kind: str, tmp_path: Any) -> None:
+    mine = _value_of(kind, "old").memmap_(tmp_path)
+    _value_of(kind, "new").memmap(tmp_path)  # e.g. another process
+    assert mine.memmap_refresh_() is mine and _plain(mine) == _plain(_value_of(kind, "new"))
+    with pytest.raises(RuntimeError, match=r"not memory-mapped"):
+        _value_of(kind, "x").memmap_refresh_()
+    for call in (
+        lambda: mine.make_memmap("k", [1]),
+        lambda: mine.make_memmap_from_tensor("k", torch.ones(1)),
+        lambda: mine.make_memmap_from_storage("k", torch.UntypedStorage(4), [1]),
+    ):
+        with pytest.raises(RuntimeError, match=rf"{type(mine).__name__}.make_memmap.*holds one non-tensor value"):
+            call()
+    assert sorted(os.listdir(tmp_path)) == ["meta.json"]  # nothing written
 
 
 def test_load_memmap_of_the_wrong_class_is_refused(tmp_path: Any) -> None:
