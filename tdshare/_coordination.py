@@ -453,11 +453,15 @@ class SharedRegistry:
         return paths
 
     def mark_replacing(self) -> None:
-        """Advance the file epoch alone, just before files are swapped in (with the lock held).
+        """Advance the file epoch alone, to the next odd number, just before files are swapped in
+        (with the lock held).
 
         A leaf loaded before and mapped after the swap then sees a changed epoch (its
         :class:`EpochGuard` is stale), even where the swap is not finished by its next look;
-        the :meth:`bump` after the swap advances the epoch again with the generation.
+        the :meth:`bump` after the swap advances the epoch again, to the next even number, with
+        the generation.  An odd epoch therefore says a replacement may be under way: a load that
+        reads one waits for the writer's lock and loads again (its metadata may be the old
+        tree's, and its leaves found after the swap the new one's, with no epoch step between).
 
         >>> import tempfile
         >>> from tdshare import TensorDict, SharedRegistry
@@ -470,7 +474,8 @@ class SharedRegistry:
         """
         m = self._counter(create=True)
         if m is not None:
-            m[8:16] = ((int.from_bytes(m[8:16], "little") + 1) & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
+            epoch = int.from_bytes(m[8:16], "little")  # odd already: a writer killed before its bump
+            m[8:16] = ((epoch + (2 if epoch & 1 else 1)) & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
 
     def rebase_guards(self, before: tuple[int, int] | None, after: tuple[int, int] | None) -> None:
         """After this process's own commit (``before``/``after``: the states around it, the lock
@@ -521,7 +526,7 @@ class SharedRegistry:
         ...     reg = SharedRegistry.for_tensordict(TensorDict(a=torch.zeros(2)).memmap_(path))
         ...     with reg.lock():
         ...         print(reg.bump(level=""), reg.bump(files_replaced=True), reg.changes_since(0, 1))
-        (1, 0) (2, 1) ['']
+        (1, 0) (2, 2) ['']
         """
         m = self._counter(create=True)
         if m is None:
@@ -535,8 +540,8 @@ class SharedRegistry:
                 at = (value % _RING_SLOTS) * _SLOT
                 ring[at + 10 : at + 10 + len(raw)] = raw
                 _SLOT_HEAD.pack_into(ring, at, value, len(raw))
-        if files_replaced:
-            epoch = (epoch + 1) & _WRAP
+        if files_replaced:  # to the next even epoch: no replacement in progress (see mark_replacing)
+            epoch = (epoch + (1 if epoch & 1 else 2)) & _WRAP
             _COUNTERS.pack_into(m, 0, gen, epoch)
         _GENERATION.pack_into(m, 0, value)
         if self._futex is not None:

@@ -365,7 +365,7 @@ def _load_folder(
     pair one version's ``meta.json`` with the other's leaves: the folder's identity is compared
     before and after, and a load that saw it change (or failed while it changed) starts over.
     """
-    waited = False
+    waited = waited_epoch = False
     for _ in range(_SWAP_RETRIES):
         before = _stamp(path)
         store = DirectoryStore(path, robust, mode, allow_pickle)
@@ -374,6 +374,15 @@ def _load_folder(
             # the registry state *before* the metadata: a later refresh re-reads anything newer
             registry = SharedRegistry.for_directory(level) if mode != "r" else None
             state = registry.state() if registry is not None else None
+            if registry is not None and state is not None and state[1] & 1 and not waited_epoch:
+                # an odd epoch: a writer is replacing files (see SharedRegistry.mark_replacing), and
+                # this load could pair its old metadata with new files it finds after the swap but
+                # before the writer's bump: wait for its lock, then load again (once: still odd
+                # then, a writer was killed before its bump, and nobody is swapping now)
+                waited_epoch = True
+                with registry.lock():
+                    pass
+                continue
             if registry is not None:
                 store.guard = EpochGuard(registry, state)  # a leaf first read after a swap raises
             result = load_level(cls, store, level, store.read_meta(level), out, None, device)

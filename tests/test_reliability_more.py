@@ -345,6 +345,54 @@ def test_reader_keeps_reading_while_a_writer_resaves_atomically(tmp_path: Path, 
     COUNTS["atomic re-saves under a reader"] += times
 
 
+def _swapper(path: str, staged: str, marked: Any, go: Any) -> str:
+    """An atomic writer stopped between its mark and its swap: it holds the tree's lock, the file
+    epoch odd, until ``go``; then it swaps the staged tree in and bumps, as a re-save does."""
+    registry = tdshare.SharedRegistry.for_directory(path)
+    with registry.lock():
+        registry.mark_replacing()
+        marked.set()
+        assert go.wait(WAIT)
+        from tdshare._files import exchange
+
+        assert exchange(staged, path)
+        registry.bump(files_replaced=True)
+    return "swapped"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_load_during_a_replacement_waits_for_it(tmp_path: Path, method: str) -> None:
+    """A load that reads the registry after a writer marked its replacement and the metadata
+    before its swap would map the new files found after the swap (before the bump: no epoch
+    step to see) under the old metadata; it waits for the writer's lock and loads the new tree."""
+    ctx = _ctx(method)
+    path, staged = str(tmp_path / "td"), str(tmp_path / "staged")
+    _steady(0).memmap_(path)
+    _steady(1).memmap(staged)
+    marked, go, queue = ctx.Event(), ctx.Event(), ctx.Queue()
+    writer = ctx.Process(target=_guard, args=(_swapper, queue, path, staged, marked, go))
+    seen: list[int | None] = []
+    with _reaped([writer]):
+        assert marked.wait(WAIT)
+        reader = threading.Thread(target=lambda: seen.append(_read_whole_after(path, queue)))
+        reader.start()
+        go.set()
+        reader.join(WAIT)
+    assert seen == [1]  # the whole new tree, never v0's metadata with v1's leaves
+
+
+def _read_whole_after(path: str, done: Any) -> int | None:
+    """Load (perhaps across the swap), let the writer finish, then read every leaf."""
+    td = TensorDict.load_memmap(path)
+    assert done.get(timeout=WAIT) == "swapped"
+    j = int(td["s"][1:])
+    for key in (("a",), ("n", "b")):
+        value = td.get(key).as_subclass(torch.Tensor)
+        assert value.unique().tolist() == [float(j)], f"a load mixed versions: v{j} but {key} holds {value.unique()}"
+    return j
+
+
 # -- create-or-attach ------------------------------------------------------------------------------
 def _racer(path: str, kind: str, rank: int, go: Any, created: Any) -> tuple[int, str, str]:
     assert go.wait(WAIT)
