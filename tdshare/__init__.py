@@ -64,6 +64,7 @@ from ._td_utils import assert_allclose_td, assert_close, convert_ellipsis_to_idx
 from ._tensorclass import TensorClass, is_tensorclass, tensorclass
 from ._tensordict import (
     TensorDict,
+    TensorDictBase,
     from_consolidated,
     from_consolidated_parts,
     load,
@@ -72,7 +73,6 @@ from ._tensordict import (
     open_memmap,
     save,
 )
-from ._tensordict_base import TensorDictBase
 from ._typed import TypedTensorDict
 from ._unbatched import UnbatchedTensor
 

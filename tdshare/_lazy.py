@@ -5,7 +5,7 @@ and in the shapes beyond the batch dimensions.  Reading an entry all members sha
 (``ls["x"]``); indexing along the stack dimension gives a member itself (``ls[0] is member``);
 writes go into the members.  On disk it is the reference's layout (:mod:`tdshare._format`,
 ``STACK``): a folder whose ``meta.json`` holds ``stack_dim`` and members in ``0/``, ``1/``...,
-each a full level; every method of :class:`tdshare._memmap_family.MemmapFamily` works on it.
+each a full level; every method of :class:`tdshare.TensorDictBase` works on it.
 
 It derives from :class:`tdshare._tensordict_base.TensorDictBase`, so that a parent tensordict
 recurses into it as into any child (lock, index, map, compare, pickle); every method that would
@@ -36,11 +36,11 @@ from ._key_ops import NO_DEFAULT
 from ._keys import NestedKey, unravel_key
 from ._lazy_memmap import LazyStackMemmap
 from ._lazy_ops import LazyStackOps
-from ._memmap_family import MemmapFamily
 from ._nodes import NodeKind, register
 from ._nontensor import NonTensorData, NonTensorStack, stack_non_tensor
 from ._private_compat import record_lock_parents
 from ._tensordict import TensorDict
+from ._tensordict import TensorDictBase as PublicTensorDictBase  # the model's TensorDictBase is imported too
 from ._tensordict_base import TensorDictBase
 
 __all__ = ["LazyStackedTensorDict", "LAZY_STACK"]
@@ -50,7 +50,7 @@ _NO_DEFAULT: Any = NO_DEFAULT  # the one marker TensorDictBase.get knows
 _FULL = slice(None)
 
 
-class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, MemmapFamily):
+class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, PublicTensorDictBase):
     """Tensordicts stacked along ``stack_dim`` lazily: the members stay as they are.
 
     Args:

@@ -8,10 +8,12 @@ from typing import Any
 
 from ._memmap_family import MemmapFamily
 from ._nontensor import set_shape_host
+from ._tensordict_base import TensorDictBase as _Model
 from ._tensordict_base import rebuild_tensordict
 
 __all__ = [
     "TensorDict",
+    "TensorDictBase",
     "from_consolidated",
     "from_consolidated_parts",
     "load",
@@ -24,12 +26,51 @@ __all__ = [
 PathLike = str | os.PathLike
 
 
-class TensorDict(MemmapFamily):
-    """A dictionary of tensors with a common batch size that can be memory-mapped and shared.
+class TensorDictBase(MemmapFamily):
+    """The base class of every tensordict class (``TensorDict``, ``LazyStackedTensorDict``,
+    ``TypedTensorDict``): ``isinstance(x, TensorDictBase)`` tells a tensordict, and every method
+    of the family (``memmap_``, ``save``, ``load_memmap_``, ``make_memmap_from_storage``...) is
+    here, as in the reference.  It is abstract: make a :class:`TensorDict`; the class methods that
+    load (``TensorDictBase.load_memmap(path)``) give the class the folder was saved from, a
+    ``TensorDict`` for a plain one.
 
     The in-memory model (keys, indexing, locking, stacking, pickling) is
     :class:`tdshare._tensordict_base.TensorDictBase`; memory-mapping, saving and loading come from
     :class:`tdshare._memmap_family.MemmapFamily`.
+
+    >>> import tempfile, torch
+    >>> from tdshare import TensorDict, TensorDictBase
+    >>> path = tempfile.mkdtemp()
+    >>> _ = TensorDict(a=torch.ones(2), batch_size=[2]).save(path)
+    >>> loaded = TensorDictBase.load_memmap(path)
+    >>> type(loaded).__name__, isinstance(loaded, TensorDictBase), hasattr(TensorDictBase, "memmap_")
+    ('TensorDict', True, True)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Refused for the base itself (it is abstract); a subclass's constructor runs as defined.
+
+        Raises:
+            TypeError: ``TensorDictBase(...)`` itself.
+
+        >>> TensorDictBase()
+        Traceback (most recent call last):
+        ...
+        TypeError: TensorDictBase is the abstract base of the tensordict classes: make a TensorDict instead.
+        """
+        if type(self) is TensorDictBase:
+            raise TypeError("TensorDictBase is the abstract base of the tensordict classes: make a TensorDict instead.")
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def _level_class(cls) -> type[Any]:
+        return TensorDict if cls is TensorDictBase else cls  # what a load into the abstract base builds
+
+
+class TensorDict(TensorDictBase):
+    """A dictionary of tensors with a common batch size that can be memory-mapped and shared.
+
+    Every method comes from :class:`TensorDictBase`.
 
     >>> import tempfile, torch
     >>> from tdshare import TensorDict
@@ -37,6 +78,8 @@ class TensorDict(MemmapFamily):
     >>> td.memmap_(tempfile.mkdtemp()).is_memmap()
     True
     """
+
+    __init__ = _Model.__init__  # the model's constructor itself (its signature, no refusing frame)
 
     def __class_getitem__(cls, item: Any) -> types.GenericAlias:
         """``TensorDict[str, torch.Tensor]``: an annotation that names the class (a generic alias of it),

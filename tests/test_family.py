@@ -173,3 +173,24 @@ def test_a_shared_non_tensor_stack_is_live_across_processes(
     assert list(obj.get("s")) == ["t0", "new", "t2", "t3"]  # no refresh: the parent reads the shared value
     if backend == "folder":
         assert list(type(obj).load_memmap(tmp_path / "td").get("s")) == ["t0", "new", "t2", "t3"]
+
+
+SPEC_METHODS = ["memmap_", "memmap", "save", "dumps", "load", "load_memmap", "load_memmap_", "make_memmap_from_storage"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_abstract_base_has_the_family_and_loads_the_saved_class(tmp_path: Path, kind: str) -> None:
+    """Every tensordict class and every tensorclass has the spec's methods, the abstract
+    TensorDictBase too; a load through the base gives the class the folder was saved from."""
+    obj = build(kind)
+    assert all(callable(getattr(tdshare.TensorDictBase, m)) for m in SPEC_METHODS)
+    assert all(callable(getattr(type(obj), m)) for m in SPEC_METHODS)
+    assert isinstance(obj, tdshare.TensorDictBase) is (kind != "tensorclass")  # as in the reference
+    obj.save(tmp_path / "f")
+    for backend in ("f", "a.tdz"):
+        if backend != "f":
+            obj.save(tmp_path / backend)
+        loaded = tdshare.TensorDictBase.load_memmap(tmp_path / backend)
+        assert type(loaded) is type(obj) and values(loaded) == expected()
+    with pytest.raises(TypeError, match="abstract"):
+        tdshare.TensorDictBase()
