@@ -145,7 +145,10 @@ class Adder:
 
     def __del__(self) -> None:
         if self.dfd >= 0 or self.jfd >= 0:
-            self.close()
+            try:
+                self.close()
+            except Exception:  # at interpreter exit, the module's lock may be gone already
+                pass
 
 
 def _reset_after_fork() -> None:
