@@ -8,7 +8,6 @@ from typing import Any
 
 from ._memmap_family import MemmapFamily
 from ._nontensor import set_shape_host
-from ._tensordict_base import TensorDictBase as _Model
 from ._tensordict_base import rebuild_tensordict
 
 __all__ = [
@@ -45,22 +44,13 @@ class TensorDictBase(MemmapFamily):
     >>> loaded = TensorDictBase.load_memmap(path)
     >>> type(loaded).__name__, isinstance(loaded, TensorDictBase), hasattr(TensorDictBase, "memmap_")
     ('TensorDict', True, True)
+    >>> TensorDictBase()
+    Traceback (most recent call last):
+    ...
+    TypeError: TensorDictBase is the abstract base of the tensordict classes: make a TensorDict instead.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """Refused for the base itself (it is abstract); a subclass's constructor runs as defined.
-
-        Raises:
-            TypeError: ``TensorDictBase(...)`` itself.
-
-        >>> TensorDictBase()
-        Traceback (most recent call last):
-        ...
-        TypeError: TensorDictBase is the abstract base of the tensordict classes: make a TensorDict instead.
-        """
-        if type(self) is TensorDictBase:
-            raise TypeError("TensorDictBase is the abstract base of the tensordict classes: make a TensorDict instead.")
-        super().__init__(*args, **kwargs)
+    _abstract_base = True  # TensorDictBase(...) itself is refused (see the model's __init__)
 
     @classmethod
     def _level_class(cls) -> type[Any]:
@@ -78,8 +68,6 @@ class TensorDict(TensorDictBase):
     >>> td.memmap_(tempfile.mkdtemp()).is_memmap()
     True
     """
-
-    __init__ = _Model.__init__  # the model's constructor itself (its signature, no refusing frame)
 
     def __class_getitem__(cls, item: Any) -> types.GenericAlias:
         """``TensorDict[str, torch.Tensor]``: an annotation that names the class (a generic alias of it),

@@ -133,6 +133,10 @@ class TensorDictBase(
         lock: bool = False,
         **kwargs: Any,
     ) -> None:
+        if type(self).__dict__.get("_abstract_base"):  # the public tdshare.TensorDictBase itself
+            raise TypeError(
+                f"{type(self).__name__} is the abstract base of the tensordict classes: make a TensorDict instead."
+            )
         self._init_empty(as_size(batch_size), None if device is None else torch.device(device))
         items = dict(source.items()) if source is not None else {}
         if kwargs:
