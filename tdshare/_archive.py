@@ -24,11 +24,10 @@ from ._errors import (
     CorruptDataError,
     MemmapError,
     MissingMetadataError,
-    NotSupportedError,
 )
 from ._files import TMP_MARK, tmp_name
 from ._format import JOURNAL_FILE, LEAF_SUFFIX, META_FILE, dumps_json, dumps_level
-from ._options import SaveOptions, check_path
+from ._options import ARCHIVE_UNSUPPORTED, SaveOptions, Unsupported, check_path
 from ._plan import PlannedLevel, PlannedWrapper, TreeWriter, plan_tree
 from ._progress import ProgressCallback, counted
 from ._read import load_tree, read_meta
@@ -84,16 +83,7 @@ class ArchiveWriter(TreeWriter):
     """
 
     name = "a .tdz archive"
-    unsupported: ClassVar[dict[str, tuple[type[Exception], str]]] = {
-        "return_early": (
-            NotSupportedError,
-            "return_early=True is not supported for a .tdz archive, which is written in one go.",
-        ),
-        "share_non_tensor": (
-            NotSupportedError,
-            "share_non_tensor=True is not supported for a .tdz archive, a read-only snapshot.",
-        ),
-    }
+    unsupported: ClassVar[Unsupported] = ARCHIVE_UNSUPPORTED
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = path

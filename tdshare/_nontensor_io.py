@@ -26,7 +26,7 @@ from ._errors import (
 from ._format import META_FILE, PICKLE_FILE, STACK_PICKLE_FILE
 from ._future import TensorDictFuture
 from ._nontensor_files import encode_nontensor, encode_nontensor_stack, write_nontensor
-from ._options import SaveOptions
+from ._options import ARCHIVE_UNSUPPORTED, SaveOptions
 from ._tdz import parse_compression
 from ._tdz_write import archive_target, write_archive
 
@@ -80,6 +80,7 @@ class NonTensorFiles:
         target: Any = value if inplace else value.clone()
         if opts.archive:
             assert prefix is not None  # SaveOptions.of refuses an archive without a prefix
+            opts.refuse(ARCHIVE_UNSUPPORTED)  # as for a tensordict's archive
             path = archive_target(prefix, opts.existsok)
             meta, pickled, name = target._encode(repr(path))
             entries = ([(name, pickled)] if pickled is not None else []) + [(META_FILE, meta)]

@@ -16,7 +16,10 @@ from typing import Any
 from ._errors import ArgumentTypeError, InvalidArgumentError, NotSupportedError
 from ._progress import ProgressCallback, check_progress
 
-__all__ = ["SaveOptions", "check_path"]
+__all__ = ["ARCHIVE_UNSUPPORTED", "SaveOptions", "Unsupported", "check_path"]
+
+#: Options a backend cannot honour: each to the error it raises and its message.
+Unsupported = dict[str, tuple[type[Exception], str]]
 
 
 def check_path(value: object, name: str = "prefix", none_ok: bool = False) -> str | None:
@@ -128,6 +131,31 @@ class SaveOptions:
             raise NotSupportedError("return_early is not supported with atomic=True.")
         return opts
 
+    def refuse(self, unsupported: Unsupported) -> None:
+        """Raise for the first option set here that ``unsupported`` names (in its order).
+
+        >>> SaveOptions.of("x.tdz", return_early=True).refuse(ARCHIVE_UNSUPPORTED)
+        Traceback (most recent call last):
+        ...
+        tdshare.NotSupportedError: return_early=True is not supported for a .tdz archive, which is written in one go.
+        """
+        for option, (error, message) in unsupported.items():
+            if getattr(self, option):
+                raise error(message)
+
     def but(self, **changes: Any) -> SaveOptions:
         """A copy with ``changes`` (already valid values: the callers are tdshare's own)."""
         return replace(self, **changes)
+
+
+#: What a ``.tdz`` archive cannot honour, whatever is saved into one.
+ARCHIVE_UNSUPPORTED: Unsupported = {
+    "return_early": (
+        NotSupportedError,
+        "return_early=True is not supported for a .tdz archive, which is written in one go.",
+    ),
+    "share_non_tensor": (
+        NotSupportedError,
+        "share_non_tensor=True is not supported for a .tdz archive, a read-only snapshot.",
+    ),
+}

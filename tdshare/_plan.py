@@ -52,7 +52,7 @@ from ._memmap import MemoryMappedTensor
 from ._nodes import NodeKind, kind_of
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor, encode_nontensor_stack
-from ._options import SaveOptions
+from ._options import SaveOptions, Unsupported
 from ._tensordict_base import TensorDictBase
 
 __all__ = [
@@ -518,13 +518,11 @@ class TreeWriter(ABC):
     """
 
     name: ClassVar[str]
-    unsupported: ClassVar[dict[str, tuple[type[Exception], str]]]
+    unsupported: ClassVar[Unsupported]
 
     def check(self, opts: SaveOptions) -> None:
         """Refuse the options this backend cannot honour (the first set one, in declaration order)."""
-        for option, (error, message) in self.unsupported.items():
-            if getattr(opts, option):
-                raise error(message)
+        opts.refuse(self.unsupported)
 
     @abstractmethod
     def save(self, td: Any, opts: SaveOptions, *, inplace: bool) -> Any:

@@ -42,7 +42,7 @@ from ._leaf_files import Listing, write_batch, write_leaf
 from ._mapping_limits import check_descriptors, is_limit_error, limit_error
 from ._memmap import MemoryMappedTensor
 from ._nontensor_files import replace_if_changed, write_nontensor
-from ._options import SaveOptions
+from ._options import SaveOptions, Unsupported
 from ._plan import LevelEncodings, PlannedLeaf, PlannedLevel, TreeWriter, plan_tree
 from ._progress import ProgressCallback
 from ._stack_write import stack_applies, write_stack
@@ -320,7 +320,7 @@ class FolderWriter(TreeWriter):
     """
 
     name = "a folder"
-    unsupported: ClassVar[dict[str, tuple[type[Exception], str]]] = {}
+    unsupported: ClassVar[Unsupported] = {}
 
     def __init__(self, path: str) -> None:
         self.path = path

@@ -21,7 +21,7 @@ from ._lazy_leaves import raw_items
 from ._memmap import MemoryMappedTensor
 from ._nodes import kind_of
 from ._nontensor_files import write_nontensor
-from ._options import SaveOptions
+from ._options import SaveOptions, Unsupported
 from ._plan import PlannedLevel, TreeWriter, encode_value, plan_tree
 from ._runtime import ensure_store, new_store_path
 from ._segments import Segment, align
@@ -76,7 +76,7 @@ class AnonymousWriter(TreeWriter):
     """The write half of anonymous shared memory: every new leaf of the tree in one memfd segment."""
 
     name = "anonymous memory"
-    unsupported: ClassVar[dict[str, tuple[type[Exception], str]]] = {
+    unsupported: ClassVar[Unsupported] = {
         "atomic": (InvalidArgumentError, "atomic=True needs a prefix to write the directory to."),
     }
 

@@ -320,6 +320,10 @@ def test_a_value_alone_in_an_archive_loads_in_either_library(kind: str, tmp_path
     with pytest.raises(RuntimeError, match=r"existsok=True"):
         value.memmap(ours, existsok=False)
     assert _plain(value.dumps(tmp_path / "c.tdz", compression="deflate")) == _plain(value)
+    for refused in ({"return_early": True, "num_threads": 2}, {"share_non_tensor": True}):  # as a tensordict's archive
+        with pytest.raises(NotSupportedError, match=r"not supported for a \.tdz archive"):
+            value.save(tmp_path / "r.tdz", **refused)
+    assert not (tmp_path / "r.tdz").exists()
 
 
 @pytest.mark.parametrize("kind", VALUE_KINDS)
