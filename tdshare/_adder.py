@@ -269,8 +269,15 @@ def fast_add(
         if adder is None:  # a small level, if this process wrote it last: its meta.json rewritten
             if registry.adders.get(level) is not None:
                 return None  # another thread readied one meanwhile
-            flat = _write_through(level, name, path, last, size, dtype_, src, storage)
-            if flat is None:
+            hit = small_level(level, last)
+            flat = None if hit is None else _entry_data(None, name, path, numel, dtype_, src, storage)
+            if hit is None or flat is None:
+                return None
+            try:
+                write_through(level, hit, last, leaf_entry(size, dtype_))
+            except OSError:  # nothing committed (meta.json is replaced atomically): the general path
+                if storage is None:
+                    os.unlink(path)
                 return None
             after = registry.bump(level=level_in_tree(registry.root, level))
             registry.entry_gen = -1 if after is None else after[0]
@@ -289,11 +296,7 @@ def fast_add(
             st = os.fstat(adder.jfd)
             if st.st_size != adder.size or not st.st_nlink:
                 return None
-            made = (
-                torch.empty(0, dtype=dtype_).set_(storage, 0, (numel,), (1,))
-                if storage is not None
-                else _new_file(adder.dfd, name, path, numel, dtype_, src)
-            )
+            made = _entry_data(adder.dfd, name, path, numel, dtype_, src, storage)
             if made is None:
                 return None
             flat = made
@@ -341,38 +344,20 @@ def _install(
     return tensor
 
 
-def _write_through(
-    level: str,
+def _entry_data(
+    dfd: int | None,
     name: str,
     path: str,
-    last: str,
-    size: torch.Size,
+    numel: int,
     dtype: torch.dtype,
     src: torch.Tensor | None,
     storage: torch.UntypedStorage | None,
 ) -> torch.Tensor | None:
-    """Commit the entry to a small level (no record yet, see :func:`small_level`) that this
-    process wrote last: the data file, then its ``meta.json`` replaced with the entry added.
-    None, nothing left behind, when the level is not such a level or a step fails: the general
-    path decides and names the error."""
-    hit = small_level(level, last)
-    if hit is None:
-        return None
-    numel = math.prod(size)
-    made = (
-        torch.empty(0, dtype=dtype).set_(storage, 0, (numel,), (1,))
-        if storage is not None
-        else _new_file(None, name, path, numel, dtype, src)
-    )
-    if made is None:
-        return None
-    try:
-        write_through(level, hit, last, leaf_entry(size, dtype))
-    except OSError:
-        if storage is None:
-            os.unlink(path)
-        return None
-    return made
+    """The new entry's flat tensor: a view of ``storage`` (its file exists), else a new file (see
+    :func:`_new_file`); None when the file cannot be made."""
+    if storage is not None:
+        return torch.empty(0, dtype=dtype).set_(storage, 0, (numel,), (1,))
+    return _new_file(dfd, name, path, numel, dtype, src)
 
 
 def _new_file(
