@@ -523,48 +523,65 @@ def _wakeup_row(cfg: Config, backends: list[Backend], scratch: Scratch) -> Row:
     """How long after a commit a process blocked in ``SharedRegistry.wait_for_change`` wakes up.
 
     tensordict has no way to wait for another process's commit (a reader polls
-    ``memmap_refresh_``); the limit is a process blocked in ``read()`` on a pipe.
+    ``memmap_refresh_``); the limit is a process blocked in ``read()`` on a pipe.  Both waiters
+    run at once and take turns round by round (the order alternating), three times the
+    repetitions of the other rows: a wake-up on this machine moves by 3-5x from one moment to
+    the next (10-150 µs), so rounds apart would measure the moments.
     """
     log("  refresh: wake-up of a process waiting for a commit")
-    rounds = cfg.reps + cfg.warmup
+    rounds = 3 * cfg.reps + cfg.warmup
     ctx = mp.get_context("fork")
     cells: dict[str, Cell] = {}
+    wakers: dict[str, Callable[[], float]] = {}
+    procs: list[Any] = []
+    folders: list[str] = []
     for b in backends:
         if not hasattr(b.module, "SharedRegistry"):
             cells[b.name] = Cell(error="n/a")
             continue
         folder = scratch.fresh(f"wake-{b.name}")
+        folders.append(folder)
         b.TensorDict({"a": torch.zeros(2)}, batch_size=[2]).memmap_(folder)
         registry = b.module.SharedRegistry.for_path(folder)
         here, there = ctx.Pipe()
         proc = ctx.Process(target=_workers.registry_waiter, args=(b.module, folder, rounds, there))
         proc.start()
+        procs.append(proc)
         here.recv()
-        values = []
-        for _ in range(rounds):
-            time.sleep(0.02)  # let the waiter block in the kernel again
+
+        def commit(registry: Any = registry, here: Any = here) -> float:
             with registry.lock():
                 t0 = time.perf_counter()
                 registry.bump()
-            values.append(here.recv() - t0)
-        proc.join(30)
-        cells[b.name] = Cell(values=values[cfg.warmup :])
-        scratch.remove(folder)
+            return float(here.recv() - t0)
+
+        wakers[b.name] = commit
     r, w = os.pipe()
     here, there = ctx.Pipe()
     proc = ctx.Process(target=_workers.pipe_waiter, args=(r, rounds, there))
     proc.start()
+    procs.append(proc)
     here.recv()
-    values = []
-    for _ in range(rounds):
-        time.sleep(0.02)
+
+    def write(here: Any = here) -> float:
         t0 = time.perf_counter()
         os.write(w, b"x")
-        values.append(here.recv() - t0)
-    proc.join(30)
+        return float(here.recv() - t0)
+
+    wakers[LIMIT] = write
+    values: dict[str, list[float]] = {name: [] for name in wakers}
+    for i in range(rounds):
+        for name in list(wakers)[:: 1 if i % 2 else -1]:
+            time.sleep(0.02)  # let the waiter block in the kernel again
+            values[name].append(wakers[name]())
+    for proc in procs:
+        proc.join(30)
     os.close(r)
     os.close(w)
-    cells[LIMIT] = Cell(values=values[cfg.warmup :])
+    for name, v in values.items():
+        cells[name] = Cell(values=v[cfg.warmup :])
+    for folder in folders:
+        scratch.remove(folder)
     return Row(
         "refresh",
         "wait_for_change: wake-up after a commit in another process",
