@@ -23,6 +23,7 @@ __all__ = [
     "CorruptDataError",
     "UnsupportedFormatError",
     "InvalidArgumentError",
+    "LegacyKeyError",
     "NotAFolderError",
     "AtomicTargetError",
     "NotSupportedError",
@@ -194,6 +195,23 @@ class InvalidArgumentError(TdshareError, ValueError):
     ... except ValueError as err:  # InvalidArgumentError is a ValueError
     ...     print(type(err).__name__)
     InvalidArgumentError
+    """
+
+
+class LegacyKeyError(InvalidArgumentError, MemmapError):
+    """A key that cannot be one file or folder name with ``robust_key=False`` (a ``/``, ``\\`` or
+    NUL in it, a drive prefix ``C:``; for a nested tensordict also ``""``, ``"."`` and ``".."``),
+    refused before anything is written.  Also a ``RuntimeError``: the reference writes such a
+    key as a path and fails with one (or, for ``"../x"``, writes outside the prefix).
+
+    >>> import tempfile
+    >>> from tdshare import TensorDict
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     try:
+    ...         TensorDict({"a/b": torch.zeros(2)}).memmap(path, robust_key=False)
+    ...     except RuntimeError as err:  # also a ValueError
+    ...         print(type(err).__name__)
+    LegacyKeyError
     """
 
 

@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._errors import CorruptDataError, InvalidArgumentError, UnsupportedFormatError
+from ._errors import CorruptDataError, InvalidArgumentError, LegacyKeyError, UnsupportedFormatError
 from ._keys import encode_key, is_safe_legacy_name
 
 __all__ = [
@@ -191,7 +191,7 @@ def entry_file_name(key: str, robust: bool, suffix: str, where: str, directory: 
         name = encode_key(key)
     else:
         if not is_safe_legacy_name(key, directory=directory):
-            raise InvalidArgumentError(
+            raise LegacyKeyError(
                 f"The key {key!r} (in {where}) cannot be a file name with robust_key=False; save with "
                 "robust_key=True, which percent-encodes it."
             )

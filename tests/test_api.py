@@ -28,6 +28,7 @@ PUBLIC = [
     "InvalidArgumentError",
     "KeyTypeError",
     "LazyStackedTensorDict",
+    "LegacyKeyError",
     "LinkedList",
     "LockedError",
     "MemmapError",

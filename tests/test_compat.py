@@ -512,12 +512,24 @@ def test_reference_legacy_folder_loads_with_default_robust_key(tmp_path: Path) -
     assert describe(RefTD.load_memmap(tmp_path)) == describe(src)
 
 
-def test_tdshare_refuses_unsafe_legacy_keys(tmp_path: Path) -> None:
-    # Deliberate difference: with robust_key=False the reference writes "a/b" as the path a/b.memmap
-    # (and then fails to load it); tdshare refuses the key before writing anything.
-    with pytest.raises(tdshare.InvalidArgumentError, match="robust_key"):
-        TdsTD({"a/b": torch.zeros(2)}, batch_size=[2]).memmap(tmp_path, robust_key=False)
-    assert not list(tmp_path.iterdir())
+@pytest.mark.parametrize("key", ["a/b", "../outside"])
+def test_tdshare_refuses_unsafe_legacy_keys(tmp_path: Path, key: str) -> None:
+    # Deliberate difference: with robust_key=False the reference writes the key as a path: "a/b"
+    # fails with a RuntimeError, "../outside" writes outside.memmap next to the prefix. tdshare
+    # refuses the key before writing anything, with an error that is a RuntimeError as the
+    # reference's is, and a ValueError (a bad argument).
+    ref_prefix, prefix = tmp_path / "ref" / "saved", tmp_path / "tds" / "saved"
+    if key == "a/b":
+        with pytest.raises(RuntimeError, match="No such file"):
+            RefTD({key: torch.zeros(2)}, batch_size=[2]).memmap(ref_prefix, robust_key=False)
+    else:
+        RefTD({key: torch.zeros(2)}, batch_size=[2]).memmap(ref_prefix, robust_key=False)
+        assert (tmp_path / "ref" / "outside.memmap").exists()
+    with pytest.raises(tdshare.LegacyKeyError, match="robust_key") as info:
+        TdsTD({key: torch.zeros(2)}, batch_size=[2]).memmap(prefix, robust_key=False)
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, ValueError)
+    assert repr(key) in str(info.value)
+    assert not (tmp_path / "tds").exists()  # not even the prefix's parent made
 
 
 # -- keys named like meta.json fields -----------------------------------------------------

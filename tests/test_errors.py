@@ -79,6 +79,8 @@ def test_bases(cls: type[BaseException]) -> None:
         (tdshare.FormatError, ValueError),
         (tdshare.CorruptDataError, tdshare.FormatError),
         (tdshare.InvalidArgumentError, ValueError),
+        (tdshare.LegacyKeyError, ValueError),
+        (tdshare.LegacyKeyError, RuntimeError),
         (tdshare.AtomicTargetError, NotADirectoryError),
         (tdshare.NotSupportedError, NotImplementedError),
         (tdshare.MissingMetadataError, FileNotFoundError),
