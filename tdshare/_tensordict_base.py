@@ -22,6 +22,7 @@ from ._combine import CombineOps
 from ._consolidate import ConsolidateOps
 from ._conversions import ConversionOps
 from ._dataloader import LoaderOps
+from ._dict_ops import DictOps
 from ._errors import (
     ArgumentTypeError,
     ContainsKeyTypeError,
@@ -90,6 +91,7 @@ class TensorDictBase(
     LoaderOps,
     PrivateCompatOps,
     SurfaceOps,
+    DictOps,
     AnyConversions,
     GenericOps,
     SubViewOps,

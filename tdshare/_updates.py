@@ -214,6 +214,9 @@ class UpdateOps:
         """
         td: Any = self
         selected = _key_filter(keys_to_update)
+        # a lazy stack's leaves are stacked copies of its members': the copy is written at idx, then
+        # back into the members in place (set_), so any index and broadcast behave as on a tensor
+        stacked = td._stack_parts() is not None
         for key, value in _leaf_items(input_dict_or_td, {}):
             if not selected(key):
                 continue
@@ -225,6 +228,11 @@ class UpdateOps:
                 for part in reversed(key):
                     nested = {part: nested}
                 td._set_at(idx, nested)
+                continue
+            if stacked:
+                target = target.clone()
+                target[idx] = value
+                td.set_(key, target)
                 continue
             target[idx] = value
         return self

@@ -75,6 +75,7 @@ LAYERS: dict[str, list[str]] = {
         "_handoff",
         "_combine",
         "_surface_ops",
+        "_dict_ops",
         "_locking",
         "_tensordict_base",
         "_private_compat",
