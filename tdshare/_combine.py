@@ -4,20 +4,39 @@ apart so each module reads in one sitting."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import numbers
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 
 from ._errors import BatchSizeError, InvalidArgumentError, MissingKeyError, NotSupportedError
+from ._format import WRAPPED
 from ._indexing import check_dim
 from ._keys import NestedKey, unravel_key
+from ._nodes import kind_of
 from ._nontensor import NonTensorData, stack_non_tensor
 from ._settings import lazy_legacy
 
-__all__ = ["CombineOps"]
+__all__ = ["CombineOps", "comparable"]
 
 T = TypeVar("T", bound="CombineOps")
+
+
+def comparable(other: object) -> bool:
+    """Whether ``td == other`` compares leaf by leaf: a tensor collection (a tensorclass too), a
+    mapping of keys to values, a tensor, a number or an array; anything else (a string, None, a
+    list) is simply not equal to a tensordict."""
+    kinds = CombineOps | Mapping | torch.Tensor | numbers.Number
+    return isinstance(other, kinds) or kind_of(other) is not None or hasattr(other, "__array__")
+
+
+def _unwrapped(other: Any) -> Any:
+    """A tensorclass's tensordict (compared key by key), else ``other``."""
+    kind = kind_of(other)
+    if kind is not None and kind.layout == WRAPPED and kind.unwrap is not None:
+        return kind.unwrap(other)[0]
+    return other
 
 
 class CombineOps:
@@ -48,9 +67,13 @@ class CombineOps:
     # -- comparisons --------------------------------------------------------------------------
     def _compare(self: T, other: Any, op: Callable[[Any, Any], Any]) -> T:
         leaves: dict[str, Any] = {}
+        keyed = isinstance(other, CombineOps | Mapping)  # a tensordict, or a (nested) dict of its values
         for key, leaf in self._tensordict.items():
-            theirs = other._tensordict.get(key) if isinstance(other, CombineOps) else other
-            if isinstance(other, CombineOps) and theirs is None:
+            if isinstance(other, CombineOps):
+                theirs = other._tensordict.get(key)
+            else:
+                theirs = other.get(key) if keyed else other
+            if keyed and theirs is None:
                 raise MissingKeyError(f"Cannot compare: key {key!r} is missing from the other tensordict.")
             if isinstance(leaf, CombineOps):
                 leaves[key] = leaf._compare(theirs, op)
@@ -65,10 +88,14 @@ class CombineOps:
         return type(self)._from_leaves(leaves, self._batch_size, self._device, self._names)
 
     def __eq__(self: T, other: object) -> T:  # type: ignore[override]
-        return self._compare(other, lambda a, b: a == b)
+        if not comparable(other):
+            return NotImplemented  # so ``td == "z"`` is False and ``td != "z"`` True, as in the reference
+        return self._compare(_unwrapped(other), lambda a, b: a == b)
 
     def __ne__(self: T, other: object) -> T:  # type: ignore[override]
-        return self._compare(other, lambda a, b: a != b)
+        if not comparable(other):
+            return NotImplemented
+        return self._compare(_unwrapped(other), lambda a, b: a != b)
 
     __hash__ = None  # type: ignore[assignment]
 

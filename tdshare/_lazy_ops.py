@@ -11,7 +11,7 @@ container itself (its members, batch size, reading, indexing and writing stay in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -265,6 +265,8 @@ class LazyStackOps(TensorDictBase):
                     f"{list(other.batch_size)}."
                 )
             theirs: list[Any] = list(other.unbind(self._stack_dim))
+        elif isinstance(other, Mapping):  # a dict of the stack's values: split like a tensordict of them
+            theirs = list(TensorDict(other, batch_size=self.batch_size).unbind(self._stack_dim))
         else:
             theirs = [other] * len(self._members)
         return self._like([td._compare(o, op) for td, o in zip(self._members, theirs, strict=True)])

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from ._arithmetic import OPERATORS
+from ._combine import comparable
 from ._compact_repr import compact_repr
 from ._errors import (
     ArgumentTypeError,
@@ -450,10 +451,14 @@ class TensorClassOps(TensorClassIO, TensorClassState):
     # -- comparison, representation, pickling, torch functions -------------------------------
     def __eq__(self: T, other: object) -> T:  # type: ignore[override]
         theirs = getattr(other, "_tensordict") if is_tensorclass(other) else other  # noqa: B009
+        if not comparable(theirs):
+            return NotImplemented  # ``tc == "z"`` is False, as for a tensordict
         return type(self)._from_tensordict(self._tensordict._compare(theirs, lambda a, b: a == b))
 
     def __ne__(self: T, other: object) -> T:  # type: ignore[override]
         theirs = getattr(other, "_tensordict") if is_tensorclass(other) else other  # noqa: B009
+        if not comparable(theirs):
+            return NotImplemented
         return type(self)._from_tensordict(self._tensordict._compare(theirs, lambda a, b: a != b))
 
     __hash__ = None  # type: ignore[assignment]

@@ -397,3 +397,32 @@ def test_non_tensor_values_on_their_own_take_shape_operations() -> None:
     spread = tdshare.NonTensorData(0, batch_size=(1,)).expand(2, 3)
     assert spread.shape == (2, 3) and spread.tolist() == [[0, 0, 0], [0, 0, 0]]
     assert ours.reshape(4, 1).transpose(0, 1).tolist() == [["a", "b", "c", "d"]]
+
+
+# -- == and != with other objects -----------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("other", ["z", None, [0.0, 1.0, 2.0, 3.0], object()], ids=["str", "None", "list", "object"])
+def test_a_collection_is_not_equal_to_an_object_it_cannot_compare_with(kind: str, other: Any) -> None:
+    """As in the reference: ``td == "z"`` is False and ``td != "z"`` True (a TensorDict of bools before)."""
+    c = build(kind)
+    assert (c == other) is False and (c != other) is True
+    ref = tensordict.TensorDict(a=torch.arange(4.0), batch_size=[4])
+    assert (ref == other) is False and (ref != other) is True
+
+
+@pytest.mark.parametrize("kind", ["tensordict", "lazy"])
+def test_a_collection_compares_with_a_dict_of_its_values(kind: str) -> None:
+    c = build(kind).exclude("s")
+    assert bool((c == c.to_dict()).all()) and not bool((c != c.to_dict()).any())
+    zeros = c.clone().zero_().to_dict()
+    assert bool((c != zeros).any()) and (c == zeros)["a"].tolist() == [True, False, False, False]
+    ref = tensordict.TensorDict(a=torch.arange(4.0), n={"b": torch.zeros(4, 2)}, batch_size=[4])
+    assert (ref == {"a": torch.zeros(4), "n": {"b": torch.zeros(4, 2)}})["a"].tolist() == [True, False, False, False]
+    with pytest.raises(tdshare.MissingKeyError, match="'n'"):
+        c == {"a": torch.zeros(4)}  # noqa: B015
+
+
+def test_a_tensordict_compares_with_a_tensorclass_key_by_key() -> None:
+    td, tc = build("tensordict"), build("tensorclass")
+    assert bool((td == tc).all()) and not bool((td != tc).any())
+    assert (td == build("tensorclass", 1.0))["a"].tolist() == [False] * 4
