@@ -167,12 +167,13 @@ class ShapeOps(MaskOps):
         result = self._rebuild(lambda t: t.flatten(start, end), lambda c: c.flatten(start, end), new, names)
         return self._rebind_(result, "flatten") if inplace else result
 
-    def unflatten(self: T, dim: int, sizes: Sequence[int], *, inplace: bool = False) -> T:
-        """Split the batch dim ``dim`` into the dims ``sizes`` (one of them may be -1).
+    def unflatten(self: T, dim: int, unflattened_size: Sequence[int], *, inplace: bool = False) -> T:
+        """Split the batch dim ``dim`` into the dims ``unflattened_size`` (one of them may be -1).
 
         Args:
             dim: the dim to split (negative counts from the end).
-            sizes: the new dims; their product must be the size of ``dim``.
+            unflattened_size: the new dims; their product must be the size of ``dim`` (the
+                reference's name, as ``Tensor.unflatten``'s ``sizes``).
             inplace: change this tensordict instead of returning a new one.
 
         Returns the new tensordict; the new dims have no name except the last, which keeps
@@ -180,7 +181,7 @@ class ShapeOps(MaskOps):
 
         Raises:
             DimensionError: ``dim`` out of range.
-            BatchSizeError: ``sizes`` do not multiply to the size of ``dim``.
+            BatchSizeError: ``unflattened_size`` does not multiply to the size of ``dim``.
 
         >>> from tdshare import TensorDict
         >>> TensorDict(a=torch.zeros(6), batch_size=[6]).unflatten(0, (2, 3)).batch_size
@@ -188,9 +189,9 @@ class ShapeOps(MaskOps):
         """
         ndim = self.batch_dims
         d = batch_dim(dim, ndim, "unflatten")
-        sizes = int_list(sizes, "unflatten", "sizes")
+        sizes = int_list(unflattened_size, "unflatten", "unflattened_size")
         if not sizes:
-            raise InvalidArgumentError("unflatten: sizes must hold at least one dim, e.g. (2, 3).")
+            raise InvalidArgumentError("unflatten: unflattened_size must hold at least one dim, e.g. (2, 3).")
         try:
             new_dims = list(torch.empty(self.batch_size[d], device="meta").unflatten(0, sizes).shape)
         except RuntimeError as exc:

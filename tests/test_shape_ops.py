@@ -134,6 +134,7 @@ OPS: list[tuple[str, Callable[[Any], Any]]] = [
     ("unflatten", lambda t: t.unflatten(1, (3, 1))),
     ("unflatten_inferred", lambda t: t.unflatten(-1, (-1, 1))),
     ("unflatten_stack_dim", lambda t: t.unflatten(0, (2, 1))),
+    ("unflatten_keywords", lambda t: t.unflatten(dim=1, unflattened_size=(3, 1))),  # the reference's names
     ("squeeze_all", lambda t: t.unsqueeze(1).squeeze()),
     ("squeeze_dim", lambda t: t.unsqueeze(1).squeeze(1)),
     ("squeeze_negative", lambda t: t.unsqueeze(-1).squeeze(-1)),
