@@ -50,6 +50,39 @@ _NO_DEFAULT: Any = NO_DEFAULT  # the one marker TensorDictBase.get knows
 _FULL = slice(None)
 
 
+def _broadcast_indices(idx: Any, ndim: int) -> bool:
+    """Whether ``idx`` holds two or more index sequences (tensors, lists, ranges, arrays of one or
+    more dims), which torch broadcasts together into one set of positions."""
+    parts = normalize_index(idx, ndim)
+    sequences = sum(
+        1
+        for p in parts
+        if isinstance(p, range) or (getattr(p, "ndim", 0) > 0 and not is_first_class_dim(p))  # a tensor, an array
+    )
+    return sequences > 1
+
+
+def _new_axes(parts: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int]]:
+    """``parts`` without its ``None`` items, and the dims of the result where those add a dim of size 1
+    (as torch places them: after the dims that the items before them give)."""
+    kept: list[Any] = []
+    positions: list[int] = []
+    dims = 0
+    for p in parts:
+        if p is None:
+            positions.append(dims)
+            dims += 1
+            continue
+        kept.append(p)
+        if isinstance(p, int) or (isinstance(p, torch.Tensor) and p.dim() == 0):
+            continue
+        if isinstance(p, torch.Tensor) and p.dtype == torch.bool:
+            dims += 1
+        elif not is_first_class_dim(p):
+            dims += getattr(p, "ndim", 1)  # a slice or a range: 1; an index tensor or array: its dims
+    return tuple(kept), positions
+
+
 class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, PublicTensorDictBase):
     """Tensordicts stacked along ``stack_dim`` lazily: the members stay as they are.
 
@@ -383,6 +416,17 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, PublicTensorDictBase)
         return parts[d], tuple(parts[:d] + parts[d + 1 :]), dropped
 
     def _index(self, idx: Any) -> Any:
+        if _broadcast_indices(idx, self.batch_dims):
+            # two or more index tensors broadcast together, pairing the members with their rows: the
+            # result is a copy, as torch's advanced indexing gives, of the dense stack
+            return self.to_tensordict()._index(idx)
+        parts = normalize_index(idx, self.batch_dims)
+        if any(p is None for p in parts):  # the rest indexed, then a new dim of size 1 for each None
+            kept, positions = _new_axes(parts)
+            out = self._index(kept)
+            for pos in positions:
+                out = out.unsqueeze(pos)
+            return out
         at, rest, dropped = self._split_index(idx)
         trivial = all(isinstance(p, slice) and p == _FULL for p in rest)
 
@@ -401,6 +445,11 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, PublicTensorDictBase)
 
     def _set_at(self, idx: Any, value: Any) -> None:
         """``ls[idx] = value``: written into the members in place (``ls[i] = td`` updates member ``i``)."""
+        if _broadcast_indices(idx, self.batch_dims):  # (see _index): written into a dense copy, then back
+            dense = self.to_tensordict()
+            dense._set_at(idx, value)
+            self.update_(dense)
+            return
         at, rest, _ = self._split_index(idx)
         trivial = all(isinstance(p, slice) and p == _FULL for p in rest)
         if isinstance(at, int) or (isinstance(at, torch.Tensor) and at.dim() == 0):

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import tensordict
 import torch
@@ -425,3 +426,49 @@ def test_refreshing_a_parent_that_holds_a_lazy_stack(tmp_path: Path) -> None:
     assert child.tensordicts[1]["b"].tolist() == [1.0, 1.0]
     child.tensordicts[0]["a"][0] = 9.0  # still the saved file
     assert TensorDict.load(tmp_path)["ls"].tensordicts[0]["a"].tolist() == [9.0, 0.0]
+
+
+def _nested_lazy() -> LazyStackedTensorDict:
+    """A lazy stack of lazy stacks of lazy stacks (2 x 3 x 4) of members with distinct values."""
+    gen = torch.Generator().manual_seed(0)
+    inner = [
+        [LazyStackedTensorDict(*[TensorDict(a=torch.rand(2, generator=gen)) for _ in range(4)]) for _ in range(3)]
+        for _ in range(2)
+    ]
+    return LazyStackedTensorDict(*[LazyStackedTensorDict(*row) for row in inner])
+
+
+_INDEX_ITEMS = [1, slice(None), slice(1, 2), torch.tensor([1, 0]), range(1, 2), None, [0, 1], np.array([1, 0])]
+
+
+@pytest.mark.parametrize("first", _INDEX_ITEMS, ids=lambda i: type(i).__name__)
+@pytest.mark.parametrize("second", _INDEX_ITEMS, ids=lambda i: type(i).__name__)
+def test_nested_lazy_stacks_index_as_their_dense_stack(first: Any, second: Any) -> None:
+    """Every pair of index kinds (with a third, broadcast or not): the batch size and values of the
+    dense stack's result. Two index sequences were applied one after the other before (a product:
+    silently another batch size and other rows), and None was refused."""
+    ls = _nested_lazy()
+    dense = ls.to_tensordict()
+    for index in ((first, second), (first, second, [1, 0]), (first, 1, second)):
+        got = ls[index]
+        assert got.batch_size == torch.zeros(ls.batch_size)[index].shape, index
+        assert torch.equal(got["a"], dense[index]["a"]), index
+
+
+def test_a_new_axis_of_a_lazy_stack_is_a_view_of_its_members() -> None:
+    ls = _nested_lazy()
+    view = ls[None, 1]
+    assert view.batch_size == torch.Size([1, 3, 4])
+    view[0, 2, 3]["a"].fill_(7.0)  # (a lazy stack's stacked leaf is a copy: a member's own leaf is not)
+    assert ls[1, 2, 3]["a"].tolist() == [7.0, 7.0]
+
+
+def test_writing_at_two_index_sequences_reaches_the_members() -> None:
+    ls = _nested_lazy()
+    dense = ls.to_tensordict()
+    rows, cols = torch.tensor([0, 1]), torch.tensor([2, 0])
+    ls[rows, cols] = TensorDict(a=torch.full((2, 4, 2), 5.0), batch_size=[2, 4])
+    dense[rows, cols] = TensorDict(a=torch.full((2, 4, 2), 5.0), batch_size=[2, 4])
+    assert torch.equal(ls["a"], dense["a"])
+    assert ls.tensordicts[1].tensordicts[0].tensordicts[3]["a"].tolist() == [5.0, 5.0]
+    assert ls.tensordicts[1].tensordicts[2].tensordicts[3]["a"].tolist() != [5.0, 5.0]
