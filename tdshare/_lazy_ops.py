@@ -16,7 +16,14 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._errors import BatchSizeError, InvalidArgumentError, MissingKeyError, NotSupportedError
+from ._errors import (
+    ArgumentTypeError,
+    BatchSizeError,
+    InvalidArgumentError,
+    LockedError,
+    MissingKeyError,
+    NotSupportedError,
+)
 from ._indexing import check_dim
 from ._key_ops import NO_DEFAULT
 from ._keys import NestedKey
@@ -270,3 +277,60 @@ class LazyStackOps(TensorDictBase):
         else:
             theirs = [other] * len(self._members)
         return self._like([td._compare(o, op) for td, o in zip(self._members, theirs, strict=True)])
+
+    # -- adding members ---------------------------------------------------------------------
+    def append(self, tensordict: Any) -> None:
+        """Add ``tensordict`` as the last member (the stack's size at ``stack_dim`` grows by one).
+
+        Args:
+            tensordict: a tensor collection with the members' batch size (and device, where they
+                have one).
+
+        Raises:
+            ArgumentTypeError: ``tensordict`` is not a tensor collection (a ``TypeError``).
+            InvalidArgumentError: its batch size or device differs from the members' (a ``ValueError``).
+            LockedError: the stack is locked.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> ls = LazyStackedTensorDict(TensorDict(a=torch.zeros(2), batch_size=[2]))
+        >>> ls.append(TensorDict(a=torch.ones(2), batch_size=[2]))
+        >>> ls.batch_size, ls["a"][1].tolist()
+        (torch.Size([2, 2]), [1.0, 1.0])
+        """
+        self.insert(len(self._members), tensordict)
+
+    def insert(self, index: int, tensordict: Any) -> None:
+        """Add ``tensordict`` as a member before position ``index`` (as ``list.insert``).
+
+        Args:
+            index: the position among the members (negative counts from the end).
+            tensordict: as for :meth:`append`.
+
+        Raises:
+            ArgumentTypeError, InvalidArgumentError, LockedError: as for :meth:`append`.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> ls = LazyStackedTensorDict(TensorDict(a=torch.zeros(2), batch_size=[2]))
+        >>> ls.insert(0, TensorDict(a=torch.ones(2), batch_size=[2]))
+        >>> ls["a"][:, 0].tolist()
+        [1.0, 0.0]
+        """
+        if not isinstance(tensordict, TensorDictBase):
+            raise ArgumentTypeError(
+                f"Expected new value to be TensorDictBase instance (a tensordict or tensorclass to add as a "
+                f"member), got {type(tensordict).__name__}."
+            )
+        if self.is_locked:
+            raise LockedError("Cannot add a member to a locked LazyStackedTensorDict: unlock it first (unlock_()).")
+        first = self._members[0]
+        if tensordict.batch_size != first.batch_size:
+            raise InvalidArgumentError(
+                f"Batch sizes in tensordicts differs: the new member has {list(tensordict.batch_size)}, the "
+                f"members have {list(first.batch_size)}."
+            )
+        if first.device is not None and tensordict.device is not None and tensordict.device != first.device:
+            raise InvalidArgumentError(
+                f"Devices differ: the new member is on {tensordict.device}, the members on {first.device}; move it "
+                "with .to(device) first."
+            )
+        self._members.insert(index, tensordict)

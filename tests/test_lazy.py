@@ -472,3 +472,27 @@ def test_writing_at_two_index_sequences_reaches_the_members() -> None:
     assert torch.equal(ls["a"], dense["a"])
     assert ls.tensordicts[1].tensordicts[0].tensordicts[3]["a"].tolist() == [5.0, 5.0]
     assert ls.tensordicts[1].tensordicts[2].tensordicts[3]["a"].tolist() != [5.0, 5.0]
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+@pytest.mark.parametrize("where", ["append", 0, 1, -1])
+def test_append_and_insert_add_a_member_as_the_reference(dim: int, where: Any) -> None:
+    def grown(lib: Any) -> Any:
+        td = lib.TensorDict({"a": torch.zeros(4)}, [4])
+        ls = lib.LazyStackedTensorDict.lazy_stack([td, td.clone()], dim=dim)
+        new = lib.TensorDict({"a": torch.ones(4), "extra": torch.rand(4)}, [4])
+        ls.append(new) if where == "append" else ls.insert(where, new)
+        return ls, new
+
+    ours, new = grown(tdshare)
+    ref, _ = grown(tensordict)
+    assert ours.batch_size == ref.batch_size == (torch.Size([3, 4]) if dim == 0 else torch.Size([4, 3]))
+    assert set(ours.keys()) == set(ref.keys()) == {"a"}
+    assert torch.equal(ours["a"], ref["a"]) and any(m is new for m in ours.tensordicts)
+    with pytest.raises(TypeError, match="TensorDictBase"):
+        ours.append(torch.rand(10))
+    with pytest.raises(ValueError, match="Batch sizes"):
+        ours.insert(0, TensorDict({"a": torch.ones(17)}, [17]))
+    assert len(ours.tensordicts) == 3  # the refused members were not added
+    with pytest.raises(tdshare.LockedError):
+        ours.lock_().append(TensorDict({"a": torch.ones(4)}, [4]))
