@@ -50,10 +50,9 @@ _NO_DEFAULT: Any = NO_DEFAULT  # the one marker TensorDictBase.get knows
 _FULL = slice(None)
 
 
-def _broadcast_indices(idx: Any, ndim: int) -> bool:
-    """Whether ``idx`` holds two or more index sequences (tensors, lists, ranges, arrays of one or
-    more dims), which torch broadcasts together into one set of positions."""
-    parts = normalize_index(idx, ndim)
+def _broadcast_indices(parts: tuple[Any, ...]) -> bool:
+    """Whether the normalized index ``parts`` holds two or more index sequences (tensors, lists, ranges,
+    arrays of one or more dims), which torch broadcasts together into one set of positions."""
     sequences = sum(
         1
         for p in parts
@@ -393,9 +392,10 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, PublicTensorDictBase)
             yield self._index(i)
 
     # -- indexing ----------------------------------------------------------------------------
-    def _split_index(self, idx: Any) -> tuple[Any, tuple[Any, ...], int]:
-        """(the index at the stack dimension, the members' index, the dimensions dropped before it)."""
-        parts = list(normalize_index(idx, self.batch_dims))
+    def _split_index(self, normalized: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...], int]:
+        """(the index at the stack dimension, the members' index, the dimensions dropped before it), from
+        an index that ``normalize_index`` gave."""
+        parts = list(normalized)
         if any(p is None for p in parts) or any(index_dims(p) > 1 for p in parts):
             raise NotSupportedError(
                 "A LazyStackedTensorDict is indexed with integers, slices, Ellipsis and one-dimensional index "
@@ -416,18 +416,18 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, PublicTensorDictBase)
         return parts[d], tuple(parts[:d] + parts[d + 1 :]), dropped
 
     def _index(self, idx: Any) -> Any:
-        if _broadcast_indices(idx, self.batch_dims):
+        parts = normalize_index(idx, self.batch_dims)
+        if _broadcast_indices(parts):
             # two or more index tensors broadcast together, pairing the members with their rows: the
             # result is a copy, as torch's advanced indexing gives, of the dense stack
             return self.to_tensordict()._index(idx)
-        parts = normalize_index(idx, self.batch_dims)
         if any(p is None for p in parts):  # the rest indexed, then a new dim of size 1 for each None
             kept, positions = _new_axes(parts)
             out = self._index(kept)
             for pos in positions:
                 out = out.unsqueeze(pos)
             return out
-        at, rest, dropped = self._split_index(idx)
+        at, rest, dropped = self._split_index(parts)
         trivial = all(isinstance(p, slice) and p == _FULL for p in rest)
 
         def pick(td: TensorDictBase) -> TensorDictBase:
@@ -445,12 +445,13 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, PublicTensorDictBase)
 
     def _set_at(self, idx: Any, value: Any) -> None:
         """``ls[idx] = value``: written into the members in place (``ls[i] = td`` updates member ``i``)."""
-        if _broadcast_indices(idx, self.batch_dims):  # (see _index): written into a dense copy, then back
+        parts = normalize_index(idx, self.batch_dims)
+        if _broadcast_indices(parts):  # (see _index): written into a dense copy, then back
             dense = self.to_tensordict()
             dense._set_at(idx, value)
             self.update_(dense)
             return
-        at, rest, _ = self._split_index(idx)
+        at, rest, _ = self._split_index(parts)
         trivial = all(isinstance(p, slice) and p == _FULL for p in rest)
         if isinstance(at, int) or (isinstance(at, torch.Tensor) and at.dim() == 0):
             member = self._members[int(at)]
