@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import itertools
+import mmap
 import operator
 import os
 import secrets
@@ -35,6 +36,8 @@ __all__ = [
     "tmp_name",
     "tensor_buffer",
     "tensor_memory",
+    "is_zero_broadcast",
+    "zero_broadcast",
     "shaped",
     "no_data_error",
     "write_file",
@@ -88,6 +91,8 @@ def tensor_buffer(tensor: torch.Tensor, dest: str | None = None) -> memoryview |
     if 0 < nbytes <= _SMALL and tensor.is_cpu and tensor.is_contiguous() and not tensor.is_conj():
         if not tensor.is_neg():  # the common small leaf, in few steps (a save of thousands)
             return ctypes.string_at(tensor.data_ptr(), nbytes)
+    if nbytes > _SMALL and is_zero_broadcast(tensor):  # memmap_like's buffers: never in memory
+        return _zero_pages(nbytes)
     t = tensor.detach() if tensor.requires_grad else tensor
     if not t.is_cpu:
         if t.is_meta:
@@ -104,6 +109,47 @@ def tensor_buffer(tensor: torch.Tensor, dest: str | None = None) -> memoryview |
 
 
 _SMALL = 1 << 16
+
+
+def is_zero_broadcast(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is one zero element broadcast to its shape (every stride 0, all bytes of
+    the element zero), as ``memmap_like`` builds its leaves: written without being materialized.
+
+    >>> is_zero_broadcast(torch.zeros((), dtype=torch.int16).expand(4, 5)), is_zero_broadcast(torch.zeros(3))
+    (True, False)
+    """
+    if tensor.dim() == 0 or tensor.layout != torch.strided or not tensor.is_cpu or any(tensor.stride()):
+        return False
+    if tensor.is_conj() or tensor.is_neg() or tensor.numel() == 0:
+        return False
+    size = tensor.element_size()
+    return ctypes.string_at(tensor.data_ptr(), size) == bytes(size)  # -0.0 is not all zero bytes
+
+
+def zero_broadcast(tensor: torch.Tensor) -> torch.Tensor:
+    """A zero of ``tensor``'s dtype broadcast to its shape, on the CPU: no memory of its size (a
+    nested or sparse tensor, which cannot be broadcast, gives ``zeros_like`` of it).
+
+    >>> z = zero_broadcast(torch.ones(1000, 1000))
+    >>> z.shape, z.stride(), is_zero_broadcast(z)
+    (torch.Size([1000, 1000]), (0, 0), True)
+    """
+    if tensor.layout != torch.strided or tensor.is_nested or tensor.dim() == 0:
+        return torch.zeros_like(tensor, device="cpu")
+    return torch.zeros((), dtype=tensor.dtype).expand(tensor.shape)
+
+
+class _ZeroPages(mmap.mmap):
+    """A private, read-only anonymous mapping: reads give the kernel's shared zero page, nothing is
+    allocated.  A write of one whole is a ``ftruncate`` (a sparse file) instead of copying zeros."""
+
+
+def _zero_pages(nbytes: int) -> memoryview:
+    return memoryview(_ZeroPages(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ))
+
+
+def _is_zero_pages(data: memoryview | bytes) -> bool:
+    return data.__class__ is memoryview and data.obj.__class__ is _ZeroPages
 
 
 def no_data_error(what: str, fix: str = "") -> NotSupportedError:
@@ -141,6 +187,11 @@ def _write_all(fd: int, data: memoryview | bytes, path: str) -> None:
     total = len(data)
     done = 0
     try:
+        if _is_zero_pages(data):  # the file is new and empty up to here: its end moved, no page written
+            end = os.lseek(fd, 0, os.SEEK_CUR) + total
+            os.ftruncate(fd, end)
+            os.lseek(fd, end, os.SEEK_SET)
+            return
         done = os.write(fd, data)  # whole, mostly: the kernel stops at ~2 GiB a call
         if done < total:
             view = memoryview(data)
@@ -230,10 +281,10 @@ def write_files_in(
                 write_file(full(target), blob, existsok=existsok, stat=False)
                 continue
             try:
-                done = write(fd, blob)
+                done = 0 if _is_zero_pages(blob) else write(fd, blob)
             except OSError as err:
                 raise _write_failed(err, len(blob), 0, full(target)) from err
-            if done != len(blob):  # the kernel stops at ~2 GiB a call
+            if done != len(blob):  # the kernel stops at ~2 GiB a call (or zero pages, never written)
                 _write_all(fd, memoryview(blob)[done:], full(target))
             close(fd)
             fd = -1

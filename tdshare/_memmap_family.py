@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal, TypeVar, overload
 
+from ._files import zero_broadcast
 from ._future import TensorDictFuture
 from ._live_entries import LiveEntryOps
 from ._map import MapOps
@@ -157,29 +158,66 @@ class MemmapFamily(
         *,
         existsok: bool = True,
         num_threads: int = 0,
+        return_early: bool = False,
         share_non_tensor: bool = False,
-    ) -> T:
+        robust_key: bool | None = True,
+        archive: bool | None = None,
+    ) -> Any:
         """A new memory-mapped tensordict with this one's structure, shapes and dtypes, its tensors zeroed.
 
-        Non-tensor values are kept. The result is locked, as :meth:`memmap_` leaves it.
+        Nothing of the size of the data is allocated or copied: each tensor becomes one zero
+        broadcast to its shape, and a folder's files are created at their size without writing a
+        page (sparse files), an anonymous tree's leaves are fresh zeroed shared memory.  So
+        ``td.expand(10**7).memmap_like(path)`` preallocates a replay buffer larger than RAM, to be
+        filled with :meth:`update_` or by indexing.  Non-tensor values are kept.  The tensordict is
+        not changed.  The result is locked, as :meth:`memmap_` leaves it.
 
         Args:
-            prefix: the folder to write (None: anonymous shared memory).
-            copy_existing, existsok, num_threads, share_non_tensor: as in :meth:`memmap_`.
+            prefix: the folder to write (None: anonymous shared memory); a path ending in
+                ``".tdz"`` (or ``archive=True``) writes a zero-filled archive there and returns it
+                loaded with ``load_memmap(prefix, mode="r+")``, so that in-place writes reach it.
+            copy_existing: accepted as :meth:`memmap` takes it; no value is copied, so it has no effect.
+            existsok: False refuses a file that exists at a leaf's path; True (the default)
+                replaces it with a zeroed one (a process that mapped the old file keeps its bytes).
+            num_threads, return_early, share_non_tensor, robust_key: as in :meth:`memmap_`.
+            archive: True writes an archive; None (the default) does so when ``prefix`` ends in ``".tdz"``.
 
         Returns:
-            The new memory-mapped tensordict (a lazy stack stays a lazy stack).
+            The new memory-mapped tensordict (a lazy stack stays a lazy stack), or a
+            :class:`TensorDictFuture` of it for ``return_early=True`` with ``num_threads > 1``.
 
-        >>> import torch
+        Raises:
+            RuntimeError: an existing file with ``existsok=False``.
+            NotImplementedError: ``return_early=True`` for an archive.
+            ValueError: ``archive=True`` without a prefix.
+            TypeError, ValueError: an argument of the wrong type or value (named in the message).
+
+        >>> import tempfile, torch
         >>> from tdshare import TensorDict
         >>> like = TensorDict(a=torch.ones(3), batch_size=[3]).memmap_like()
         >>> like.is_memmap(), like["a"].tolist()
         (True, [0.0, 0.0, 0.0])
+        >>> big = TensorDict(obs=torch.ones(84, 84, dtype=torch.uint8)).expand(100_000)  # 706 MB
+        >>> buffer = big.memmap_like(tempfile.mkdtemp())  # allocates nothing in memory, writes no page
+        >>> buffer["obs"].shape, int(buffer["obs"][-1].sum())
+        (torch.Size([100000, 84, 84]), 0)
         """
-        like: Any = self.clone()
-        like.zero_()
+        del copy_existing  # nothing is copied (see the docstring)
+        like: Any = self.apply(zero_broadcast, call_on_nested=False)
+        if archive and prefix is None:
+            like.memmap(None, archive=True)  # refused by name
+        if prefix is not None and (archive or (archive is None and os.fspath(prefix).endswith(".tdz"))):
+            if return_early:
+                like.memmap(prefix, archive=True, num_threads=num_threads, return_early=True)  # refused by name
+            like.memmap(prefix, existsok=existsok, num_threads=num_threads, robust_key=robust_key, archive=True)
+            return type(self).load_memmap(prefix, robust_key=robust_key, mode="r+")
         return like.memmap_(
-            prefix, copy_existing, existsok=existsok, num_threads=num_threads, share_non_tensor=share_non_tensor
+            prefix,
+            existsok=existsok,
+            num_threads=num_threads,
+            return_early=return_early,
+            share_non_tensor=share_non_tensor,
+            robust_key=robust_key,
         )
 
     @overload

@@ -27,6 +27,7 @@ from ._errors import (
     MissingKeyError,
     NotSupportedError,
 )
+from ._future import TensorDictFuture
 from ._indexing import is_key
 from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData
@@ -511,6 +512,8 @@ def _forward(tc: Any, method: Callable[..., Any], *args: Any, **kwargs: Any) -> 
 def _rewrap(tc: Any, result: Any) -> Any:
     if result is tc._tensordict:
         return tc
+    if isinstance(result, TensorDictFuture):  # memmap*(return_early=True): the future of an instance
+        return TensorDictFuture(result.futures, _rewrap(tc, result.resulting_td))
     if isinstance(result, TensorDictBase) and all(k in type(tc).__tdshare_fields__ for k in result._tensordict):
         return type(tc)._from_tensordict(result)
     if isinstance(result, tuple) and result and all(isinstance(r, TensorDictBase) for r in result):

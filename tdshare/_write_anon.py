@@ -8,6 +8,7 @@ process holding the tree reads them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from typing import ClassVar, TypeVar
 
@@ -15,7 +16,9 @@ import torch
 
 from ._coordination import SharedRegistry
 from ._errors import InvalidArgumentError
+from ._files import is_zero_broadcast
 from ._format import STACK, WRAPPED_DIR
+from ._future import TensorDictFuture
 from ._keys import encode_key
 from ._lazy_leaves import raw_items
 from ._memmap import MemoryMappedTensor
@@ -54,7 +57,8 @@ def _write_anonymous(root: PlannedLevel) -> None:
     for leaf, offset in pending:
         view = seg.view(offset, leaf.src.dtype, leaf.src.shape)
         src = leaf.src.detach()
-        view.copy_(src.resolve_conj().resolve_neg() if src.is_complex() else src)
+        if not is_zero_broadcast(src):  # a new segment reads as zeros: memmap_like's leaves stay untouched
+            view.copy_(src.resolve_conj().resolve_neg() if src.is_complex() else src)
         leaf.result = MemoryMappedTensor._wrap(view, None, seg, None)
 
 
@@ -80,9 +84,13 @@ class AnonymousWriter(TreeWriter):
         "atomic": (InvalidArgumentError, "atomic=True needs a prefix to write the directory to."),
     }
 
-    def save(self, td: T, opts: SaveOptions, *, inplace: bool) -> T:
+    def save(self, td: T, opts: SaveOptions, *, inplace: bool) -> T | TensorDictFuture[T]:
         """Write every new leaf into one segment; with ``share_non_tensor``, every non-tensor value
-        into the tree's runtime store (``values/<key path>/``), shared by every process."""
+        into the tree's runtime store (``values/<key path>/``), shared by every process.
+
+        With ``return_early`` and ``num_threads > 1`` the result is a :class:`TensorDictFuture`, as
+        for a folder, already done: the copy into one segment is one pass that threads would not
+        shorten."""
         root = plan_tree(td, None, opts.robust_key, opts.copy_existing, opts.existsok)
         store = td._anon_store[0] if inplace and td._anon_store is not None else new_store_path()
         if opts.share_non_tensor:
@@ -99,6 +107,10 @@ class AnonymousWriter(TreeWriter):
         dest = td if inplace else blank(td)
         install(root, dest, None)
         _assign_store(dest, store, ())
+        if opts.return_early and opts.num_threads > 1:
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+            done.set_result(None)
+            return TensorDictFuture([done], dest)
         return dest
 
 

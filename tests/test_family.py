@@ -194,3 +194,62 @@ def test_the_abstract_base_has_the_family_and_loads_the_saved_class(tmp_path: Pa
         assert type(loaded) is type(obj) and values(loaded) == expected()
     with pytest.raises(TypeError, match="abstract"):
         tdshare.TensorDictBase()
+
+
+@pytest.mark.parametrize("call", ["memmap", "memmap_", "save", "memmap_like"])
+@pytest.mark.parametrize("backend", ["folder", "anonymous"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_return_early_with_threads_gives_a_future_on_every_backend(
+    tmp_path: Path, kind: str, backend: str, call: str
+) -> None:
+    # the spec: "if True and num_threads > 1, returns a TensorDictFuture" (anonymous memory too)
+    obj = build(kind)
+    prefix = tmp_path / "td" if backend == "folder" else None
+    future = getattr(obj, call)(prefix, num_threads=2, return_early=True)
+    assert isinstance(future, tdshare.TensorDictFuture)
+    out = future.result(timeout=WAIT)
+    assert future.done() and type(out) is type(obj) and out.is_memmap()
+    assert (out is obj) == (call == "memmap_")
+    assert values(out) == (([0.0] * 4, [[0.0, 0.0]] * 4) if call == "memmap_like" else expected())
+
+
+@pytest.mark.parametrize("backend", ["folder", "archive", "anonymous"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_memmap_like_zeroes_every_kind_and_keeps_the_original(tmp_path: Path, kind: str, backend: str) -> None:
+    prefix = {"folder": tmp_path / "td", "archive": tmp_path / "td.tdz", "anonymous": None}[backend]
+    obj = build(kind, offset=1.0)
+    like = obj.memmap_like(prefix)
+    assert type(like) is type(obj) and like.batch_size == obj.batch_size and like.get("s") == "text"
+    assert values(like) == ([0.0] * 4, [[0.0, 0.0]] * 4) and values(obj) == expected(1.0)  # not changed
+    like.update_({"a": torch.tensor([0.0, 0.0, 7.0, 0.0])})
+    if prefix is not None:  # the write reaches the files (an archive's too: it is loaded with mode="r+")
+        assert tdshare.load(prefix).get("a").tolist() == [0.0, 0.0, 7.0, 0.0]
+    assert like.is_locked == (backend != "archive")  # as the reference: an archive's result is unlocked
+    if prefix is None:
+        with pytest.raises(ValueError, match="archive=True needs a prefix"):
+            obj.memmap_like(None, archive=True)
+
+
+@pytest.mark.parametrize("backend", ["folder", "anonymous"])
+def test_memmap_like_of_an_expanded_buffer_writes_no_page(tmp_path: Path, backend: str) -> None:
+    # a replay buffer larger than memory: 1,000,000 x 84 x 84 bytes (7 GB) on a 24 GiB machine
+    template = tdshare.TensorDict(obs=torch.ones(84, 84, dtype=torch.uint8), reward=torch.ones(())).expand(10**6)
+    prefix = tmp_path / "buffer" if backend == "folder" else None
+    buffer = template.memmap_like(prefix)
+    assert buffer["obs"].shape == (10**6, 84, 84) and buffer["reward"].dtype == torch.float32
+    assert int(buffer["obs"][-1].sum()) == 0 and int(buffer["obs"][0].sum()) == 0
+    buffer["obs"][123_456] = 9
+    assert int(buffer["obs"][123_456].sum()) == 9 * 84 * 84
+    if prefix is not None:
+        # sparse files: created at their size, the only page written is the row just set
+        blocks = (prefix / "obs.memmap").stat().st_blocks * 512
+        assert (prefix / "obs.memmap").stat().st_size == 84 * 84 * 10**6 and blocks <= 1 << 20
+        assert int(tdshare.TensorDict.load_memmap(prefix)["obs"][123_456, 0, 0]) == 9
+
+
+def test_a_zero_broadcast_tensor_is_saved_without_being_materialized(tmp_path: Path) -> None:
+    zeros = torch.zeros((), dtype=torch.int64).expand(1000, 1000)  # 8 MB, one element in memory
+    minus_zero = torch.tensor(-0.0).expand(1000, 1000)  # all zero values, not all zero bytes
+    td = tdshare.TensorDict(z=zeros, m=minus_zero).memmap(tmp_path / "td")
+    assert (tmp_path / "td" / "z.memmap").stat().st_blocks == 0  # no page written
+    assert int(td["z"].abs().sum()) == 0 and torch.equal(td["m"].view(torch.int32), minus_zero.view(torch.int32))
