@@ -30,6 +30,7 @@ from ._errors import (
     PickleRefusedError,
     ReservedFieldError,
     ResourceLimitError,
+    StateDictKeysError,
     TdshareError,
     UnsupportedFormatError,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "ReservedFieldError",
     "ResourceLimitError",
     "SharedRegistry",
+    "StateDictKeysError",
     "TdshareError",
     "TensorClass",
     "TensorDict",

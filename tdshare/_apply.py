@@ -202,6 +202,8 @@ def _apply(
     result = _run(job, td, [_unwrapped(o) for o in others], prefix)
     if inplace:
         return td
+    if _filtered_out(job, result, td):
+        return None
     if batch_size is not None:
         _rebatch(result, as_size(batch_size), td.batch_dims)
     if device is not NO_DEFAULT:
@@ -262,7 +264,7 @@ def _walk(job: _Job, td: Any, others: list[Any], prefix: tuple[str, ...]) -> dic
                 result = _run(job, leaf, sub_others, full)
             if job.inplace:
                 continue
-            if job.filter_empty and not any(True for _ in result.keys(True, True)):
+            if _filtered_out(job, result, leaf):
                 continue
         elif isinstance(leaf, NonTensorData) and leaf._tensor_payload:  # an unbatched tensor: fn applies to it
             result = _call(job, name, leaf.data, theirs)
@@ -289,6 +291,15 @@ def _walk(job: _Job, td: Any, others: list[Any], prefix: tuple[str, ...]) -> dic
         if result is not None:
             leaves[key] = result
     return leaves
+
+
+def _filtered_out(job: _Job, result: Any, source: Any) -> bool:
+    """Whether an applied collection is left out: with ``filter_empty=True`` when it has no leaves;
+    with ``None`` (the default) when it has none because ``fn`` returned None for all that it had
+    (an empty collection stays), as the reference does; with ``False`` never."""
+    if job.filter_empty is False or any(True for _ in result.keys(True, True)):
+        return False
+    return job.filter_empty is True or any(True for _ in source.keys(True, True))
 
 
 def _call(job: _Job, name: Any, leaf: Any, theirs: list[Any]) -> Any:

@@ -100,7 +100,10 @@ class CombineOps:
     __hash__ = None  # type: ignore[assignment]
 
     def __bool__(self) -> bool:
-        raise NotSupportedError("The truth value of a TensorDict is ambiguous: use td.all() or td.any().")
+        raise NotSupportedError(
+            "Converting a tensordict to boolean value is not permitted: its truth value is ambiguous. Use "
+            "td.all() or td.any() to reduce a comparison, td.is_empty() to test for leaves, len(td.keys()) for keys."
+        )
 
     # -- torch functions ----------------------------------------------------------------------
     @classmethod

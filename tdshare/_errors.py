@@ -29,6 +29,7 @@ __all__ = [
     "NotSupportedError",
     "KeyTypeError",
     "MissingKeyError",
+    "StateDictKeysError",
     "MissingMetadataError",
     "ArgumentTypeError",
     "FieldError",
@@ -294,6 +295,20 @@ class MissingKeyError(TdshareError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; a sentence reads better unquoted
         return str(self.args[0]) if self.args else ""
+
+
+class StateDictKeysError(MissingKeyError, RuntimeError):
+    """``load_state_dict(strict=True)`` with a state dict whose keys are not the tensordict's.  Also a
+    ``RuntimeError``, as ``torch.nn.Module.load_state_dict`` and the reference raise there.
+
+    >>> from tdshare import TensorDict
+    >>> td = TensorDict(a=torch.zeros(2), b=torch.zeros(2), batch_size=[2])
+    >>> try:
+    ...     td.load_state_dict({"a": torch.ones(2)}, strict=True)
+    ... except RuntimeError as err:  # also a KeyError
+    ...     print(type(err).__name__, "missing keys ['b']" in str(err))
+    StateDictKeysError True
+    """
 
 
 class MissingMetadataError(TdshareError, FileNotFoundError):

@@ -198,7 +198,10 @@ class KeyOps:
         value = td._get_leaf(unravel_key(old))
         td._check_unlocked(str(old))
         if safe and unravel_key(new) != unravel_key(old) and td._get_leaf(unravel_key(new), None) is not None:
-            raise MissingKeyError(f"rename_key_: key {new!r} already exists and safe=True; pick another name.")
+            raise MissingKeyError(
+                f"rename_key_: key {new!r} already present in TensorDict, and safe=True does not overwrite it: "
+                "pick another name, or pass safe=False to replace it."
+            )
         if unravel_key(old) == unravel_key(new):
             return self
         td.pop(old)  # first: the new key may sit inside the old one's level

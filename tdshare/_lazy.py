@@ -39,6 +39,7 @@ from ._lazy_ops import LazyStackOps
 from ._nodes import NodeKind, register
 from ._nontensor import NonTensorData, NonTensorStack, stack_non_tensor
 from ._private_compat import record_lock_parents
+from ._setters import pop_missing
 from ._tensordict import TensorDict
 from ._tensordict import TensorDictBase as PublicTensorDictBase  # the model's TensorDictBase is imported too
 from ._tensordict_base import TensorDictBase
@@ -545,9 +546,11 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, PublicTensorDictBase)
         ([[0.0, 0.0], [1.0, 1.0]], [], None)
         """
         parts = unravel_key(key)
-        if not all(parts in td for td in self._members):
+        lacking = [i for i, td in enumerate(self._members) if parts not in td]
+        if lacking:
             if default is not _NO_DEFAULT:
                 return default
+            raise pop_missing(key, f"members {lacking} of the LazyStackedTensorDict lack it")
         value = self.get_non_tensor(parts)
         self.del_(parts)
         return value

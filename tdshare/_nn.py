@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from ._errors import InvalidArgumentError, MissingKeyError, NotSupportedError
+from ._errors import InvalidArgumentError, MissingKeyError, NotSupportedError, StateDictKeysError
 from ._format import LAZY_STACK_TYPE
 from ._key_ops import is_node
 from ._keys import unravel_key
@@ -235,7 +235,7 @@ class NnOps:
                 a key holds a ``"."``).
 
         Raises:
-            MissingKeyError: with ``strict``, a missing or unexpected key (a ``KeyError``).
+            StateDictKeysError: with ``strict``, a missing or unexpected key (a ``KeyError`` and a ``RuntimeError``).
 
         >>> from tdshare import TensorDict
         >>> td = TensorDict(a={"b": torch.zeros(2)}, batch_size=[2])
@@ -250,8 +250,8 @@ class NnOps:
         given = dict(_nested_items(state_dict, flat))
         mine = {unravel_key(k) for k, v in _tensor_items(td)}
         if strict and set(given) != mine:
-            missing, extra = sorted(map(str, mine - set(given))), sorted(map(str, set(given) - mine))
-            raise MissingKeyError(
+            missing, extra = sorted(map(".".join, mine - set(given))), sorted(map(".".join, set(given) - mine))
+            raise StateDictKeysError(
                 f"load_state_dict(strict=True): missing keys {missing}, unexpected keys {extra}; "
                 "pass strict=False to load what matches."
             )

@@ -26,7 +26,7 @@ from ._settings import list_to_stack
 from ._sub_views import sub_view_entry
 from ._unbatched import UnbatchedEntry, UnbatchedTensor
 
-__all__ = ["SetOps", "is_level"]
+__all__ = ["SetOps", "is_level", "pop_missing"]
 
 T = TypeVar("T", bound="SetOps")
 
@@ -35,6 +35,14 @@ def is_level(value: Any) -> bool:
     """Whether ``value`` is a node whose folder holds entries of its own (a collection level)."""
     kind = kind_of(value)
     return kind is not None and kind.layout == LEVEL
+
+
+def pop_missing(key: NestedKey, detail: str) -> MissingKeyError:
+    """The error of ``pop(key)`` without a default for a missing ``key`` (``detail`` says what is there)."""
+    return MissingKeyError(
+        f"You are trying to pop key {key!r}, which is not in the tensordict: {detail}. Pass a default, "
+        "e.g. td.pop(key, None), to get it back when the key is missing."
+    )
 
 
 class SetOps:
@@ -64,11 +72,33 @@ class SetOps:
                 f"tensordict's batch size is {list(batch)}; every entry must start with the batch dimensions."
             )
 
+    def _widened(self, key: str, value: Any) -> Any:
+        """A tensordict value whose batch size is a leading part of this one's (``[]`` in ``[4, 3]``)
+        is taken as a shallow copy with this batch size, as the reference takes it (the value itself is
+        not changed); its leaves must then start with the batch dimensions."""
+        short, batch = value.batch_size, self._batch_size
+        if len(short) >= len(batch) or batch[: len(short)] != short or not is_level(value):
+            return value
+        wide = value.copy()
+        was_locked = wide.is_locked
+        if was_locked:
+            wide.unlock_()
+        try:
+            wide.batch_size = batch
+        except BatchSizeError as err:
+            raise BatchSizeError(
+                f"batch dimension mismatch for key {key!r}: the tensordict value has batch size {list(short)}, and "
+                f"giving it this tensordict's {list(batch)} failed: {err}"
+            ) from None
+        if was_locked:
+            wide.lock_()
+        return wide
+
     def _convert(self, key: str, value: Any) -> Any:
         if isinstance(value, UnbatchedTensor):
             return UnbatchedEntry(value)  # no batch dimensions: never checked against the batch
         if isinstance(value, SetOps):
-            pass
+            value = self._widened(key, value)
         elif isinstance(value, Mapping):
             cls: Any = type(self)
             value = cls(value, batch_size=self._batch_size, device=self._device)
@@ -351,7 +381,7 @@ class SetOps:
             The removed value (a non-tensor entry's value, unwrapped), or ``default``.
 
         Raises:
-            MissingKeyError: a missing key and no default (a ``KeyError``).
+            MissingKeyError: a missing key and no default (a ``KeyError``: "You are trying to pop key ...").
             LockedError: the tensordict is locked (a ``RuntimeError``).
 
         >>> from tdshare import TensorDict
@@ -361,7 +391,10 @@ class SetOps:
         """
         parts = unravel_key(key)
         td: Any = self
-        leaf = td._get_leaf(parts, default)
+        try:
+            leaf = td._get_leaf(parts, default)
+        except MissingKeyError as err:
+            raise pop_missing(key, str(err).rstrip(".")) from None
         if leaf is default and default is not NO_DEFAULT:
             return default
         parent: Any = td._get_leaf(parts[:-1]) if len(parts) > 1 else self

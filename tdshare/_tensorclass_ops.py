@@ -466,7 +466,8 @@ class TensorClassOps(TensorClassIO, TensorClassState):
 
     def __bool__(self) -> bool:
         raise NotSupportedError(
-            f"The truth value of a {type(self).__name__} is ambiguous: use .all() or .any() (e.g. (a == b).all())."
+            f"Converting a tensordict to boolean value is not permitted: the truth value of a {type(self).__name__} "
+            "is ambiguous. Use .all() or .any() to reduce a comparison (e.g. (a == b).all())."
         )
 
     def __repr__(self) -> str:

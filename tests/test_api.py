@@ -45,6 +45,7 @@ PUBLIC = [
     "ReservedFieldError",
     "ResourceLimitError",
     "SharedRegistry",
+    "StateDictKeysError",
     "TdshareError",
     "TensorClass",
     "TensorDict",

@@ -426,3 +426,59 @@ def test_a_tensordict_compares_with_a_tensorclass_key_by_key() -> None:
     td, tc = build("tensordict"), build("tensorclass")
     assert bool((td == tc).all()) and not bool((td != tc).any())
     assert (td == build("tensorclass", 1.0))["a"].tolist() == [False] * 4
+
+
+# -- set, apply and messages the reference's tests match ----------------------------------------
+@pytest.mark.parametrize("lib", [tdshare, tensordict], ids=["tdshare", "tensordict"])
+def test_a_tensordict_value_of_a_leading_batch_size_is_widened_as_a_copy(lib: Any) -> None:
+    td = lib.TensorDict(a=torch.zeros(4, 3), batch_size=[4, 3])
+    for batch, shape in (([], (4, 3, 1)), ([4], (4, 3, 2))):
+        value = lib.TensorDict(inner=torch.randn(*shape), batch_size=batch)
+        td["x"] = value
+        assert td["x"].batch_size == (4, 3) and value.batch_size == tuple(batch)  # the value is not changed
+        assert td["x"]["inner"] is value["inner"]  # a shallow copy: the leaves are shared
+    with pytest.raises(RuntimeError, match="4, 2"):  # the leaves cannot take the batch size
+        td["y"] = lib.TensorDict(inner=torch.randn(4, 2), batch_size=[])
+    assert "y" not in td.keys()
+
+
+@pytest.mark.parametrize("filter_empty", [None, True, False])
+def test_apply_filter_empty_leaves_out_what_the_reference_leaves_out(filter_empty: bool | None) -> None:
+    def tree(lib: Any, empty: bool) -> Any:
+        if empty:
+            return lib.TensorDict(batch_size=[4])
+        return lib.TensorDict(a=torch.zeros(4), n=lib.TensorDict(b=torch.ones(4), batch_size=[4]), batch_size=[4])
+
+    fns = [lambda x: None, lambda x: x if x.sum() == 0 else None, lambda x: x + 1]
+    for empty in (False, True):
+        for fn in fns:
+            ours = tree(tdshare, empty).apply(fn, filter_empty=filter_empty)
+            theirs = tree(tensordict, empty).apply(fn, filter_empty=filter_empty)
+            assert (ours is None) == (theirs is None), (empty, filter_empty)
+            if theirs is not None:
+                assert sorted(map(str, ours.keys(True))) == sorted(map(str, theirs.keys(True)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_errors_say_what_the_references_say(kind: str) -> None:
+    obj = build(kind)
+    with pytest.raises(RuntimeError, match="Converting a tensordict to boolean value is not permitted"):
+        bool(obj)
+    if kind != "tensorclass":  # a tensorclass has fixed fields: no pop, no rename
+        with pytest.raises(KeyError, match="You are trying to pop key 'zz'"):
+            obj.unlock_().pop("zz")
+        with pytest.raises(KeyError, match="already present in TensorDict"):
+            obj.rename_key_("a", "s", safe=True)
+        assert obj.get("a").tolist() == [0.0, 1.0, 2.0, 3.0]  # nothing renamed
+
+
+def test_a_strict_state_dict_load_names_the_keys_and_is_a_runtime_error() -> None:
+    td = TensorDict(a=torch.zeros(2), n={"b": torch.zeros(2)}, batch_size=[2])
+    state = td.state_dict()
+    del state["a"]
+    state["extra"] = torch.ones(2)
+    with pytest.raises(RuntimeError, match=r"missing keys \['a'\], unexpected keys \['extra'\]") as caught:
+        td.load_state_dict(state, strict=True)
+    assert isinstance(caught.value, KeyError) and isinstance(caught.value, tdshare.StateDictKeysError)
+    with pytest.raises(RuntimeError):  # the reference's class of error there
+        tensordict.TensorDict(a=torch.zeros(2), batch_size=[2]).load_state_dict({}, strict=True)
