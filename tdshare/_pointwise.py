@@ -18,7 +18,7 @@ import torch
 from ._errors import ArgumentTypeError
 from ._tree_walk import foreach_leaves, walk
 
-__all__ = ["LIKE_FUNCTIONS", "PointwiseOps", "TORCH_FUNCTIONS", "UNARY"]
+__all__ = ["LIKE_FUNCTIONS", "LOSS_FUNCTIONS", "PointwiseOps", "TORCH_FUNCTIONS", "UNARY"]
 
 # the single-argument functions: name -> what the result holds (for the generated docstring)
 UNARY: dict[str, str] = {
@@ -184,6 +184,8 @@ class PointwiseOps:
         kwargs = kwargs or {}
         if func in LIKE_FUNCTIONS and args and isinstance(args[0], PointwiseOps):
             return _like(func, args[0], args[1:], kwargs)
+        if func in LOSS_FUNCTIONS and args and isinstance(args[0], PointwiseOps):
+            return _loss(func, args[0], args[1:], kwargs)
         name = TORCH_FUNCTIONS.get(func)
         if name is not None:
             if not args or not isinstance(args[0], PointwiseOps):
@@ -212,6 +214,27 @@ TORCH_FUNCTIONS: dict[Any, str] = {
 LIKE_FUNCTIONS = frozenset(
     {torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like, torch.randn_like}
 )
+
+
+# ``F.mse_loss(td, target)``...: the loss of every leaf against the target's leaf of the same key (or
+# against one tensor); reduced ("mean", "sum") the result has the batch size [], as the reference's
+LOSS_FUNCTIONS = frozenset(
+    {torch.nn.functional.l1_loss, torch.nn.functional.mse_loss, torch.nn.functional.smooth_l1_loss}
+)
+
+
+def _loss(func: Any, td: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """``func(td, target, **kwargs)`` leaf by leaf (a tensordict target pairs leaves by key)."""
+    kwargs = dict(kwargs)
+    target = args[0] if args else kwargs.pop("target")
+    if kwargs.get("size_average") is not None or kwargs.get("reduce") is not None:
+        kwargs["reduction"] = torch.nn._reduction.legacy_get_string(kwargs.pop("size_average"), kwargs.pop("reduce"))
+    reduced = kwargs.get("reduction", "mean") != "none"
+    source = td.to_tensordict() if reduced and td._lazy_members() is not None else td  # a new batch size
+    batch: list[int] | None = [] if reduced else None
+    if isinstance(target, PointwiseOps):
+        return source.apply(lambda x, y: func(x, y, **kwargs), target, batch_size=batch)
+    return source.apply(lambda x: func(x, target, **kwargs), batch_size=batch)
 
 
 def _like(func: Any, td: Any, args: tuple, kwargs: dict[str, Any]) -> Any:

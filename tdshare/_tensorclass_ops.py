@@ -31,7 +31,7 @@ from ._future import TensorDictFuture
 from ._indexing import is_key
 from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData
-from ._pointwise import LIKE_FUNCTIONS, TORCH_FUNCTIONS
+from ._pointwise import LIKE_FUNCTIONS, LOSS_FUNCTIONS, TORCH_FUNCTIONS
 from ._shape_torch import shape_torch_function
 from ._tensorclass_io import TensorClassIO
 from ._tensorclass_options import TensorClassOptions, stored_value
@@ -494,6 +494,9 @@ class TensorClassOps(TensorClassIO, TensorClassState):
             return second.where(cond.logical_not(), first, **kwargs)
         if func in LIKE_FUNCTIONS and args and is_tensorclass(args[0]):  # torch.zeros_like(obj)...
             return _rewrap(args[0], func(args[0]._tensordict, *args[1:], **kwargs))
+        if func in LOSS_FUNCTIONS and args and is_tensorclass(args[0]):  # F.mse_loss(obj, target)...
+            inputs = [a._tensordict if is_tensorclass(a) else a for a in args]
+            return _rewrap(args[0], func(*inputs, **kwargs))
         name = TORCH_FUNCTIONS.get(func)
         if name is not None and args and is_tensorclass(args[0]):  # torch.exp(obj), torch.sum(obj, 0)...
             return getattr(args[0], name)(*args[1:], **kwargs)

@@ -482,3 +482,20 @@ def test_a_strict_state_dict_load_names_the_keys_and_is_a_runtime_error() -> Non
     assert isinstance(caught.value, KeyError) and isinstance(caught.value, tdshare.StateDictKeysError)
     with pytest.raises(RuntimeError):  # the reference's class of error there
         tensordict.TensorDict(a=torch.zeros(2), batch_size=[2]).load_state_dict({}, strict=True)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_losses_of_torch_nn_functional_apply_leaf_by_leaf(kind: str, reduction: str) -> None:
+    obj = build(kind, offset=1.0)
+    target = build(kind, offset=-0.5)
+    ref_in = tensordict.TensorDict(a=torch.arange(4.0) + 1, n={"b": torch.zeros(4, 2) + 1}, batch_size=[4])
+    ref_target = tensordict.TensorDict(a=torch.arange(4.0) - 0.5, n={"b": torch.zeros(4, 2) - 0.5}, batch_size=[4])
+    for loss in (torch.nn.functional.l1_loss, torch.nn.functional.mse_loss, torch.nn.functional.smooth_l1_loss):
+        ours, theirs = loss(obj, target, reduction=reduction), loss(ref_in, ref_target, reduction=reduction)
+        assert ours.batch_size == theirs.batch_size == (torch.Size([4]) if reduction == "none" else torch.Size([]))
+        for key in (("a",), ("n", "b")):
+            assert torch.equal(ours.get(key), theirs.get(key)), (loss.__name__, key)
+        assert ours.get("s") == "text"  # a non-tensor entry is carried over
+    against_a_tensor = torch.nn.functional.mse_loss(obj.get("a"), torch.zeros(4))
+    assert torch.equal(torch.nn.functional.mse_loss(TensorDict(a=obj.get("a")), torch.zeros(4))["a"], against_a_tensor)
