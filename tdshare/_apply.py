@@ -212,8 +212,7 @@ def _apply(
     if names is not NO_DEFAULT:
         result.names = names
     if out is not None:
-        out.update(result, inplace=True)
-        return out
+        return _write_out(out, result)
     if lock or (propagate_lock and td.is_locked):
         result.lock_()
     return result
@@ -291,6 +290,21 @@ def _walk(job: _Job, td: Any, others: list[Any], prefix: tuple[str, ...]) -> dic
         if result is not None:
             leaves[key] = result
     return leaves
+
+
+def _write_out(out: Any, result: Any) -> Any:
+    """``apply(out=)``: each result written into ``out``'s entry in place (a memory-mapped ``out``'s
+    files get it, locked or not); a result of another dtype or shape replaces the entry, as the
+    reference sets it (``td.apply(lambda x: x.float(), out=td)``; a ``LockedError`` on a locked ``out``)."""
+    replaced = []
+    for key, value in result.items(True, True):
+        old = out.get(key, None) if isinstance(value, torch.Tensor) else None
+        if isinstance(old, torch.Tensor) and (old.dtype != value.dtype or old.shape != value.shape):
+            replaced.append(key)
+    for key in replaced:
+        out.set(key, result.get(key))
+    out.update(result.exclude(*replaced) if replaced else result, inplace=True)
+    return out
 
 
 def _filtered_out(job: _Job, result: Any, source: Any) -> bool:

@@ -279,6 +279,8 @@ class SetOps:
                 nested = {part: nested}
             td[index] = nested
             return self
+        if type(value).__module__ == "numpy":  # torch assigns tensors and numbers, not arrays
+            value = torch.as_tensor(value)
         leaf[index] = value
         return self
 

@@ -499,3 +499,24 @@ def test_the_losses_of_torch_nn_functional_apply_leaf_by_leaf(kind: str, reducti
         assert ours.get("s") == "text"  # a non-tensor entry is carried over
     against_a_tensor = torch.nn.functional.mse_loss(obj.get("a"), torch.zeros(4))
     assert torch.equal(torch.nn.functional.mse_loss(TensorDict(a=obj.get("a")), torch.zeros(4))["a"], against_a_tensor)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_apply_out_replaces_entries_of_another_dtype_and_writes_the_others_in_place(tmp_path: Path, kind: str) -> None:
+    obj = build(kind)
+    obj.apply(lambda x: x.to(torch.float64), out=obj)  # a new dtype: the entries are replaced
+    assert obj.get("a").dtype == obj.get(("n", "b")).dtype == torch.float64
+    ref = tensordict.TensorDict(a=torch.arange(4), batch_size=[4])
+    ref.apply(lambda x: x.to(torch.float64), out=ref)
+    assert ref["a"].dtype == torch.float64  # the reference does the same
+    mapped = build(kind).memmap_(tmp_path / "out")  # locked: written in place, into the files
+    build(kind, offset=2.0).apply(lambda x: x * 2, out=mapped)
+    assert tdshare.load(tmp_path / "out").get("a").tolist() == [4.0, 6.0, 8.0, 10.0]
+    with pytest.raises(tdshare.LockedError):  # a new dtype cannot replace a locked entry
+        build(kind).apply(lambda x: x.long(), out=mapped)
+
+
+def test_set_at_takes_a_numpy_array() -> None:
+    td = TensorDict(k=torch.zeros(4, 3, 5, dtype=torch.float64), batch_size=[4, 3])
+    td.set_at_("k", np.ones(5) * 42, (2, 2))
+    assert td["k"][2, 2].tolist() == [42.0] * 5 and float(td["k"].sum()) == 42.0 * 5
