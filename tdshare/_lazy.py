@@ -39,6 +39,7 @@ from ._lazy_ops import LazyStackOps
 from ._nodes import NodeKind, register
 from ._nontensor import NonTensorData, NonTensorStack, stack_non_tensor
 from ._private_compat import record_lock_parents
+from ._ragged import RaggedReads
 from ._setters import pop_missing
 from ._tensordict import TensorDict
 from ._tensordict import TensorDictBase as PublicTensorDictBase  # the model's TensorDictBase is imported too
@@ -83,7 +84,7 @@ def _new_axes(parts: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int]]:
     return tuple(kept), positions
 
 
-class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, PublicTensorDictBase):
+class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, RaggedReads, PublicTensorDictBase):
     """Tensordicts stacked along ``stack_dim`` lazily: the members stay as they are.
 
     Args:
@@ -315,9 +316,9 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, PublicTensorDictBase)
             shapes = {tuple(v.shape) for v in values}
             if len(shapes) > 1:
                 raise NotSupportedError(
-                    f"Cannot stack the entry {key!r} of the lazy stack: its shapes differ across the members "
-                    f"({[list(v.shape) for v in values]}). Read it with get({key!r}, as_list=True) or from "
-                    "ls.tensordicts[i]."
+                    f"Failed to stack tensors within a tensordict under the key {key!r}: their shapes differ across "
+                    f"the members ({[list(v.shape) for v in values]}). Read them with get({key!r}, "
+                    "as_padded_tensor=True), as_nested_tensor=True or as_list=True, or from ls.tensordicts[i]."
                 )
             return torch.stack([torch.Tensor.as_subclass(v, torch.Tensor) for v in values], d)
         raise NotSupportedError(
@@ -344,25 +345,53 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, PublicTensorDictBase)
             raise MissingKeyError(f"Cannot read {key!r}: {part!r} is a leaf, not a nested tensordict.")
         return value._get_leaf(key[1:], default)
 
-    def get(self, key: NestedKey, default: Any = _NO_DEFAULT, *, as_list: bool = False) -> Any:
+    def get(
+        self,
+        key: NestedKey,
+        default: Any = _NO_DEFAULT,
+        *,
+        as_list: bool = False,
+        as_padded_tensor: bool = False,
+        as_nested_tensor: bool = False,
+        layout: Any = None,
+        padding_side: str = "right",
+        padding_value: float | bool = 0.0,
+    ) -> Any:
         """The entry ``key`` stacked across the members (a non-tensor entry gives its value).
 
         Args:
             key: a key or nested key that every member holds.
             default: returned when a member lacks ``key`` (None if not given, as the reference).
             as_list: give the members' values as a list instead of stacking them.
+            as_padded_tensor: pad the members' tensors to the largest size of each dim (across the
+                levels of a stack of stacks too) and stack them along a new first dim.
+            as_nested_tensor: give the members' tensors as one ``torch.nested`` tensor, its first
+                dim the stack's.
+            layout: with ``as_nested_tensor``, ``torch.jagged`` (the default) or ``torch.strided``.
+            padding_side, padding_value: with ``as_padded_tensor``, where the padding goes
+                (``"right"`` or ``"left"``) and its value.
 
         Raises:
-            NotSupportedError: the members' values cannot be stacked (e.g. their shapes differ).
+            NotSupportedError: the members' values cannot be stacked (e.g. their shapes differ:
+                "Failed to stack tensors within a tensordict", a ``RuntimeError``).
+            InvalidArgumentError: more than one of ``as_list``, ``as_padded_tensor``,
+                ``as_nested_tensor``; ``as_nested_tensor`` on a stack of lazy stacks.
 
         >>> from tdshare import TensorDict, LazyStackedTensorDict
         >>> ls = LazyStackedTensorDict(TensorDict(x=torch.zeros(2), batch_size=[2]),
         ...                            TensorDict(x=torch.ones(2), batch_size=[2]))
         >>> ls.get("x").tolist()
         [[0.0, 0.0], [1.0, 1.0]]
+        >>> ragged = LazyStackedTensorDict(TensorDict(x=torch.ones(1)), TensorDict(x=torch.ones(3)))
+        >>> ragged.get("x", as_padded_tensor=True).tolist()
+        [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
         """
+        if as_list + as_padded_tensor + as_nested_tensor > 1:
+            raise InvalidArgumentError("get(): as_list, as_padded_tensor and as_nested_tensor exclude each other.")
         if as_list:
             return [td.get(key, default) for td in self._members]
+        if as_padded_tensor or as_nested_tensor:
+            return self._ragged(key, default, as_padded_tensor, layout, padding_side, padding_value)
         return super().get(key, default)
 
     def __contains__(self, key: object) -> bool:

@@ -210,8 +210,9 @@ class LazyStackOps(TensorDictBase):
             shapes = {tuple(v.shape) for v in (td.get(key) for td in dense) if isinstance(v, torch.Tensor)}
             if len(shapes) > 1:
                 raise NotSupportedError(
-                    f"Cannot make a dense TensorDict of the lazy stack: the entry {key!r} has shapes "
-                    f"{sorted(shapes)} across the members."
+                    f"Cannot make a dense TensorDict of the lazy stack (Failed to stack tensors within a tensordict): "
+                    f"the entry {key!r} has shapes {sorted(shapes)} across the members. Read it with "
+                    f"ls.get({key!r}, as_padded_tensor=True) or as_nested_tensor=True, or keep the lazy stack."
                 )
         out = TensorDict.stack(dense, self._stack_dim)
         if self._stack_dim_name is not None:

@@ -135,6 +135,7 @@ LAYERS: dict[str, list[str]] = {
         "_params",
         "_lazy_ops",
         "_lazy_memmap",
+        "_ragged",
         "_lazy",
         "_tensorclass_io",
         "_tensorclass_stack",

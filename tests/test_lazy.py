@@ -496,3 +496,59 @@ def test_append_and_insert_add_a_member_as_the_reference(dim: int, where: Any) -
     assert len(ours.tensordicts) == 3  # the refused members were not added
     with pytest.raises(tdshare.LockedError):
         ours.lock_().append(TensorDict({"a": torch.ones(4)}, [4]))
+
+
+# -- entries whose shapes differ across the members: padded, nested ------------------------------
+def _ragged(lib: Any, dim: int) -> Any:
+    a = lib.TensorDict(x=torch.arange(12.0).reshape(4, 3), batch_size=[4])
+    b = lib.TensorDict(x=-torch.arange(8.0).reshape(4, 2), batch_size=[4])
+    return lib.LazyStackedTensorDict.lazy_stack([a, b], dim)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+@pytest.mark.parametrize("dim", [0, 1])
+def test_a_ragged_entry_reads_padded_or_nested_as_the_reference(dim: int) -> None:
+    ours, theirs = _ragged(tdshare, dim), _ragged(tensordict, dim)
+    for side, value in (("right", 0.0), ("left", -1.0)):
+        kw = {"as_padded_tensor": True, "padding_side": side, "padding_value": value}
+        assert torch.equal(ours.get("x", **kw), theirs.get("x", **kw))
+    for layout in (torch.jagged, torch.strided):
+        mine, ref = (
+            ours.get("x", as_nested_tensor=True, layout=layout),
+            theirs.get("x", as_nested_tensor=True, layout=layout),
+        )
+        assert mine.layout == ref.layout == layout
+        assert all(torch.equal(m, r) for m, r in zip(mine.unbind(), ref.unbind(), strict=True))
+    for read in (lambda s: s.get("x"), lambda s: s["x"], lambda s: s.contiguous(), lambda s: s.to_tensordict()):
+        with pytest.raises(RuntimeError, match="Failed to stack tensors within a tensordict"):
+            read(ours)
+        with pytest.raises(RuntimeError, match="Failed to stack tensors within a tensordict"):
+            read(theirs)
+    assert [list(t.shape) for t in ours.clone().get("x", as_list=True)] == [[4, 3], [4, 2]]
+    if dim == 0:
+        nested = ours.get_nestedtensor("x")
+        assert nested.layout == torch.strided and torch.equal(
+            nested.unbind()[1], theirs.get_nestedtensor("x").unbind()[1]
+        )
+    else:
+        with pytest.raises(RuntimeError, match="get_nestedtensor can only be called when the stack_dim is 0"):
+            ours.get_nestedtensor("x")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_ragged_reads_of_missing_keys_and_stacks_of_stacks() -> None:
+    ls = LazyStackedTensorDict(TensorDict(a=torch.zeros(4), b=torch.zeros(4)), TensorDict(a=torch.ones(5)))
+    assert ls.get_nestedtensor("b", None) is None  # a default that is not a tensor is returned
+    assert torch.equal(ls.get_nestedtensor("b", torch.ones(2)).unbind()[1], torch.ones(2))  # a tensor one is nested
+    with pytest.raises(KeyError, match="members \\[1\\] lack it"):
+        ls.get("b", as_padded_tensor=True)
+    with pytest.raises(ValueError, match="exclude each other"):
+        ls.get("a", as_list=True, as_padded_tensor=True)
+    inner = LazyStackedTensorDict(TensorDict(a=torch.ones(1)), TensorDict(a=torch.ones(3)))
+    outer = LazyStackedTensorDict(
+        inner, LazyStackedTensorDict(TensorDict(a=torch.ones(2)), TensorDict(a=torch.ones(2)))
+    )
+    padded = outer.get("a", as_padded_tensor=True)  # padded across both levels
+    assert padded.shape == (2, 2, 3) and padded.sum().item() == 1 + 3 + 2 + 2
+    with pytest.raises(ValueError, match="one nested level"):
+        outer.get("a", as_nested_tensor=True)
