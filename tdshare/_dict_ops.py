@@ -17,6 +17,7 @@ import torch
 
 from ._errors import ArgumentTypeError, MissingKeyError
 from ._format import VALUE, VALUE_STACK
+from ._keys import unravel_key
 from ._nodes import kind_of
 
 __all__ = ["DictOps"]
@@ -254,4 +255,59 @@ class DictOps:
                 leaf.grad = None
             else:
                 leaf.grad.detach_().zero_()
+        return self
+
+    def stack_tensors(self: T, *keys: Any, out_key: Any, dim: int = 0, keep_entries: bool = False) -> T:
+        """Stack the entries ``keys`` into the new entry ``out_key`` (``torch.stack``), removing them
+        unless ``keep_entries``; return ``self``.
+
+        Args:
+            *keys: the tensor entries to stack (nested keys too).
+            out_key: the key of the result.
+            dim: the new dim, counted in the result's dims (beyond the batch dims counts too:
+                ``-1`` is the last).
+            keep_entries: keep the entries of ``keys`` (by default they are removed once the result
+                is written; if the stack or the write fails every entry is kept as it was).
+
+        Raises:
+            MissingKeyError: a key that is not there.
+            LockedError: a locked tensordict.
+
+        >>> import torch, tdshare
+        >>> td = tdshare.TensorDict(a=torch.zeros(2), b=torch.ones(2), batch_size=[2])
+        >>> td.stack_tensors("a", "b", out_key="ab", dim=-1)["ab"].tolist(), sorted(td.keys())
+        ([[0.0, 1.0], [0.0, 1.0]], ['ab'])
+        """
+        return self._join_entries(torch.stack, keys, out_key, dim, keep_entries)
+
+    def cat_tensors(self: T, *keys: Any, out_key: Any, dim: int = 0, keep_entries: bool = False) -> T:
+        """Concatenate the entries ``keys`` into the new entry ``out_key`` (``torch.cat``), removing
+        them unless ``keep_entries``; return ``self``.
+
+        Args:
+            *keys: the tensor entries to concatenate (nested keys too).
+            out_key: the key of the result.
+            dim: the dim to concatenate along, counted in the entries' dims.
+            keep_entries: keep the entries of ``keys`` (see :meth:`stack_tensors`).
+
+        Raises:
+            MissingKeyError: a key that is not there.
+            BatchSizeError: a result whose leading dims are not the batch size (``dim`` inside it).
+
+        >>> import torch, tdshare
+        >>> td = tdshare.TensorDict(a=torch.zeros(2, 1), b=torch.ones(2, 2), batch_size=[2])
+        >>> td.cat_tensors("a", "b", out_key="ab", dim=-1, keep_entries=True)["ab"].tolist(), len(td.keys())
+        ([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]], 3)
+        """
+        return self._join_entries(torch.cat, keys, out_key, dim, keep_entries)
+
+    def _join_entries(self: T, join: Any, keys: tuple[Any, ...], out_key: Any, dim: int, keep: bool) -> T:
+        node: Any = self
+        joined = join([node[k] for k in keys], dim)  # a missing key raises before anything changes
+        node.set(out_key, joined)
+        if not keep:
+            written = unravel_key(out_key)
+            for key in keys:
+                if unravel_key(key) != written:
+                    node.del_(key)
         return self

@@ -184,3 +184,22 @@ def test_update_at_of_a_memory_mapped_lazy_stack_reaches_its_files(tmp_path: Any
     ls.update_at_({("n", "b"): torch.ones(2)}, slice(0, 2))
     back = tdshare.LazyStackedTensorDict.load_memmap(tmp_path / "ls")
     assert back["n", "b"].sum(-1).tolist() == [2.0, 2.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("join", ["stack_tensors", "cat_tensors"])
+@pytest.mark.parametrize("kind", ["tensordict", "lazy"])
+def test_stack_and_cat_tensors_join_entries_as_the_reference(kind: str, join: str, keep: bool) -> None:
+    c, ref = build(kind), _ref()
+    for obj in (c, ref):
+        obj.set("b2", obj.get(("n", "b")) + 2)
+        getattr(obj, join)(("n", "b"), "b2", out_key=("n", "joined"), dim=-1, keep_entries=keep)
+    assert torch.equal(c.get(("n", "joined")), ref.get(("n", "joined")))
+    tensors = [k for k in c.keys(True, True) if isinstance(c.get(k), torch.Tensor)]
+    assert sorted(map(str, tensors)) == _keys(ref) and (("b2" in c.keys()) is keep)
+    c.set("c", torch.ones(4, 3))
+    with pytest.raises(RuntimeError):  # shapes that cannot be stacked: nothing is removed
+        c.stack_tensors("a", "c", out_key="bad")
+    assert {"a", "c"} <= set(c.keys()) and "bad" not in c.keys()
+    with pytest.raises(KeyError):
+        c.cat_tensors("missing", "c", out_key="bad")
