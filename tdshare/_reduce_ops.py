@@ -461,7 +461,7 @@ class ReduceOps:
         Args:
             dim: batch dims to reduce (negative counts from the end of the batch dims).
             keepdim: keep them with size 1.
-            out: a tensordict to write the result into (returned).
+            out: a tensordict to write the result into, its tensors in place (returned; missing keys are added).
 
         Raises:
             InvalidArgumentError: a dim outside the batch dims (a ``ValueError``, as in the reference).
@@ -491,7 +491,7 @@ class ReduceOps:
             return n if n is None or keepdim else [x for i, x in enumerate(n) if i not in dims]
 
         result = _rebuild(self, "logsumexp", leaf, batch, names)[0]
-        return result if out is None else out.update(result)
+        return result if out is None else out.update(result, inplace=True)  # into out's own tensors
 
     def norm(self, *, out: Any = None, dtype: torch.dtype | None = None) -> Any:
         """The 2-norm of every tensor leaf over all its elements (batch size ``[]``; the lock is kept).
@@ -506,7 +506,7 @@ class ReduceOps:
             return torch.linalg.vector_norm(x, 2, dtype=dtype)
 
         result = _rebuild(self, "norm", leaf, lambda b: [], lambda n: None, keep_lock=True)[0]
-        return result if out is None else out.update(result)
+        return result if out is None else out.update(result, inplace=True)  # into out's own tensors
 
     def softmax(self, dim: int, dtype: torch.dtype | None = None) -> Any:
         """``torch.softmax`` of every leaf along the batch dim ``dim`` (same batch size).

@@ -643,3 +643,19 @@ def test_where_pads_entries_only_one_side_has() -> None:
         td.where(MASK, other)
     with pytest.raises(tdshare.ArgumentTypeError, match=r"condition"):
         td.where([True] * 4, 0.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_logsumexp_and_norm_write_into_the_tensors_of_out(kind: str) -> None:
+    c = build(kind)
+    for name, kwargs in (("logsumexp", {"dim": 0}), ("norm", {})):
+        expected = getattr(c, name)(**kwargs)
+        out = expected.clone().zero_()
+        before = {k: out.get(k) for k in out.keys(True, True) if isinstance(out.get(k), torch.Tensor)}
+        assert getattr(c, name)(**kwargs, out=out) is out
+        for key, tensor in before.items():
+            assert torch.equal(tensor, expected.get(key))  # the same tensor objects got the values
+            if kind != "lazy":  # a lazy stack's get stacks a copy
+                assert out.get(key) is tensor
+        empty = expected.empty()
+        assert torch.equal(getattr(c, name)(**kwargs, out=empty).get("a"), expected.get("a"))  # added when missing
