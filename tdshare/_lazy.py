@@ -498,7 +498,10 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, RaggedReads, PublicTe
         chosen = torch.arange(len(self._members))[at].tolist()
         pieces = value.unbind(self._stack_dim) if isinstance(value, TensorDictBase) else [value] * len(chosen)
         if len(pieces) != len(chosen):
-            raise BatchSizeError(f"ls[...] = value: {len(pieces)} pieces of the value for {len(chosen)} members.")
+            raise BatchSizeError(
+                f"ls[...] = value: the value's batch size {list(value.batch_size)} differs from the source batch "
+                f"size that the index selects ({len(pieces)} pieces along the stack dim for {len(chosen)} members)."
+            )
         for j, piece in zip(chosen, pieces, strict=True):
             if trivial and isinstance(piece, (TensorDictBase, Mapping)):
                 self._members[j].update(piece, inplace=True)

@@ -45,6 +45,20 @@ def pop_missing(key: NestedKey, detail: str) -> MissingKeyError:
     )
 
 
+def _check_broadcast(given: torch.Size, selected: torch.Size) -> None:
+    """``td[idx] = value``: the value's batch size must be the one ``idx`` selects, or broadcast to it."""
+    try:
+        fits = torch.broadcast_shapes(given, selected) == selected
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise BatchSizeError(
+            f"td[index] = value: the value's batch size {list(given)} differs from the source batch size "
+            f"{list(selected)} that the index selects (Cannot broadcast the tensordict to it). Index the value, "
+            "or the tensordict, so that the two agree."
+        )
+
+
 class SetOps:
     """Writes; the host class provides the storage (``_tensordict``, batch size, device, names)."""
 
@@ -302,6 +316,8 @@ class SetOps:
     def _set_at(self, idx: Any, value: Any) -> None:
         host: Any = self
         idx = normalize_index(idx, host.batch_dims)
+        if isinstance(value, SetOps):
+            _check_broadcast(value.batch_size, torch.zeros(()).expand(host.batch_size)[idx].shape)  # type: ignore[attr-defined]
         if isinstance(value, (Mapping, SetOps)):
             # non-tensor entries first: the one that cannot take the value raises before any tensor is written
             items = sorted(_items_of(value), key=lambda kv: not isinstance(self._tensordict.get(kv[0]), NonTensorData))

@@ -520,3 +520,14 @@ def test_set_at_takes_a_numpy_array() -> None:
     td = TensorDict(k=torch.zeros(4, 3, 5, dtype=torch.float64), batch_size=[4, 3])
     td.set_at_("k", np.ones(5) * 42, (2, 2))
     assert td["k"][2, 2].tolist() == [42.0] * 5 and float(td["k"].sum()) == 42.0 * 5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_setting_rows_with_a_value_of_another_batch_size_names_both(kind: str) -> None:
+    obj = build(kind)
+    rows = obj[0:2].clone()
+    obj[0:2] = rows.zero_()  # the batch size the index selects
+    assert obj.get("a").tolist() == [0.0, 0.0, 2.0, 3.0]
+    with pytest.raises(tdshare.BatchSizeError, match="differs from the source batch size"):
+        obj[0:1] = rows
+    assert obj.get("a").tolist() == [0.0, 0.0, 2.0, 3.0]  # nothing written
