@@ -23,6 +23,7 @@ from ._consolidate import ConsolidateOps
 from ._conversions import ConversionOps
 from ._dataloader import LoaderOps
 from ._dict_ops import DictOps
+from ._names_ops import NameOps
 from ._errors import (
     ArgumentTypeError,
     ContainsKeyTypeError,
@@ -92,6 +93,7 @@ class TensorDictBase(
     PrivateCompatOps,
     SurfaceOps,
     DictOps,
+    NameOps,
     AnyConversions,
     GenericOps,
     SubViewOps,

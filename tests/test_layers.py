@@ -76,6 +76,7 @@ LAYERS: dict[str, list[str]] = {
         "_combine",
         "_surface_ops",
         "_dict_ops",
+        "_names_ops",
         "_locking",
         "_tensordict_base",
         "_private_compat",

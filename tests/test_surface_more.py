@@ -531,3 +531,30 @@ def test_setting_rows_with_a_value_of_another_batch_size_names_both(kind: str) -
     with pytest.raises(tdshare.BatchSizeError, match="differs from the source batch size"):
         obj[0:1] = rows
     assert obj.get("a").tolist() == [0.0, 0.0, 2.0, 3.0]  # nothing written
+
+
+@pytest.mark.parametrize("kind", ["tensordict", "lazy"])
+def test_refine_names_and_rename_as_the_reference(kind: str) -> None:
+    def make(lib: Any) -> Any:
+        td = lib.TensorDict(a=torch.zeros(2, 3, 4), n={"b": torch.zeros(2, 3, 4, 5)}, batch_size=[2, 3, 4])
+        td.names = [None, "b", None]
+        return td if kind == "tensordict" else lib.lazy_stack([td, td.clone()], 1)
+
+    ours, theirs = make(tdshare), make(tensordict)
+    for obj in (ours, theirs):
+        assert obj.refine_names(..., "c") is obj
+    assert ours.names == theirs.names and ours["n"].names == theirs["n"].names
+    for obj in (ours, theirs):
+        with pytest.raises(RuntimeError):  # a named dim given another name
+            obj.refine_names(*["x"] * obj.batch_dims)
+    renamed = ours.rename(*[f"d{i}" for i in range(ours.batch_dims)])
+    assert renamed.names == [f"d{i}" for i in range(ours.batch_dims)] and ours.names == theirs.names
+    assert ours.rename(b="z").names == theirs.rename(b="z").names
+    assert ours.rename_(None) is ours and ours.names == theirs.rename_(None).names
+    for bad in ({"q": "z"},):
+        with pytest.raises(ValueError):
+            theirs.rename(**bad)
+        with pytest.raises(ValueError, match="not part of the tensordict names"):
+            ours.rename(**bad)
+    with pytest.raises(ValueError, match="both a name map and a name list"):
+        ours.rename("x", b="y")
