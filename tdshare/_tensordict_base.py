@@ -23,7 +23,6 @@ from ._consolidate import ConsolidateOps
 from ._conversions import ConversionOps
 from ._dataloader import LoaderOps
 from ._dict_ops import DictOps
-from ._names_ops import NameOps
 from ._errors import (
     ArgumentTypeError,
     ContainsKeyTypeError,
@@ -40,6 +39,7 @@ from ._key_ops import NO_DEFAULT, KeyOps
 from ._keys import NestedKey, unravel_key
 from ._lazy_leaves import PendingLeaf, raw_items, raw_values
 from ._locking import LockOps
+from ._names_ops import NameOps
 from ._new_ops import NewOps
 from ._nn import NnOps
 from ._nodes import NodeKind, kind_of, register
