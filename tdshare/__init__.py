@@ -2,7 +2,7 @@
 and shared memory, in the on-disk format of tensordict 0.15.3."""
 
 from . import _pytree  # noqa: F401  (registers the tensordict classes as pytree nodes)
-from ._archive import pack_memmap, refresh_archive_checksums, unpack_memmap
+from ._archive import is_memmap_archive, pack_memmap, refresh_archive_checksums, unpack_memmap
 from ._compaction import compact_metadata
 from ._consolidate import consolidated_parts
 from ._coordination import SharedRegistry
@@ -133,6 +133,7 @@ __all__ = [
     "dense_stack_tds",
     "from_consolidated",
     "from_consolidated_parts",
+    "is_memmap_archive",
     "is_non_tensor",
     "is_tensor_collection",
     "is_tensorclass",

@@ -24,6 +24,7 @@ from ._errors import (
     CorruptDataError,
     MemmapError,
     MissingMetadataError,
+    TdshareError,
 )
 from ._files import TMP_MARK, tmp_name
 from ._format import JOURNAL_FILE, LEAF_SUFFIX, META_FILE, dumps_json, dumps_level
@@ -36,6 +37,7 @@ from ._tdz_write import Source, archive_target, pwrite_all, write_archive
 from ._tensordict_base import TensorDictBase
 
 __all__ = [
+    "is_memmap_archive",
     "pack_memmap",
     "refresh_archive_checksums",
     "ArchiveWriter",
@@ -106,6 +108,30 @@ class ArchiveWriter(TreeWriter):
 
 def _is_leaf_entry(entry: tuple[str, Any]) -> bool:
     return entry[0].endswith(LEAF_SUFFIX)
+
+
+def is_memmap_archive(path: PathLike) -> bool:
+    """Whether ``path`` is a memory-mapped tensordict archive: a zip file, valid as tdshare reads
+    archives, with a top-level ``meta.json`` (as ``save("x.tdz")`` and :func:`pack_memmap` write).
+
+    A folder, a missing path, another file or a damaged archive gives False; nothing is loaded.
+
+    Args:
+        path: the path to check.
+
+    >>> import os, tempfile, torch
+    >>> from tdshare import TensorDict, is_memmap_archive
+    >>> with tempfile.TemporaryDirectory() as path:
+    ...     _ = TensorDict(a=torch.zeros(3)).save(os.path.join(path, "td.tdz"))
+    ...     _ = TensorDict(a=torch.zeros(3)).save(os.path.join(path, "td"))
+    ...     is_memmap_archive(os.path.join(path, "td.tdz")), is_memmap_archive(os.path.join(path, "td"))
+    (True, False)
+    """
+    where = os.fspath(path)
+    try:
+        return os.path.isfile(where) and META_FILE in Archive(where).entries
+    except (TdshareError, OSError, ValueError):
+        return False
 
 
 def pack_memmap(

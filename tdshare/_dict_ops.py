@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._errors import ArgumentTypeError, MissingKeyError
+from ._errors import ArgumentTypeError, MissingKeyError, NotSupportedError
 from ._format import VALUE, VALUE_STACK
 from ._keys import unravel_key
 from ._nodes import kind_of
@@ -311,3 +311,88 @@ class DictOps:
                 if unravel_key(key) != written:
                     node.del_(key)
         return self
+
+    def filter_empty_(self: T) -> T:
+        """Remove, in place, the nested tensordicts that hold no leaf (also those holding only empty
+        ones), and return ``self``.
+
+        Raises:
+            LockedError: a locked tensordict with an empty nested one to remove.
+
+        >>> import torch, tdshare
+        >>> td = tdshare.TensorDict(a=torch.zeros(3), b={}, c={"d": {}}, batch_size=[3])
+        >>> sorted(td.filter_empty_().keys())
+        ['a']
+        """
+        node: Any = self
+        for key in list(node.keys()):
+            value = node.get(key)
+            if _is_collection(value):
+                value.filter_empty_()
+                if not any(True for _ in value.keys(True, True)):
+                    node.del_(key)
+        return self
+
+    def as_tensor(self: T) -> T:
+        """A tensordict whose leaves are converted with their own ``as_tensor()`` where they have one
+        (no tensor type has it, so the leaves are the same: ``MemoryMappedTensor`` ones included);
+        locked when ``self`` is.
+
+        >>> import torch, tdshare
+        >>> td = tdshare.TensorDict(a=torch.zeros(3), batch_size=[3])
+        >>> td.as_tensor()["a"] is td["a"]
+        True
+        """
+        node: Any = self
+        return node.apply(lambda t: t.as_tensor() if hasattr(t, "as_tensor") else t, propagate_lock=True)
+
+    def backward(
+        self,
+        gradient: Any = None,
+        retain_graph: bool | None = None,
+        create_graph: bool = False,
+        inputs: Any = None,
+    ) -> None:
+        """Back-propagate from every leaf that requires grad, in one ``torch.autograd.backward`` call.
+
+        Without ``gradient`` each such leaf must have one element (its gradient is 1), so
+        ``losses.backward()`` is ``losses.sum(reduce=True).backward()``.
+
+        Args:
+            gradient: a tensordict of the leaves' gradients, under the same keys.
+            retain_graph: keep the graph (None: as ``create_graph``).
+            create_graph: build the graph of the derivative.
+            inputs: a tensordict or sequence of the tensors whose ``.grad`` receives gradients.
+
+        Raises:
+            NotSupportedError: no leaf requires grad, or a leaf of more than one element without
+                ``gradient`` (a ``RuntimeError``).
+            MissingKeyError: ``gradient`` lacks the key of a leaf that requires grad.
+
+        >>> import torch, tdshare
+        >>> x = torch.ones(3, requires_grad=True)
+        >>> tdshare.TensorDict(actor=x.sum(), critic=x.pow(2).sum()).backward()
+        >>> x.grad.tolist()
+        [3.0, 3.0, 3.0]
+        """
+        node: Any = self
+        keys = [k for k in node.keys(True, True) if isinstance(node.get(k), torch.Tensor) and node.get(k).requires_grad]
+        if not keys:
+            raise NotSupportedError("backward(): no leaf of the tensordict requires grad.")
+        tensors = [node.get(k) for k in keys]
+        grads: list[torch.Tensor] | None = None
+        if gradient is None:
+            big = [k for k, t in zip(keys, tensors, strict=True) if t.numel() != 1]
+            if big:
+                raise NotSupportedError(
+                    f"backward() without a gradient needs single-element leaves; {big} have more elements: pass "
+                    "gradient= (a tensordict of their gradients), or reduce them first (td.sum(reduce=True))."
+                )
+        else:
+            lacking = [k for k in keys if gradient.get(k, None) is None]
+            if lacking:
+                raise MissingKeyError(f"backward(gradient=): the gradient lacks the leaves {lacking}.")
+            grads = [gradient.get(k) for k in keys]
+        if inputs is not None and _is_collection(inputs):
+            inputs = _leaves(inputs)
+        torch.autograd.backward(tensors, grads, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs)

@@ -67,6 +67,7 @@ PUBLIC = [
     "dense_stack_tds",
     "from_consolidated",
     "from_consolidated_parts",
+    "is_memmap_archive",
     "is_non_tensor",
     "is_tensor_collection",
     "is_tensorclass",

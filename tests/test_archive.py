@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tensordict
 import torch
 from _helpers import COMMON_DTYPES, FLOAT8_DTYPES, Point, as_other_user
 
@@ -695,3 +696,12 @@ def test_copy_existing_false_refuses_leaves_mapped_elsewhere(tmp_path: Path) -> 
     assert (out == td).all()
     loaded = TensorDict.load(tmp_path / "a.tdz", allow_pickle=True)
     assert (loaded.save(tmp_path / "b.tdz") == td).all()  # leaves of an archive are not "a file elsewhere"
+
+
+def test_is_memmap_archive_recognises_archives_only(tmp_path: Path) -> None:
+    TensorDict(a=torch.zeros(3)).save(tmp_path / "td.tdz")
+    TensorDict(a=torch.zeros(3)).save(tmp_path / "folder")
+    (tmp_path / "junk.tdz").write_bytes(b"PK\x03\x04 not a zip")
+    cases = [tmp_path / "td.tdz", tmp_path / "folder", tmp_path / "junk.tdz", tmp_path / "missing.tdz"]
+    assert [tdshare.is_memmap_archive(p) for p in cases] == [True, False, False, False]
+    assert [tensordict.is_memmap_archive(p) for p in cases[:2]] == [True, False]  # as the reference

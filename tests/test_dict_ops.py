@@ -203,3 +203,43 @@ def test_stack_and_cat_tensors_join_entries_as_the_reference(kind: str, join: st
     assert {"a", "c"} <= set(c.keys()) and "bad" not in c.keys()
     with pytest.raises(KeyError):
         c.cat_tensors("missing", "c", out_key="bad")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_backward_differentiates_every_leaf_that_requires_grad(kind: str) -> None:
+    x = torch.ones(4, requires_grad=True)
+    c = build(kind)
+    c.set("a", x * 2)  # a leaf that requires grad, four elements
+    with pytest.raises(RuntimeError, match="single-element leaves"):
+        c.backward()
+    c.backward(
+        c.empty().set("a", torch.full((4,), 0.5)) if kind != "tensorclass" else TensorDict(a=torch.full((4,), 0.5))
+    )
+    assert x.grad.tolist() == [1.0] * 4  # d(2x)/dx * 0.5
+    x.grad = None
+    losses, ref_losses = TensorDict(actor=x.sum(), critic=x.pow(2).sum()), None
+    losses.backward()
+    y = torch.ones(4, requires_grad=True)
+    ref_losses = tensordict.TensorDict(actor=y.sum(), critic=y.pow(2).sum())
+    ref_losses.backward()
+    assert torch.equal(x.grad, y.grad)
+    with pytest.raises(RuntimeError, match="no leaf"):
+        build(kind).backward()
+    with pytest.raises(KeyError, match="critic"):
+        TensorDict(actor=x.sum(), critic=x.pow(2).sum()).backward(TensorDict(actor=torch.tensor(1.0)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_as_tensor_keeps_the_leaves_and_filter_empty_drops_empty_levels(tmp_path: Any, kind: str) -> None:
+    mapped = build(kind).memmap_(tmp_path / "td")
+    same = mapped.as_tensor()
+    assert same.is_locked and all(torch.equal(same.get(k), mapped.get(k)) for k in (("a",), ("n", "b")))
+    if kind == "tensorclass":
+        return  # fixed fields: no empty level to add
+    c = build(kind)
+    c.set("e", {})
+    c.set(("f", "g"), {})
+    ref = _ref()
+    ref.set("e", {})
+    ref.set(("f", "g"), {})
+    assert c.filter_empty_() is c and sorted(c.keys()) == sorted(ref.filter_empty_().keys()) == ["a", "n", "s"]
