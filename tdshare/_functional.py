@@ -13,7 +13,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from ._errors import ArgumentTypeError, InvalidArgumentError, NotSupportedError
 from ._keys import NestedKey, unravel_key
-from ._lazy import LazyStackedTensorDict
+from ._lazy import LazyStackedTensorDict, dense_compatible
 from ._nontensor import NonTensorData, NonTensorStack, stack_non_tensor
 from ._pad import pad_non_tensor
 from ._settings import set_lazy_legacy
@@ -119,22 +119,6 @@ def lazy_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs:
     return _into(out, LazyStackedTensorDict(*items, stack_dim=dim, **kwargs))
 
 
-def _dense_compatible(items: list[Any]) -> bool:
-    """Whether the tensordicts have the same keys and the same shapes (so a dense stack exists)."""
-    tds = [i._tensordict if is_tensorclass(i) else i for i in items]
-    if any(td._lazy_members() is not None for td in tds):
-        return False
-    keys = [set(td.keys(True, True)) for td in tds]
-    if any(k != keys[0] for k in keys):
-        return False
-    for key in keys[0]:
-        values = [td._get_leaf(unravel_key(key)) for td in tds]
-        tensors = [v for v in values if isinstance(v, torch.Tensor)]
-        if len(tensors) not in (0, len(values)) or len({tuple(t.shape) for t in tensors}) > 1:
-            return False
-    return True
-
-
 def maybe_dense_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs: Any) -> Any:
     """A dense stack when the tensordicts share keys and shapes, else a lazy stack.
 
@@ -144,7 +128,7 @@ def maybe_dense_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None, **
     ('TensorDict', 'LazyStackedTensorDict')
     """
     items = _check_list(input, "maybe_dense_stack")
-    if _dense_compatible(items):
+    if dense_compatible(items):
         return stack(items, dim, out=out)
     return lazy_stack(items, dim, out=out, **kwargs)
 

@@ -36,7 +36,7 @@ from ._key_ops import NO_DEFAULT
 from ._keys import NestedKey, unravel_key
 from ._lazy_memmap import LazyStackMemmap
 from ._lazy_ops import LazyStackOps
-from ._nodes import NodeKind, register
+from ._nodes import NodeKind, kind_of, register
 from ._nontensor import NonTensorData, NonTensorStack, stack_non_tensor
 from ._private_compat import record_lock_parents
 from ._ragged import RaggedReads
@@ -45,11 +45,40 @@ from ._tensordict import TensorDict
 from ._tensordict import TensorDictBase as PublicTensorDictBase  # the model's TensorDictBase is imported too
 from ._tensordict_base import TensorDictBase
 
-__all__ = ["LazyStackedTensorDict", "LAZY_STACK"]
+__all__ = ["LazyStackedTensorDict", "LAZY_STACK", "dense_compatible"]
 
 T = TypeVar("T", bound="LazyStackedTensorDict")
 _NO_DEFAULT: Any = NO_DEFAULT  # the one marker TensorDictBase.get knows
 _FULL = slice(None)
+
+
+def dense_compatible(items: Sequence[Any]) -> bool:
+    """Whether the tensordicts (or tensorclass instances) have the same keys and the same shapes, so
+    that a dense stack of them exists (no lazy stack among them).
+
+    >>> dense_compatible([TensorDict(a=torch.zeros(2)), TensorDict(a=torch.ones(2))])
+    True
+    """
+    tds = [_collection(i) for i in items]
+    if any(td._lazy_members() is not None for td in tds):
+        return False
+    keys = [set(td.keys(True, True)) for td in tds]
+    if any(k != keys[0] for k in keys):
+        return False
+    for key in keys[0]:
+        values = [td._get_leaf(unravel_key(key)) for td in tds]
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        if len(tensors) not in (0, len(values)) or len({tuple(t.shape) for t in tensors}) > 1:
+            return False
+    return True
+
+
+def _collection(item: Any) -> Any:
+    """A tensordict, or the one a registered wrapper (a tensorclass instance) holds."""
+    kind = kind_of(item)
+    if not isinstance(item, TensorDictBase) and kind is not None and kind.unwrap is not None:
+        return kind.unwrap(item)[0]
+    return item
 
 
 def _broadcast_indices(parts: tuple[Any, ...]) -> bool:
@@ -138,14 +167,42 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, RaggedReads, PublicTe
         self._stack_dim_name = stack_dim_name
 
     @classmethod
-    def lazy_stack(cls: type[T], tds: Sequence[TensorDictBase], dim: int = 0) -> T:
-        """``LazyStackedTensorDict(*tds, stack_dim=dim)`` (the reference's spelling).
+    def lazy_stack(cls: type[T], tds: Sequence[TensorDictBase], dim: int = 0, *, out: Any = None, **kwargs: Any) -> T:
+        """``LazyStackedTensorDict(*tds, stack_dim=dim)`` (the reference's spelling); with ``out``, the
+        stack is written into ``out``'s tensors in place (``out.update_``) and ``out`` returned.
 
         >>> from tdshare import TensorDict, LazyStackedTensorDict
         >>> LazyStackedTensorDict.lazy_stack([TensorDict(batch_size=[2])] * 3, 1).batch_size
         torch.Size([2, 3])
         """
-        return cls(*tds, stack_dim=dim)
+        stacked = cls(*tds, stack_dim=dim, **kwargs)
+        if out is None:
+            return stacked
+        out.update_(stacked)
+        return out
+
+    @classmethod
+    def maybe_dense_stack(cls, tds: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs: Any) -> Any:
+        """A dense stack when the tensordicts share keys and shapes (``TensorDict.stack``), else a lazy
+        one; with ``out`` the result is written into ``out`` in place and ``out`` returned.
+
+        >>> from tdshare import TensorDict, LazyStackedTensorDict
+        >>> a = TensorDict(x=torch.zeros(2))
+        >>> type(LazyStackedTensorDict.maybe_dense_stack([a, a])).__name__
+        'TensorDict'
+        >>> type(LazyStackedTensorDict.maybe_dense_stack([a, TensorDict(x=torch.zeros(3))])).__name__
+        'LazyStackedTensorDict'
+        """
+        items = list(tds)
+        if not dense_compatible(items):
+            return cls.lazy_stack(items, dim, out=out, **kwargs)
+        if all(isinstance(i, TensorDictBase) for i in items):
+            return TensorDict.stack(items, dim, out=out)
+        stacked = torch.stack(items, dim)  # tensorclass instances: an instance of their class
+        if out is None:
+            return stacked
+        out.update_(stacked)
+        return out
 
     @classmethod
     def _new_stack(cls: type[T], members: Sequence[Any], stack_dim: int, name: str | None) -> T:

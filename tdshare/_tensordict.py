@@ -6,7 +6,9 @@ import os
 import types
 from typing import Any
 
+from ._format import LAZY_STACK_TYPE
 from ._memmap_family import MemmapFamily
+from ._nodes import kind_for_tag
 from ._nontensor import set_shape_host
 from ._tensordict_base import rebuild_tensordict
 
@@ -55,6 +57,22 @@ class TensorDictBase(MemmapFamily):
     @classmethod
     def _level_class(cls) -> type[Any]:
         return TensorDict if cls is TensorDictBase else cls  # what a load into the abstract base builds
+
+    @classmethod
+    def maybe_dense_stack(cls, tds: Any, dim: int = 0, *, out: Any = None, **kwargs: Any) -> Any:
+        """A dense stack when the tensordicts share keys and shapes, else a lazy one (see
+        ``LazyStackedTensorDict.maybe_dense_stack``, which this calls).
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> a = TensorDict(x=torch.zeros(2))
+        >>> type(TensorDict.maybe_dense_stack([a, TensorDict(x=torch.zeros(3))])).__name__
+        'LazyStackedTensorDict'
+        """
+        lazy = kind_for_tag(LAZY_STACK_TYPE)  # the lazy stack sits above this module: found by its kind
+        assert lazy is not None, "tdshare._lazy registers the lazy stack kind on import"
+        stack: Any = lazy.cls
+        return stack.maybe_dense_stack(tds, dim, out=out, **kwargs)
 
 
 class TensorDict(TensorDictBase):

@@ -552,3 +552,19 @@ def test_ragged_reads_of_missing_keys_and_stacks_of_stacks() -> None:
     assert padded.shape == (2, 2, 3) and padded.sum().item() == 1 + 3 + 2 + 2
     with pytest.raises(ValueError, match="one nested level"):
         outer.get("a", as_nested_tensor=True)
+
+
+def test_the_stack_class_methods_take_out_and_choose_dense_or_lazy() -> None:
+    same = [TensorDict(x=torch.full((2,), float(i))) for i in range(3)]
+    ragged = [TensorDict(x=torch.zeros(2)), TensorDict(x=torch.zeros(3))]
+    for cls in (TensorDict, LazyStackedTensorDict):
+        assert type(cls.maybe_dense_stack(same)) is TensorDict
+        assert type(cls.maybe_dense_stack(ragged)) is LazyStackedTensorDict
+    for cls in (tensordict.TensorDict, tensordict.LazyStackedTensorDict):  # as the reference chooses
+        ref = [tensordict.TensorDict(x=torch.zeros(2)), tensordict.TensorDict(x=torch.zeros(3))]
+        assert type(cls.maybe_dense_stack(ref)).__name__ == "LazyStackedTensorDict"
+    out = TensorDict(x=torch.ones(3, 2), batch_size=[3])
+    kept = out["x"]
+    assert LazyStackedTensorDict.lazy_stack(same, 0, out=out) is out
+    assert out["x"] is kept and out["x"][:, 0].tolist() == [0.0, 1.0, 2.0]  # written in place
+    assert LazyStackedTensorDict.maybe_dense_stack(same, 0, out=out) is out
