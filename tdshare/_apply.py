@@ -308,12 +308,14 @@ def _write_out(out: Any, result: Any) -> Any:
 
 
 def _filtered_out(job: _Job, result: Any, source: Any) -> bool:
-    """Whether an applied collection is left out: with ``filter_empty=True`` when it has no leaves;
-    with ``None`` (the default) when it has none because ``fn`` returned None for all that it had
-    (an empty collection stays), as the reference does; with ``False`` never."""
-    if job.filter_empty is False or any(True for _ in result.keys(True, True)):
+    """Whether an applied collection is left out (as None), as the reference decides: with
+    ``filter_empty=True`` when it holds no leaf; with ``None`` (the default) when ``fn`` gave None for
+    every entry it had (an empty collection, or one holding an empty one, stays); with ``False`` never."""
+    if job.filter_empty is False:
         return False
-    return job.filter_empty is True or any(True for _ in source.keys(True, True))
+    if job.filter_empty is True:
+        return not any(True for _ in result.keys(True, True))
+    return not any(True for _ in result.keys()) and any(True for _ in source.keys())
 
 
 def _call(job: _Job, name: Any, leaf: Any, theirs: list[Any]) -> Any:

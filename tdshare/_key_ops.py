@@ -58,8 +58,13 @@ class KeysView(list):
     def __contains__(self, key: object) -> bool:
         if isinstance(key, str):
             return list.__contains__(self, key)
-        if not isinstance(key, tuple) or not all(isinstance(k, str) for k in key):
+        if not isinstance(key, tuple):
             raise KeyTypeError(f"TensorDict keys are always strings (or tuples of strings), got {key!r}.")
+        if not all(isinstance(k, str) for k in key):
+            try:
+                key = unravel_key(key)  # a nested tuple: ("a", ("b",)) is ("a", "b")
+            except KeyTypeError:
+                raise KeyTypeError(f"TensorDict keys are always strings (or tuples of strings), got {key!r}.") from None
         if len(key) == 1:
             return list.__contains__(self, key[0])
         return self._nested and list.__contains__(self, key)  # a flat view holds no nested key

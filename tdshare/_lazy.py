@@ -82,14 +82,16 @@ def _collection(item: Any) -> Any:
 
 
 def _broadcast_indices(parts: tuple[Any, ...]) -> bool:
-    """Whether the normalized index ``parts`` holds two or more index sequences (tensors, lists, ranges,
-    arrays of one or more dims), which torch broadcasts together into one set of positions."""
+    """Whether the normalized index ``parts`` needs the dense stack: two or more index sequences
+    (tensors, lists, ranges, arrays), which torch broadcasts together into one set of positions, or
+    one index tensor or mask of two dims or more."""
     sequences = sum(
         1
         for p in parts
         if isinstance(p, range) or (getattr(p, "ndim", 0) > 0 and not is_first_class_dim(p))  # a tensor, an array
     )
-    return sequences > 1
+    # an index tensor (or mask) of two dims or more too: it spans or multiplies dims of the stack
+    return sequences > 1 or any(getattr(p, "ndim", 0) > 1 and not is_first_class_dim(p) for p in parts)
 
 
 def _new_axes(parts: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int]]:
@@ -452,6 +454,8 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, RaggedReads, PublicTe
         return super().get(key, default)
 
     def __contains__(self, key: object) -> bool:
+        if isinstance(key, PublicTensorDictBase):  # `member in ls`: one of the members, itself
+            return any(td is key for td in self._members)
         if not is_key(key):
             raise ContainsKeyTypeError(
                 f"`key in td` takes a NestedKey (a string or a tuple of strings), got {type(key).__name__} {key!r}."

@@ -18,9 +18,8 @@ import torch
 from ._errors import InvalidArgumentError, MissingKeyError, NotSupportedError
 from ._key_ops import NO_DEFAULT
 from ._keys import NestedKey, unravel_key
-from ._tensordict_base import TensorDictBase
 
-__all__ = ["RaggedReads", "pad_to_largest"]
+__all__ = ["RaggedReads", "pad_to_largest", "read_through_lazy"]
 
 _NO_DEFAULT: Any = NO_DEFAULT
 
@@ -62,10 +61,33 @@ def pad_to_largest(tensors: Sequence[torch.Tensor], side: str = "right", value: 
     return out
 
 
-class RaggedReads(TensorDictBase):
-    """``get(as_padded_tensor=, as_nested_tensor=)`` and ``get_nestedtensor`` of a lazy stack."""
+def read_through_lazy(td: Any, parts: tuple[str, ...], default: Any, ragged: dict[str, Any]) -> Any:
+    """``td.get(key, as_list=/as_padded_tensor=/as_nested_tensor=...)`` of any collection: read by the
+    lazy stack that ``parts`` runs through; a dense entry is read as usual, the options ignored as the
+    reference does (with a ``FutureWarning`` for ``as_list`` and ``as_nested_tensor``)."""
+    node: Any = td
+    for depth in range(len(parts)):
+        if node._lazy_members() is not None:
+            return node.get(parts[depth:], default, **ragged)
+        child = node._tensordict.get(parts[depth]) if depth < len(parts) - 1 else None
+        if getattr(child, "_lazy_members", None) is None:  # a leaf, or the end of the key
+            break
+        node = child
+    if ragged["as_list"] or ragged["as_nested_tensor"]:
+        warnings.warn(
+            f"get({parts!r}, as_list=/as_nested_tensor=True) of a dense entry gives the entry itself, as the "
+            "reference does today; it plans to give a list or a nested tensor, as a lazy stack does.",
+            FutureWarning,
+            stacklevel=3,
+        )
+    return td.get(parts, default)
 
-    _members: list[TensorDictBase]
+
+class RaggedReads:
+    """``get(as_padded_tensor=, as_nested_tensor=)`` and ``get_nestedtensor`` of a lazy stack (a mixin
+    of ``LazyStackedTensorDict``, which provides ``_members``, ``_stack_dim`` and ``get``)."""
+
+    _members: list[Any]
     _stack_dim: int
 
     def _member_values(self, key: NestedKey, default: Any, pad: tuple[str, Any] | None = None) -> list[Any] | None:
@@ -135,16 +157,16 @@ class RaggedReads(TensorDictBase):
         >>> [t.shape for t in ls.get_nestedtensor("a").unbind()]
         [torch.Size([4]), torch.Size([5])]
         """
-        warnings.warn(
-            "get_nestedtensor is deprecated in the reference: use get(key, as_nested_tensor=True).",
-            DeprecationWarning,
-            stacklevel=2,
-        )
         if self._stack_dim != 0:
             raise NotSupportedError(
                 "LazyStackedTensorDict.get_nestedtensor can only be called when the stack_dim is 0. "
                 f"This stack's is {self._stack_dim}: use get(key, as_nested_tensor=True), which puts it first."
             )
+        warnings.warn(
+            "get_nestedtensor is deprecated in the reference: use get(key, as_nested_tensor=True).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         values = self._member_values(key, default)
         if values is None:
             return default

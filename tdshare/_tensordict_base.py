@@ -48,6 +48,7 @@ from ._pad import PadOps
 from ._pointwise import PointwiseOps
 from ._private_compat import PrivateCompatOps, note_lock_parent, record_lock_parents
 from ._pytree_convert import PytreeOps
+from ._ragged import read_through_lazy
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_level, encode_level
 from ._setters import SetOps
@@ -326,7 +327,18 @@ class TensorDictBase(
             node = node._tensordict[part]
         return node
 
-    def get(self, key: NestedKey, default: Any = NO_DEFAULT) -> Any:
+    def get(
+        self,
+        key: NestedKey,
+        default: Any = NO_DEFAULT,
+        *,
+        as_list: bool = False,
+        as_padded_tensor: bool = False,
+        as_nested_tensor: bool = False,
+        layout: Any = None,
+        padding_side: str = "right",
+        padding_value: float | bool = 0.0,
+    ) -> Any:
         """The entry at ``key`` as stored, or ``default`` (None if not given) if ``key`` is missing.
 
         As in the reference, a non-tensor entry comes back as its ``NonTensorData`` (or
@@ -337,6 +349,10 @@ class TensorDictBase(
         Args:
             key: a key or nested key (tuple of keys).
             default: what a missing key returns (default None).
+            as_list, as_padded_tensor, as_nested_tensor, layout, padding_side, padding_value: for an
+                entry inside a lazy stack, how to read it when its shapes differ (see
+                ``LazyStackedTensorDict.get``); a dense entry ignores them, as the reference does
+                (with a ``FutureWarning`` for ``as_list`` and ``as_nested_tensor``).
 
         Raises:
             InvalidArgumentError: without a ``default``, a nested key runs through a tensor or
@@ -348,6 +364,11 @@ class TensorDictBase(
         ('NonTensorData', 'x', 0, None)
         """
         parts = unravel_key(key)
+        if as_list or as_padded_tensor or as_nested_tensor:
+            ragged: dict[str, Any] = {"as_list": as_list, "as_padded_tensor": as_padded_tensor}
+            ragged["as_nested_tensor"] = as_nested_tensor
+            ragged |= {"layout": layout, "padding_side": padding_side, "padding_value": padding_value}
+            return read_through_lazy(self, parts, default, ragged)
         try:
             leaf = self._get_leaf(parts)
         except MissingKeyError:

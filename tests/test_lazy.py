@@ -568,3 +568,33 @@ def test_the_stack_class_methods_take_out_and_choose_dense_or_lazy() -> None:
     assert LazyStackedTensorDict.lazy_stack(same, 0, out=out) is out
     assert out["x"] is kept and out["x"][:, 0].tolist() == [0.0, 1.0, 2.0]  # written in place
     assert LazyStackedTensorDict.maybe_dense_stack(same, 0, out=out) is out
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_get_through_a_tensordict_reads_a_nested_lazy_stack_padded_or_nested() -> None:
+    def make(lib: Any) -> Any:
+        inner = lib.lazy_stack([lib.TensorDict(x=torch.ones(1)), lib.TensorDict(x=torch.ones(2) * 2)])
+        return lib.TensorDict(inner=inner, batch_size=[2])
+
+    ours, theirs = make(tdshare), make(tensordict)
+    for kw in ({"as_padded_tensor": True}, {"as_padded_tensor": True, "padding_side": "left", "padding_value": -1}):
+        assert torch.equal(ours.get(("inner", "x"), **kw), theirs.get(("inner", "x"), **kw))
+    assert ours.get(("inner", "x"), as_nested_tensor=True).is_nested
+    assert [t.tolist() for t in ours.get(("inner", "x"), as_list=True)] == [[1.0], [2.0, 2.0]]
+    dense = TensorDict(a=torch.ones(2), batch_size=[2])
+    with pytest.warns(FutureWarning, match="dense entry"):  # ignored for a dense entry, as the reference
+        assert dense.get("a", as_list=True) is dense["a"]
+
+
+def test_a_lazy_stack_indexed_with_a_mask_or_an_index_tensor_of_two_dims_gives_the_dense_result() -> None:
+    torch.manual_seed(0)
+    for dim in (0, 1):
+        ls = LazyStackedTensorDict(*[TensorDict(a=torch.randn(3, 4), batch_size=[3]) for _ in range(2)], stack_dim=dim)
+        dense = ls.to_tensordict()
+        mask = torch.rand(ls.shape) > 0.5
+        grid = torch.tensor([[0, 1], [1, 0]])
+        for idx in (mask, grid, (slice(None), grid), (0, grid[:1])):
+            assert torch.equal(ls[idx]["a"], dense[idx]["a"]), (dim, idx)
+        ls[mask] = TensorDict(a=torch.zeros(int(mask.sum()), 4), batch_size=[int(mask.sum())])
+        assert float(ls["a"][mask].abs().sum()) == 0.0 and torch.equal(ls["a"][~mask], dense["a"][~mask])
+        assert ls.tensordicts[0] in ls and ls.tensordicts[0].clone() not in ls  # `member in ls` is by identity

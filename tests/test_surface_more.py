@@ -444,13 +444,15 @@ def test_a_tensordict_value_of_a_leading_batch_size_is_widened_as_a_copy(lib: An
 
 @pytest.mark.parametrize("filter_empty", [None, True, False])
 def test_apply_filter_empty_leaves_out_what_the_reference_leaves_out(filter_empty: bool | None) -> None:
-    def tree(lib: Any, empty: bool) -> Any:
-        if empty:
+    def tree(lib: Any, empty: bool | str) -> Any:
+        if empty is True:
             return lib.TensorDict(batch_size=[4])
+        if empty == "inside":  # an empty level inside a level, and a non-tensor leaf
+            return lib.TensorDict(a=torch.zeros(4), n={"b": torch.ones(4), "e": {}}, s="x", batch_size=[4])
         return lib.TensorDict(a=torch.zeros(4), n=lib.TensorDict(b=torch.ones(4), batch_size=[4]), batch_size=[4])
 
     fns = [lambda x: None, lambda x: x if x.sum() == 0 else None, lambda x: x + 1]
-    for empty in (False, True):
+    for empty in (False, True, "inside"):
         for fn in fns:
             ours = tree(tdshare, empty).apply(fn, filter_empty=filter_empty)
             theirs = tree(tensordict, empty).apply(fn, filter_empty=filter_empty)
