@@ -34,7 +34,7 @@ from ._memmap_factories import MemmapFactories
 from ._memmap_views import MemmapViews
 from ._segments import Segment
 
-__all__ = ["MemoryMappedTensor", "SharedMemoryHandle"]
+__all__ = ["already_mapped", "MemoryMappedTensor", "SharedMemoryHandle"]
 
 
 class SharedMemoryHandle:
@@ -60,6 +60,15 @@ class SharedMemoryHandle:
 
 
 _PLAIN_INDEX = (int, slice, type(None), type(Ellipsis))
+
+
+def already_mapped(what: str, existing: str, target: str) -> MemmapError:
+    """The error for a leaf memory-mapped to ``existing`` that a write to ``target`` would copy while
+    ``copy_existing=False`` (``what`` names it: "the tensor", "the entry key 'a'")."""
+    return MemmapError(
+        f"A filename was provided but the tensor already has a file associated: {what} is memory-mapped to "
+        f"{existing!r}; writing it to {target!r} would duplicate the data on disk. Pass copy_existing=True to copy it."
+    )
 
 
 class MemoryMappedTensor(MemmapFactories, MemmapViews, torch.Tensor):
@@ -184,10 +193,7 @@ class MemoryMappedTensor(MemmapFactories, MemmapViews, torch.Tensor):
             if path is not None and input._filename == path and input._mode != "r":
                 return input
             if path is not None and input._filename not in (None, path) and input._offset is None and not copy_existing:
-                raise MemmapError(
-                    f"The tensor is already memory-mapped to {input._filename!r}; copying it to {path!r} "
-                    "would duplicate the data on disk. Pass copy_existing=True to copy it."
-                )
+                raise already_mapped("the tensor", input._filename, path)
         if input.is_nested and shape is None:  # the pieces packed one after the other, and their shapes
             pieces = [p.detach().contiguous() for p in input.unbind()]
             table = torch.tensor([list(p.shape) for p in pieces], dtype=torch.int64).reshape(len(pieces), -1)

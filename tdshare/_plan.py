@@ -22,7 +22,7 @@ from typing import Any, ClassVar, cast
 
 import torch
 
-from ._errors import FileExistsRuntimeError, InvalidArgumentError, MemmapError, NotSupportedError
+from ._errors import FileExistsRuntimeError, InvalidArgumentError, NotSupportedError
 from ._files import no_data_error
 from ._format import (
     JAGGED_FIELD,
@@ -48,7 +48,7 @@ from ._format import (
 from ._lazy_leaves import PendingLeaf, raw_items
 from ._leaf_files import LeafPlan, plain_leaf
 from ._level_schema import LevelSchema, SchemaCache
-from ._memmap import MemoryMappedTensor
+from ._memmap import MemoryMappedTensor, already_mapped
 from ._nodes import NodeKind, kind_of
 from ._nontensor import NonTensorData
 from ._nontensor_files import encode_nontensor, encode_nontensor_stack
@@ -473,10 +473,7 @@ def _plan_pending(
             level.entries[key], level.texts[key] = shared_leaf_entry(value.shape, value.dtype)
             return None
         if value.path != file and not copy_existing:
-            raise MemmapError(
-                f"The entry {_here(where, key)} is already memory-mapped to {value.path!r}; writing it to {file!r} "
-                "would duplicate the data on disk. Pass copy_existing=True to copy it."
-            )
+            raise already_mapped(f"the entry {_here(where, key)}", value.path, file)
     return value.copy_out()
 
 
@@ -496,10 +493,7 @@ def _plan_leaf(
         elif file is not None and _same_file(value, file):
             leaf.reuse = value
         elif file is not None and value._filename not in (None, file) and value._offset is None and not copy_existing:
-            raise MemmapError(
-                f"The entry {here} is already memory-mapped to {value._filename!r}; writing it to {file!r} "
-                "would duplicate the data on disk. Pass copy_existing=True to copy it."
-            )
+            raise already_mapped(f"the entry {here}", value._filename, file)
     if not existsok and file is not None and os.path.lexists(file):  # the leaf's own file too, as the page says
         own = ""
         if leaf.reuse is not None:

@@ -180,7 +180,9 @@ def _where_collections(td: Any, condition: torch.Tensor, other: Any, pad: Any) -
     for key in keys:
         mine, theirs = td._tensordict.get(key), other._tensordict.get(key)
         if (mine is None or theirs is None) and pad is None:
-            raise MissingKeyError(f"where: the entry {key!r} is missing on one side and no pad value is given.")
+            raise MissingKeyError(
+                f"where: the entry {key!r} is not found on one side and no pad value provided: pass pad= to fill it."
+            )
         if isinstance(mine, MaskOps) or isinstance(theirs, MaskOps):
             if mine is None:
                 out._tensordict[key] = theirs.where(~condition, theirs.empty(), pad=pad)

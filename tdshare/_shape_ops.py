@@ -358,7 +358,8 @@ class ShapeOps(MaskOps):
         a, b = (d + ndim if d < 0 else d for d in (dim0, dim1))
         if not (0 <= a < ndim and 0 <= b < ndim):
             raise InvalidArgumentError(
-                f"transpose: dim0={dim0} and dim1={dim1} must be batch dims, in [{-ndim}, {ndim - 1}]."
+                f"transpose: dim0 and dim1 must be within the range of the number of dimensions: dim0={dim0} and "
+                f"dim1={dim1} must be batch dims, in [{-ndim}, {ndim - 1}]."
             )
         perm = list(range(ndim))
         perm[a], perm[b] = b, a

@@ -560,3 +560,17 @@ def test_refine_names_and_rename_as_the_reference(kind: str) -> None:
             ours.rename(**bad)
     with pytest.raises(ValueError, match="both a name map and a name list"):
         ours.rename("x", b="y")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_more_errors_say_what_the_references_say(tmp_path: Path, kind: str) -> None:
+    mapped = build(kind).memmap_(tmp_path / "first")
+    with pytest.raises(RuntimeError, match="A filename was provided but the tensor already has a file associated"):
+        mapped.memmap_(tmp_path / "second", copy_existing=False)
+    assert not (tmp_path / "second" / "a.memmap").exists()
+    with pytest.raises(ValueError, match="dim0 and dim1 must be within the range of the number of dimensions"):
+        build(kind).transpose(0, 2)
+    if kind == "tensordict":
+        other = TensorDict(b=torch.zeros(4), batch_size=[4])
+        with pytest.raises(KeyError, match="not found .*and no pad value provided"):
+            build(kind).where(torch.ones(4, dtype=torch.bool), other)
