@@ -572,5 +572,5 @@ def test_more_errors_say_what_the_references_say(tmp_path: Path, kind: str) -> N
         build(kind).transpose(0, 2)
     if kind == "tensordict":
         other = TensorDict(b=torch.zeros(4), batch_size=[4])
-        with pytest.raises(KeyError, match="not found .*and no pad value provided"):
+        with pytest.raises(KeyError, match=r"not found .*and no pad value provided"):
             build(kind).where(torch.ones(4, dtype=torch.bool), other)
