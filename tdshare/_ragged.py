@@ -4,7 +4,8 @@
 gives the lazy stack the reference's other answers: ``get(key, as_padded_tensor=True)`` pads every
 member's tensor to the largest size of each dim (a lazy stack of lazy stacks across its levels
 too), ``get(key, as_nested_tensor=True)`` and the older ``get_nestedtensor(key)`` give a
-``torch.nested`` tensor.  Either puts the stack dim first.
+``torch.nested`` tensor.  Either puts the stack dim first.  :class:`DensifyOps` gives every kind
+``densify``: its lazy stacks made dense, ragged entries as nested tensors.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ._errors import InvalidArgumentError, MissingKeyError, NotSupportedError
 from ._key_ops import NO_DEFAULT
 from ._keys import NestedKey, unravel_key
 
-__all__ = ["RaggedReads", "pad_to_largest", "read_through_lazy"]
+__all__ = ["DensifyOps", "RaggedReads", "pad_to_largest", "read_through_lazy"]
 
 _NO_DEFAULT: Any = NO_DEFAULT
 
@@ -172,3 +173,98 @@ class RaggedReads:
             return default
         plain = [torch.Tensor.as_subclass(v, torch.Tensor) for v in values]
         return torch.nested.as_nested_tensor(plain, layout=torch.strided if layout is None else layout)
+
+
+class DensifyOps:
+    """``densify(layout)`` of every container kind: lazy stacks replaced by dense tensordicts."""
+
+    def densify(self, layout: Any = torch.strided) -> Any:
+        """The tensordict with its lazy stacks (itself, or nested ones) replaced by dense tensordicts.
+
+        A lazy stack's entries are stacked into one tensor where their shapes agree, and into one
+        ``torch.nested`` tensor (of ``layout``) along the stack dim where they differ; a key that
+        only some members hold is filled, for the others, with an entry of zero rows (the feature
+        dims of the members that hold it), so it appears although the stack's ``keys()`` leaves it
+        out.  A tensordict without lazy stacks is returned as it is.
+
+        Args:
+            layout: ``torch.strided`` (the default) or ``torch.jagged``, for the nested tensors.
+
+        Returns:
+            A dense tensordict (``self`` when there is no lazy stack in it).
+
+        Raises:
+            NotSupportedError: entries that differ in shape when the stack dim is not 0 (a nested
+                tensor nests along its first dim), or that differ in kind across the members.
+
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
+        >>> stack = LazyStackedTensorDict(TensorDict(a=torch.zeros(3)), TensorDict(a=torch.ones(4)))
+        >>> dense = stack.densify(layout=torch.jagged)
+        >>> type(dense).__name__, dense["a"].is_nested, [t.tolist() for t in dense["a"].unbind()][1]
+        ('TensorDict', True, [1.0, 1.0, 1.0, 1.0])
+        """
+        return _densified(self, layout)
+
+
+def _densified(node: Any, layout: Any) -> Any:
+    members = node._lazy_members()
+    if members is None:
+        changed = {}
+        for key in list(node.keys()):
+            value = node.get(key)
+            if getattr(value, "_lazy_members", None) is not None:
+                dense = _densified(value, layout)
+                if dense is not value:
+                    changed[key] = dense
+        if not changed:
+            return node
+        out = node.copy()
+        out.unlock_()
+        for key, dense in changed.items():
+            out.set(key, dense)
+        return out
+    dense_members = [_densified(m, layout) for m in members]
+    dim = node.stack_dim
+    keys: list[str] = []
+    for m in dense_members:
+        keys += [k for k in m.keys() if k not in keys]
+    leaves: dict[str, Any] = {}
+    for key in keys:
+        values = [m.get(key) if key in m.keys() else None for m in dense_members]
+        leaves[key] = _densified_entry(node, key, values, dense_members, dim, layout)
+    return node._level_class()._from_leaves(leaves, node.batch_size, node.device)
+
+
+def _densified_entry(node: Any, key: str, values: list[Any], members: list[Any], dim: int, layout: Any) -> Any:
+    present = [v for v in values if v is not None]
+    if all(getattr(v, "_lazy_members", None) is not None for v in present):  # nested levels: a stack of them
+        blank = present[0]
+        filled = [v if v is not None else blank._from_leaves({}, blank.batch_size, blank.device) for v in values]
+        return _densified(type(node)(*filled, stack_dim=dim), layout)
+    if all(isinstance(v, torch.Tensor) for v in present):
+        if len(present) < len(values):
+            features = {
+                tuple(v.shape[m.batch_dims + 1 :]) for v, m in zip(values, members, strict=True) if v is not None
+            }
+            if len(features) != 1:
+                raise NotSupportedError(
+                    f"densify: the entry {key!r} is missing in some members, and the members that hold it differ "
+                    "in feature dims, so no empty entry can stand in for it."
+                )
+            (feature,) = features
+            values = [
+                v if v is not None else present[0].new_zeros((*m.batch_size, 0, *feature))
+                for v, m in zip(values, members, strict=True)
+            ]
+        plain = [torch.Tensor.as_subclass(v, torch.Tensor) for v in values]
+        if len({tuple(v.shape) for v in plain}) == 1:
+            return torch.stack(plain, dim)
+        if dim != 0:
+            raise NotSupportedError(
+                f"densify: the entry {key!r} differs in shape across the members, and a nested tensor nests along its "
+                f"first dim while this stack's dim is {dim}: transpose the stack dim first, or read it as a list."
+            )
+        return torch.nested.as_nested_tensor(plain, layout=layout)
+    if len(present) == len(values):  # non-tensor values: as the stack gives them
+        return node.get(key)
+    raise NotSupportedError(f"densify: the entry {key!r} holds different kinds of values across the members.")

@@ -48,7 +48,7 @@ from ._pad import PadOps
 from ._pointwise import PointwiseOps
 from ._private_compat import PrivateCompatOps, note_lock_parent, record_lock_parents
 from ._pytree_convert import PytreeOps
-from ._ragged import read_through_lazy
+from ._ragged import DensifyOps, read_through_lazy
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_level, encode_level
 from ._setters import SetOps
@@ -95,6 +95,7 @@ class TensorDictBase(
     SurfaceOps,
     DictOps,
     NameOps,
+    DensifyOps,
     AnyConversions,
     GenericOps,
     SubViewOps,

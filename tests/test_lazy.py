@@ -598,3 +598,31 @@ def test_a_lazy_stack_indexed_with_a_mask_or_an_index_tensor_of_two_dims_gives_t
         ls[mask] = TensorDict(a=torch.zeros(int(mask.sum()), 4), batch_size=[int(mask.sum())])
         assert float(ls["a"][mask].abs().sum()) == 0.0 and torch.equal(ls["a"][~mask], dense["a"][~mask])
         assert ls.tensordicts[0] in ls and ls.tensordicts[0].clone() not in ls  # `member in ls` is by identity
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("layout", [torch.jagged, torch.strided])
+def test_densify_makes_lazy_stacks_dense_and_ragged_entries_nested(layout: Any) -> None:
+    def stack(lib: Any) -> Any:
+        td0 = lib.TensorDict(a=torch.zeros(1), b=torch.zeros(2), d=lib.TensorDict(e=torch.zeros(())))
+        td1 = lib.TensorDict(b=torch.ones(1), c=torch.ones(2), d=lib.TensorDict(e=torch.ones(())))
+        return lib.LazyStackedTensorDict(td0, td1, stack_dim=0)
+
+    ours, theirs = stack(tdshare).densify(layout=layout), stack(tensordict).densify(layout=layout)
+    assert type(ours) is TensorDict and sorted(map(str, ours.keys(True, True))) == sorted(
+        map(str, theirs.keys(True, True))
+    )
+    for key in ("a", "b", "c"):
+        assert ours[key].is_nested and ours[key].layout == layout
+        assert [t.tolist() for t in ours[key].unbind()] == [t.tolist() for t in theirs[key].unbind()], key
+    assert not ours["d", "e"].is_nested and ours["d", "e"].tolist() == [0.0, 1.0]
+    nest = TensorDict(td=stack(tdshare), batch_size=[2]).densify(layout=layout)
+    assert nest["td", "b"].is_nested and [t.tolist() for t in nest["td", "b"].unbind()] == [[0.0, 0.0], [1.0]]
+    plain = TensorDict(a=torch.zeros(2), batch_size=[2])
+    assert plain.densify() is plain  # nothing lazy: itself
+    same = LazyStackedTensorDict(TensorDict(a=torch.zeros(3)), TensorDict(a=torch.ones(3)), stack_dim=0).densify()
+    assert not same["a"].is_nested and same["a"].tolist() == [[0.0] * 3, [1.0] * 3]
+    with pytest.raises(RuntimeError, match="nests along its first dim"):
+        LazyStackedTensorDict(
+            TensorDict(a=torch.zeros(2, 3), batch_size=[2]), TensorDict(a=torch.ones(2, 4), batch_size=[2]), stack_dim=1
+        ).densify()
