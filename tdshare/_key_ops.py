@@ -300,6 +300,7 @@ class KeyOps:
         if not inplace:
             out = td.empty()
             out._tensordict.update(flat)
+            _write_back_on_exit(out, td, lambda o: o.unflatten_keys(separator))
             return out
         for key in list(td._tensordict):
             if is_node(td._tensordict[key]) or key not in flat:
@@ -352,6 +353,7 @@ class KeyOps:
             else:
                 place(out, parts, leaf)
         if not inplace:
+            _write_back_on_exit(out, td, lambda o: o.flatten_keys(separator))
             return out
         if td.is_locked:
             td._check_unlocked(next(iter(td._tensordict), ""))
@@ -479,3 +481,17 @@ def _drop_emptied(td: Any, parts: tuple[str, ...]) -> None:
 
 # Like the reference's, a tensordict is a Mapping: ``nn.Module.load_state_dict(td)`` and ``dict(td)`` work.
 Mapping.register(KeyOps)
+
+
+def _write_back_on_exit(out: Any, source: Any, back: Callable[[Any], Any]) -> None:
+    """``with td.flatten_keys(",") as flat:`` (or ``unflatten_keys``): the entries set in ``flat``
+    inside the block reach ``td`` when it closes, under their keys in ``td``'s form (``back(flat)``);
+    the entries left as they were are not written again."""
+
+    def write_back() -> None:
+        mine = {unravel_key(k): v for k, v in leaves(source)}
+        for key, leaf in leaves(back(out)):
+            if mine.get(unravel_key(key)) is not leaf:
+                source.set(key, leaf)
+
+    out._last_op[:] = [write_back]

@@ -425,3 +425,24 @@ def test_get_of_a_non_tensor_entry_gives_the_wrapper(kind: str) -> None:
     assert type(td.get("s")).__name__ == type(ref_td.get("s")).__name__ == "NonTensorData"
     assert type(td.get("n")).__name__ == type(ref_td.get("n")).__name__ == "NonTensorStack"
     assert td["s"] == ref_td["s"] == "x" and td.get("n").tolist() == ref_td.get("n").tolist() == ["a", "b"]
+
+
+def test_entries_set_inside_a_flatten_keys_block_reach_the_tensordict() -> None:
+    td = TensorDict(a=torch.zeros(4), n={"b": torch.ones(4)}, batch_size=[4])
+    b = td["n", "b"]
+    with td.flatten_keys(",") as flat:
+        with flat.unflatten_keys(",") as nested:
+            assert (nested == td).all()
+            nested["new", "data"] = torch.zeros(4)
+        assert flat["new,data"].tolist() == [0.0] * 4  # the inner block wrote into `flat`
+        flat["n,c"] = torch.full((4,), 3.0)
+    assert td["new", "data"].tolist() == [0.0] * 4 and td["n", "c"].tolist() == [3.0] * 4
+    assert td["n", "b"] is b  # entries left alone are not written again
+    ref = tensordict.TensorDict(a=torch.zeros(4), n={"b": torch.ones(4)}, batch_size=[4])
+    with ref.flatten_keys(",") as ref_flat:
+        ref_flat["n,c"] = torch.full((4,), 3.0)
+    assert ref["n", "c"].tolist() == td["n", "c"].tolist()  # as the reference
+    with td.lock_().flatten_keys(",") as flat_of_locked:  # nothing set: nothing written back (no LockedError)
+        assert not flat_of_locked.is_locked  # as the reference: the flat copy is not locked
+    with pytest.raises(tdshare.LockedError), td.flatten_keys(",") as flat_of_locked:
+        flat_of_locked["z"] = torch.zeros(4)  # a new entry cannot reach the locked tensordict
