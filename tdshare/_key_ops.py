@@ -10,6 +10,7 @@ results again through :meth:`KeyOps._restack`.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -21,7 +22,7 @@ from ._keys import NestedKey, unravel_key
 from ._nodes import kind_of
 from ._nontensor import NonTensorData
 
-__all__ = ["KeyOps", "KeysView", "NO_DEFAULT", "inner_collection", "is_node", "leaves", "place"]
+__all__ = ["WriteBack", "KeyOps", "KeysView", "NO_DEFAULT", "inner_collection", "is_node", "leaves", "place"]
 
 T = TypeVar("T", bound="KeyOps")
 
@@ -300,7 +301,7 @@ class KeyOps:
         if not inplace:
             out = td.empty()
             out._tensordict.update(flat)
-            _write_back_on_exit(out, td, lambda o: o.unflatten_keys(separator))
+            out._last_op[:] = [WriteBack(out, td, lambda o: o.unflatten_keys(separator))]  # `with` writes back
             return out
         for key in list(td._tensordict):
             if is_node(td._tensordict[key]) or key not in flat:
@@ -353,7 +354,7 @@ class KeyOps:
             else:
                 place(out, parts, leaf)
         if not inplace:
-            _write_back_on_exit(out, td, lambda o: o.flatten_keys(separator))
+            out._last_op[:] = [WriteBack(out, td, lambda o: o.flatten_keys(separator))]  # `with` writes back
             return out
         if td.is_locked:
             td._check_unlocked(next(iter(td._tensordict), ""))
@@ -483,15 +484,31 @@ def _drop_emptied(td: Any, parts: tuple[str, ...]) -> None:
 Mapping.register(KeyOps)
 
 
-def _write_back_on_exit(out: Any, source: Any, back: Callable[[Any], Any]) -> None:
-    """``with td.flatten_keys(",") as flat:`` (or ``unflatten_keys``): the entries set in ``flat``
-    inside the block reach ``td`` when it closes, under their keys in ``td``'s form (``back(flat)``);
-    the entries left as they were are not written again."""
+class WriteBack:
+    """The ``with`` action of a result ``out`` of an operation on ``source``: at ``enter()`` the
+    leaves of ``out`` are noted; when the block closes (``__call__``) the ones added or replaced
+    since go back through ``back`` (``out``'s form to ``source``'s) into ``source``.
 
-    def write_back() -> None:
-        mine = {unravel_key(k): v for k, v in leaves(source)}
-        for key, leaf in leaves(back(out)):
-            if mine.get(unravel_key(key)) is not leaf:
-                source.set(key, leaf)
+    ``out`` holds this action, so it is held by a weak reference (no cycle keeps a view, and the
+    mappings under it, alive)."""
 
-    out._last_op[:] = [write_back]
+    __slots__ = ("back", "out", "seen", "source")
+
+    def __init__(self, out: Any, source: Any, back: Callable[[Any], Any]) -> None:
+        self.out, self.source, self.back = weakref.ref(out), source, back
+        self.seen: dict[tuple[str, ...], Any] | None = None  # the leaves themselves: ids could be reused
+
+    def enter(self) -> None:
+        out = self.out()
+        self.seen = {} if out is None else {unravel_key(k): v for k, v in leaves(out)}
+
+    def __call__(self) -> None:
+        out, seen = self.out(), self.seen or {}
+        if out is None:
+            return
+        changed = [k for k, v in leaves(out) if seen.get(unravel_key(k)) is not v]
+        if not changed:
+            return
+        backed = self.back(out.select(*changed))  # the changed entries under the source's keys
+        for key, value in leaves(backed):
+            self.source.set(key, value, inplace=self.source.is_locked)

@@ -92,7 +92,11 @@ class LockOps:
         return self
 
     def __enter__(self: T) -> T:
-        self._op_queue.append(self._last_op.pop() if self._last_op else None)
+        op = self._last_op.pop() if self._last_op else None
+        enter = getattr(op, "enter", None)
+        if enter is not None:  # a write-back (see tdshare._write_back): notes the leaves the block starts from
+            enter()
+        self._op_queue.append(op)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -24,6 +24,7 @@ from ._shape_args import batch_dim, expanded_shape, inferred_shape, int_list, in
 from ._shape_masks import MaskOps
 from ._shape_moves import MoveOps, inner_collection
 from ._shape_torch import shape_torch_function
+from ._write_back import permuted_back, reshaped_back, transposed_back, writes_back
 
 __all__ = ["ShapeOps"]
 
@@ -80,6 +81,7 @@ class ShapeOps(MaskOps):
         )
         return self._rebind_(result, "reshape") if inplace else result
 
+    @writes_back(reshaped_back)
     def view(self: T, *shape: Any, size: Any = None, batch_size: Any = None) -> T:
         """A view with batch size ``shape``, or with every leaf viewed as the dtype ``view(dtype)``.
 
@@ -131,6 +133,7 @@ class ShapeOps(MaskOps):
         out.batch_size = batch  # type: ignore[misc]  # checks every viewed leaf against the batch
         return out
 
+    @writes_back(reshaped_back)
     def flatten(self: T, start_dim: int = 0, end_dim: int = -1, *, inplace: bool = False) -> T:
         """Merge the batch dims ``start_dim`` to ``end_dim`` (both included) into one.
 
@@ -167,6 +170,7 @@ class ShapeOps(MaskOps):
         result = self._rebuild(lambda t: t.flatten(start, end), lambda c: c.flatten(start, end), new, names)
         return self._rebind_(result, "flatten") if inplace else result
 
+    @writes_back(reshaped_back)
     def unflatten(self: T, dim: int, unflattened_size: Sequence[int], *, inplace: bool = False) -> T:
         """Split the batch dim ``dim`` into the dims ``unflattened_size`` (one of them may be -1).
 
@@ -208,6 +212,7 @@ class ShapeOps(MaskOps):
         result = self._rebuild(lambda t: t.unflatten(d, new_dims), lambda c: c.unflatten(d, new_dims), new, names)
         return self._rebind_(result, "unflatten") if inplace else result
 
+    @writes_back(reshaped_back)
     def squeeze(self: T, dim: int | None = None) -> T:
         """Remove the batch dim ``dim`` if its size is 1 (every size-1 batch dim when None).
 
@@ -239,6 +244,7 @@ class ShapeOps(MaskOps):
         new = torch.Size([s for i, s in enumerate(batch) if i != d])
         return self._rebuild(lambda t: t.squeeze(d), lambda c: c.squeeze(d), new, names, collapse=True)
 
+    @writes_back(reshaped_back)
     def unsqueeze(self: T, dim: int) -> T:
         """Insert a batch dim of size 1 at ``dim`` (from ``-batch_dims - 1`` to ``batch_dims``).
 
@@ -300,6 +306,7 @@ class ShapeOps(MaskOps):
         return out
 
     # -- moving dims ----------------------------------------------------------------------------
+    @writes_back(permuted_back)
     def permute(self: T, *dims: Any, **kwargs: Any) -> T:
         """Reorder the batch dims: dim ``i`` of the result is dim ``dims[i]`` of this tensordict.
 
@@ -344,6 +351,7 @@ class ShapeOps(MaskOps):
 
         return remember_source(self._rebuild(leaf, nested, [batch[p] for p in perm], names), self, "permute", perm)
 
+    @writes_back(transposed_back)
     def transpose(self: T, dim0: int, dim1: int) -> T:
         """Swap the batch dims ``dim0`` and ``dim1`` (views; names swap too).
 

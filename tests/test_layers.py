@@ -89,6 +89,7 @@ LAYERS: dict[str, list[str]] = {
         "_future",
         "_compact_repr",
         "_key_ops",
+        "_write_back",
         "_tensor_props",
         "_updates",
         "_conversions",

@@ -561,3 +561,44 @@ def test_copies_own_their_non_tensor_values_views_share_them() -> None:
     assert td["s"] == "view" and flipped["s"] == "copy"
     flipped["a"][0] = 9  # a copy: the original keeps its tensor
     assert td["a"].tolist() == [0, 1, 2]
+
+
+_VIEWS = {
+    "permute": lambda t: t.permute(1, 0),
+    "flatten": lambda t: t.flatten(0, 1),
+    "unflatten": lambda t: t.unflatten(0, (2, 1)),
+    "unsqueeze": lambda t: t.unsqueeze(0),
+    "squeeze": lambda t: t.squeeze(-1),
+    "transpose": lambda t: t.transpose(0, 1),
+    "view": lambda t: t.view(-1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_VIEWS))
+@pytest.mark.parametrize("kind", ["tensordict", "lazy"])
+def test_entries_set_in_a_block_over_a_view_reach_the_source_as_the_reference(name: str, kind: str) -> None:
+    def source(lib: Any) -> Any:
+        td = lib.TensorDict(a=torch.zeros(2, 1, 3), n={"b": torch.zeros(2, 1)}, batch_size=[2, 1])
+        return td if kind == "tensordict" else lib.lazy_stack([td[0], td[1]], 0)
+
+    results = []
+    for lib in (tdshare, tensordict):
+        td = source(lib)
+        with _VIEWS[name](td) as view:
+            view["new"] = torch.arange(float(view.numel())).reshape(view.shape)  # added
+            view["a"] = view["a"] + 1  # replaced
+            view["n", "c"] = torch.ones(view.shape)  # added in a nested level
+        results.append(td)
+    ours, theirs = results
+    for key in ("new", "a", ("n", "c"), ("n", "b")):
+        assert torch.equal(ours.get(key), theirs.get(key)), (name, key)
+
+
+def test_a_block_over_a_view_of_a_memory_mapped_tensordict_writes_into_its_files(tmp_path: Any) -> None:
+    td = TensorDict(a=torch.zeros(2, 3), batch_size=[2, 3]).memmap_(tmp_path / "td")
+    with td.permute(1, 0) as view:  # the view of a locked tensordict is locked: written in place
+        view["a"].add_(torch.arange(3.0).unsqueeze(-1))
+    assert TensorDict.load_memmap(tmp_path / "td")["a"].tolist() == [[0.0, 1.0, 2.0]] * 2
+    with pytest.raises(tdshare.LockedError), td.permute(1, 0) as view:
+        view["new"] = torch.zeros(3, 2)  # a new entry cannot reach a locked tensordict
+    assert "new" not in td.keys()
