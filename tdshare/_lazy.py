@@ -122,6 +122,8 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, RaggedReads, PublicTe
         *tensordicts: the members (``TensorDict`` or lazy stacks), all of one batch size.
         stack_dim: the position of the new batch dimension (negative counts from the end).
         stack_dim_name: the name of that dimension, if any.
+        strict_shape: accepted as the reference takes it; the members must agree on the batch size
+            whatever its value (the reference, without it, allows ragged batch dims).
 
     Returns a stack whose batch size is the members' with ``len(tensordicts)`` inserted at
     ``stack_dim``.
@@ -144,7 +146,14 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, RaggedReads, PublicTe
     _stack_dim: int
     _stack_dim_name: str | None
 
-    def __init__(self, *tensordicts: TensorDictBase, stack_dim: int = 0, stack_dim_name: str | None = None) -> None:
+    def __init__(
+        self,
+        *tensordicts: TensorDictBase,
+        stack_dim: int = 0,
+        stack_dim_name: str | None = None,
+        strict_shape: bool = False,
+    ) -> None:
+        del strict_shape  # tdshare's members always agree on the batch size (see the class docstring)
         members = list(tensordicts)
         if not members:
             raise InvalidArgumentError("A LazyStackedTensorDict needs at least one member tensordict.")
@@ -156,8 +165,9 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, RaggedReads, PublicTe
         if sizes.count(sizes[0]) != len(sizes):
             i = next(i for i, size in enumerate(sizes) if size != sizes[0])
             raise BatchSizeError(
-                f"Member {i} of the lazy stack has batch size {list(sizes[i])}, member 0 has "
-                f"{list(sizes[0])}: the members must agree on the batch dimensions."
+                f"Member {i} of the lazy stack has batch size {list(sizes[i])}, member 0 has {list(sizes[0])}: the "
+                "batch sizes in tensordicts differs, and stacking tensordicts requires them to agree on the batch "
+                "dimensions (tdshare has no ragged batch dims: pad or index the members first)."
             )
         ndim = members[0].batch_dims + 1
         if not -ndim <= stack_dim < ndim:

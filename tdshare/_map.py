@@ -537,7 +537,7 @@ class MapOps(TensorDictBase):
 
     # -- views handed to other processes ------------------------------------------------------
     @classmethod
-    def lazy_stack(cls, tds: Any, dim: int = 0) -> Any:
+    def lazy_stack(cls, tds: Any, dim: int = 0, **kwargs: Any) -> Any:
         """A :class:`tdshare.LazyStackedTensorDict` of ``tds`` along ``dim``, without copying them.
 
         The members stay the same objects: a member in shared memory or memory-mapped is sent to
@@ -546,6 +546,7 @@ class MapOps(TensorDictBase):
         Args:
             tds: the tensordicts to stack (equal batch sizes).
             dim: the new batch dimension.
+            **kwargs: ``out``, ``stack_dim_name``, ``strict_shape``, as ``LazyStackedTensorDict.lazy_stack``.
 
         Returns:
             The lazy stack.
@@ -560,7 +561,7 @@ class MapOps(TensorDictBase):
         >>> ls.batch_size, ls.tensordicts[1] is b
         (torch.Size([2, 2]), True)
         """
-        return _lazy_stack_class().lazy_stack(tds, dim)
+        return _lazy_stack_class().lazy_stack(tds, dim, **kwargs)
 
 
 def _in_given_pool(plan: _Plan, pool: Any, pbar: bool) -> Generator[Any, None, None]:

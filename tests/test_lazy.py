@@ -626,3 +626,18 @@ def test_densify_makes_lazy_stacks_dense_and_ragged_entries_nested(layout: Any) 
         LazyStackedTensorDict(
             TensorDict(a=torch.zeros(2, 3), batch_size=[2]), TensorDict(a=torch.ones(2, 4), batch_size=[2]), stack_dim=1
         ).densify()
+
+
+@pytest.mark.parametrize("strict_shape", [False, True])
+def test_members_of_other_batch_sizes_are_refused_with_the_references_words(strict_shape: bool) -> None:
+    td0, td1 = TensorDict(batch_size=[3, 4]), TensorDict(batch_size=[3, 5])
+    with pytest.raises(RuntimeError, match="stacking tensordicts requires"):
+        TensorDict.lazy_stack([td0, td1], strict_shape=strict_shape)
+    with pytest.raises(RuntimeError, match="batch sizes in tensordicts differs"):
+        LazyStackedTensorDict(td0, td1, strict_shape=strict_shape)
+    with pytest.raises(RuntimeError, match="stacking tensordicts requires"):  # the reference with strict_shape=True
+        tensordict.TensorDict.lazy_stack(
+            [tensordict.TensorDict(batch_size=[3, 4]), tensordict.TensorDict(batch_size=[3, 5])], strict_shape=True
+        )
+    ok = LazyStackedTensorDict.lazy_stack([td0, td0.clone()], 1, strict_shape=strict_shape, stack_dim_name="s")
+    assert ok.batch_size == (3, 2, 4) and ok.names == [None, "s", None]
