@@ -52,7 +52,7 @@ class ArithmeticOps:
         raise NotImplementedError
 
     # -- named binary operations ----------------------------------------------------------------
-    def add(self, other: Any, *, alpha: float | None = None) -> Any:
+    def add(self, other: Any, *, alpha: float | None = None, default: Any = None) -> Any:
         """``self + alpha * other`` leaf by leaf (a new tensordict; names and lock kept).
 
         Args:
@@ -71,10 +71,11 @@ class ArithmeticOps:
         >>> td.add(td, alpha=2)["a"].tolist()
         [3.0, 3.0]
         """
+        self_, other = with_default(self, other, default)
         if alpha is None:
-            return binary(self, "add", torch.add, (other,), foreach="add")
+            return binary(self_, "add", torch.add, (other,), foreach="add")
         fn = lambda x, y: torch.add(x, y, alpha=alpha)  # noqa: E731
-        return binary(self, "add", fn, (other,), foreach="add", foreach_kwargs={"alpha": alpha})
+        return binary(self_, "add", fn, (other,), foreach="add", foreach_kwargs={"alpha": alpha})
 
     def add_(self, other: Any, *, alpha: float | None = None) -> Any:
         """``self += alpha * other`` in place (memory-mapped leaves written in their files); ``self``.
@@ -89,7 +90,7 @@ class ArithmeticOps:
         fast = "add" if alpha is None else None
         return binary(self, "add_", lambda x, y: x.add_(y, **kw), (other,), inplace=True, foreach=fast)
 
-    def sub(self, other: Any, *, alpha: float | None = None) -> Any:
+    def sub(self, other: Any, *, alpha: float | None = None, default: Any = None) -> Any:
         """``self - alpha * other`` leaf by leaf (operands as :meth:`add`).
 
         >>> import torch
@@ -97,9 +98,10 @@ class ArithmeticOps:
         >>> TensorDict(a=torch.ones(2), batch_size=[2]).sub(3)["a"].tolist()
         [-2.0, -2.0]
         """
+        self_, other = with_default(self, other, default)
         if alpha is None:
-            return binary(self, "sub", torch.sub, (other,), foreach="sub")
-        return binary(self, "sub", lambda x, y: torch.sub(x, y, alpha=alpha), (other,))
+            return binary(self_, "sub", torch.sub, (other,), foreach="sub")
+        return binary(self_, "sub", lambda x, y: torch.sub(x, y, alpha=alpha), (other,))
 
     def sub_(self, other: Any, *, alpha: float | None = None) -> Any:
         """``self -= alpha * other`` in place; return ``self``.
@@ -124,7 +126,7 @@ class ArithmeticOps:
         kw = {} if alpha is None else {"alpha": alpha}
         return binary(self, "rsub", lambda x, y: torch.rsub(x, y, **kw), (other,))
 
-    def mul(self, other: Any) -> Any:
+    def mul(self, other: Any, *, default: Any = None) -> Any:
         """``self * other`` leaf by leaf (operands as :meth:`add`).
 
         >>> import torch
@@ -132,7 +134,8 @@ class ArithmeticOps:
         >>> TensorDict(a=torch.ones(2), batch_size=[2]).mul(3)["a"].tolist()
         [3.0, 3.0]
         """
-        return binary(self, "mul", torch.mul, (other,), foreach="mul")
+        self_, other = with_default(self, other, default)
+        return binary(self_, "mul", torch.mul, (other,), foreach="mul")
 
     def mul_(self, other: Any) -> Any:
         """``self *= other`` in place; return ``self``.
@@ -144,7 +147,7 @@ class ArithmeticOps:
         """
         return binary(self, "mul_", lambda x, y: x.mul_(y), (other,), inplace=True, foreach="mul")
 
-    def div(self, other: Any) -> Any:
+    def div(self, other: Any, *, default: Any = None) -> Any:
         """``self / other`` leaf by leaf (true division; operands as :meth:`add`).
 
         >>> import torch
@@ -152,7 +155,8 @@ class ArithmeticOps:
         >>> TensorDict(a=torch.ones(2), batch_size=[2]).div(4)["a"].tolist()
         [0.25, 0.25]
         """
-        return binary(self, "div", torch.div, (other,), foreach="div")
+        self_, other = with_default(self, other, default)
+        return binary(self_, "div", torch.div, (other,), foreach="div")
 
     def div_(self, other: Any) -> Any:
         """``self /= other`` in place; return ``self``.
@@ -164,7 +168,7 @@ class ArithmeticOps:
         """
         return binary(self, "div_", lambda x, y: x.div_(y), (other,), inplace=True, foreach="div")
 
-    def pow(self, other: Any) -> Any:
+    def pow(self, other: Any, *, default: Any = None) -> Any:
         """``self ** other`` leaf by leaf (operands as :meth:`add`).
 
         >>> import torch
@@ -172,7 +176,8 @@ class ArithmeticOps:
         >>> TensorDict(a=torch.full((2,), 3.0), batch_size=[2]).pow(2)["a"].tolist()
         [9.0, 9.0]
         """
-        return binary(self, "pow", torch.pow, (other,), foreach="pow")
+        self_, other = with_default(self, other, default)
+        return binary(self_, "pow", torch.pow, (other,), foreach="pow")
 
     def pow_(self, other: Any) -> Any:
         """``self **= other`` in place; return ``self``.
@@ -194,7 +199,7 @@ class ArithmeticOps:
         """
         return binary(self, "mod", torch.remainder, (other,))
 
-    def maximum(self, other: Any) -> Any:
+    def maximum(self, other: Any, *, default: Any = None) -> Any:
         """The element-wise maximum of ``self`` and ``other`` (``torch.maximum``; a tensor or tensordict).
 
         >>> import torch
@@ -203,7 +208,8 @@ class ArithmeticOps:
         >>> td.maximum(td * 0 + 2)["a"].tolist()
         [2.0, 5.0]
         """
-        return binary(self, "maximum", torch.maximum, (other,), foreach="maximum")
+        self_, other = with_default(self, other, default)
+        return binary(self_, "maximum", torch.maximum, (other,), foreach="maximum")
 
     def maximum_(self, other: Any) -> Any:
         """``maximum`` written into the leaves; return ``self``.
@@ -217,7 +223,7 @@ class ArithmeticOps:
         fn = lambda x, y: torch.maximum(x, y, out=x)  # noqa: E731
         return binary(self, "maximum_", fn, (other,), inplace=True, foreach="maximum")
 
-    def minimum(self, other: Any) -> Any:
+    def minimum(self, other: Any, *, default: Any = None) -> Any:
         """The element-wise minimum of ``self`` and ``other`` (``torch.minimum``).
 
         >>> import torch
@@ -226,7 +232,8 @@ class ArithmeticOps:
         >>> td.minimum(td * 0 + 2)["a"].tolist()
         [1.0, 2.0]
         """
-        return binary(self, "minimum", torch.minimum, (other,), foreach="minimum")
+        self_, other = with_default(self, other, default)
+        return binary(self_, "minimum", torch.minimum, (other,), foreach="minimum")
 
     def minimum_(self, other: Any) -> Any:
         """``minimum`` written into the leaves; return ``self``.
@@ -263,7 +270,7 @@ class ArithmeticOps:
         """
         return _clamp(self, min, max, inplace=True)
 
-    def clamp_min(self, other: Any) -> Any:
+    def clamp_min(self, other: Any, *, default: Any = None) -> Any:
         """Every leaf clamped from below by ``other`` (a number, tensor or tensordict).
 
         >>> import torch
@@ -271,7 +278,8 @@ class ArithmeticOps:
         >>> TensorDict(a=torch.tensor([-1.0, 5.0]), batch_size=[2]).clamp_min(0)["a"].tolist()
         [0.0, 5.0]
         """
-        return _clamp(self, other, None, inplace=False)
+        self_, other = with_default(self, other, default)
+        return _clamp(self_, other, None, inplace=False)
 
     def clamp_min_(self, other: Any) -> Any:
         """:meth:`clamp_min` in place; return ``self``.
@@ -283,7 +291,7 @@ class ArithmeticOps:
         """
         return _clamp(self, other, None, inplace=True)
 
-    def clamp_max(self, other: Any) -> Any:
+    def clamp_max(self, other: Any, *, default: Any = None) -> Any:
         """Every leaf clamped from above by ``other`` (a number, tensor or tensordict).
 
         >>> import torch
@@ -291,7 +299,8 @@ class ArithmeticOps:
         >>> TensorDict(a=torch.tensor([-1.0, 5.0]), batch_size=[2]).clamp_max(2)["a"].tolist()
         [-1.0, 2.0]
         """
-        return _clamp(self, None, other, inplace=False)
+        self_, other = with_default(self, other, default)
+        return _clamp(self_, None, other, inplace=False)
 
     def clamp_max_(self, other: Any) -> Any:
         """:meth:`clamp_max` in place; return ``self``.
@@ -522,3 +531,42 @@ def _order(td: Any, name: str, op: Callable[[Any, Any], Any], other: Any) -> Any
     prepared = prepare(td, name, other)
     check_keys(td, (prepared,))
     return walk(td, op, (prepared,), inplace=False, keep_lock=False, keep_names=False)
+
+
+def with_default(td: Any, other: Any, default: Any) -> tuple[Any, Any]:
+    """The two operands of a binary method called with ``default=``, their tensor keys made to agree.
+
+    ``default=None`` changes nothing (keys that differ raise); ``"intersection"`` keeps the tensor
+    entries both hold (and ``td``'s non-tensor ones); a value (a number or tensor) stands in, on
+    either side, for a tensor entry only the other holds, broadcast to its shape.
+
+    >>> from tdshare import TensorDict
+    >>> a, b = TensorDict(x=torch.ones(2), y=torch.ones(2)), TensorDict(y=torch.ones(2), z=torch.ones(2))
+    >>> mine, theirs = with_default(a, b, 0)
+    >>> sorted(mine.keys()), sorted(theirs.keys())
+    (['x', 'y', 'z'], ['x', 'y', 'z'])
+    """
+    if default is None or node_layout(other) is None:
+        return td, other
+
+    def tensor_keys(c: Any) -> dict[Any, torch.Tensor]:
+        return {k: v for k in c.keys(True, True) if isinstance(v := c.get(k), torch.Tensor)}
+
+    mine, theirs = tensor_keys(td), tensor_keys(other)
+    if isinstance(default, str):
+        if default != "intersection":
+            raise ArgumentTypeError(f"default={default!r}: pass 'intersection', a number or a tensor.")
+        drop_mine = [k for k in mine if k not in theirs]
+        drop_theirs = [k for k in theirs if k not in mine]
+        return (td.exclude(*drop_mine) if drop_mine else td), (other.exclude(*drop_theirs) if drop_theirs else other)
+    value = torch.as_tensor(default)
+    if all(k in theirs for k in mine) and all(k in mine for k in theirs):
+        return td, other
+    td, other = td.copy(), other.copy()
+    for key, leaf in theirs.items():
+        if key not in mine:
+            td.set(key, value.to(leaf.device).expand_as(leaf))
+    for key, leaf in mine.items():
+        if key not in theirs:
+            other.set(key, value.to(leaf.device).expand_as(leaf))
+    return td, other

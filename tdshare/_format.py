@@ -191,8 +191,11 @@ def entry_file_name(key: str, robust: bool, suffix: str, where: str, directory: 
         name = encode_key(key)
     else:
         if not is_safe_legacy_name(key, directory=directory):
+            as_path = (
+                " (written as a path, its folder would be missing: No such file or directory)" if "/" in key else ""
+            )
             raise LegacyKeyError(
-                f"The key {key!r} (in {where}) cannot be a file name with robust_key=False; save with "
+                f"The key {key!r} (in {where}) cannot be a file name with robust_key=False{as_path}; save with "
                 "robust_key=True, which percent-encodes it."
             )
         name = key

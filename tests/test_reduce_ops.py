@@ -659,3 +659,21 @@ def test_logsumexp_and_norm_write_into_the_tensors_of_out(kind: str) -> None:
                 assert out.get(key) is tensor
         empty = expected.empty()
         assert torch.equal(getattr(c, name)(**kwargs, out=empty).get("a"), expected.get("a"))  # added when missing
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "clamp_min", "clamp_max"])
+def test_binary_methods_take_a_default_for_keys_one_side_lacks_as_the_reference(name: str) -> None:
+    def pair(lib: Any) -> tuple[Any, Any]:
+        return lib.TensorDict(a=2.0, b=2.0, c=2.0, s="kept"), lib.TensorDict(b=3.0, c=3.0, d=3.0, s="kept")
+
+    (mine, other), (their_td, their_other) = pair(tdshare), pair(ref)
+    with pytest.raises(KeyError):
+        getattr(mine, name)(other)
+    for default in (torch.tensor(10.0), "intersection"):
+        ours = getattr(mine, name)(other, default=default)
+        theirs = getattr(their_td, name)(their_other, default=default)
+        assert sorted(map(str, ours.keys())) == sorted(map(str, theirs.keys())), (name, default)
+        for key in ("a", "b", "c", "d"):
+            if key in theirs.keys():
+                assert torch.equal(ours[key], theirs[key]), (name, default, key)
+        assert ours["s"] == "kept"
