@@ -203,7 +203,7 @@ TORCH_FUNCTIONS: dict[Any, str] = {
         *(n + "_" for n in UNARY if hasattr(torch, n + "_")),
         *("isfinite", "isnan", "isneginf", "isposinf", "isreal", "add", "addcdiv", "addcmul", "bitwise_and"),
         *("clamp", "clamp_max", "clamp_min", "clamp_max_", "clamp_min_", "div", "lerp", "logical_and"),
-        *("maximum", "minimum", "mul", "pow", "rsub", "sub", "sum", "mean", "std", "var"),
+        *("maximum", "minimum", "mul", "pow", "rsub", "sub", "sum", "mean", "std", "var", "clone"),
     )
     if hasattr(torch, name)
 }

@@ -574,3 +574,12 @@ def test_more_errors_say_what_the_references_say(tmp_path: Path, kind: str) -> N
         other = TensorDict(b=torch.zeros(4), batch_size=[4])
         with pytest.raises(KeyError, match=r"not found .*and no pad value provided"):
             build(kind).where(torch.ones(4, dtype=torch.bool), other)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_torch_clone_of_a_collection_is_its_clone(kind: str) -> None:
+    obj = build(kind)
+    copy = torch.clone(obj)
+    assert type(copy) is type(obj) and copy.get("a") is not obj.get("a") and torch.equal(copy.get("a"), obj.get("a"))
+    copy.get("a").add_(1) if kind != "lazy" else copy.tensordicts[0].get("a").add_(1)
+    assert obj.get("a").tolist() == [0.0, 1.0, 2.0, 3.0]  # a deep copy: the original is untouched
