@@ -186,6 +186,10 @@ class PointwiseOps:
             return _like(func, args[0], args[1:], kwargs)
         if func in LOSS_FUNCTIONS and args and isinstance(args[0], PointwiseOps):
             return _loss(func, args[0], args[1:], kwargs)
+        if func is torch.autograd.grad and args:  # torch passes the outputs and inputs as tuples
+            outputs = args[0][0] if isinstance(args[0], tuple) and len(args[0]) == 1 else args[0]
+            if isinstance(outputs, PointwiseOps):
+                return _grad(outputs, *args[1:], **kwargs)
         name = TORCH_FUNCTIONS.get(func)
         if name is not None:
             if not args or not isinstance(args[0], PointwiseOps):
@@ -235,6 +239,38 @@ def _loss(func: Any, td: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     if isinstance(target, PointwiseOps):
         return source.apply(lambda x, y: func(x, y, **kwargs), target, batch_size=batch)
     return source.apply(lambda x: func(x, target, **kwargs), batch_size=batch)
+
+
+def _grad(outputs: Any, inputs: Any, grad_outputs: Any = None, **kwargs: Any) -> Any:
+    """``torch.autograd.grad(outputs_td, inputs_td, grad_outputs_td)``: one autograd call over the
+    tensor leaves; the gradients come back as a tensordict shaped like ``inputs`` (a lazy stack's
+    are its members' own tensors, as a stacked read is a new tensor)."""
+    if isinstance(inputs, tuple) and len(inputs) == 1:
+        inputs = inputs[0]
+    if isinstance(grad_outputs, tuple) and len(grad_outputs) == 1:
+        grad_outputs = grad_outputs[0]
+
+    def tensor_keys(td: Any) -> list[Any]:
+        return [k for k in td.keys(True, True) if isinstance(td.get(k), torch.Tensor)]
+
+    out_keys = tensor_keys(outputs)
+    levels = inputs._lazy_members() or [inputs]
+    wanted = [(level, tensor_keys(level)) for level in levels]
+    grads = iter(
+        torch.autograd.grad(
+            [outputs.get(k) for k in out_keys],
+            [level.get(k) for level, keys in wanted for k in keys],
+            None if grad_outputs is None else [grad_outputs.get(k) for k in out_keys],
+            **kwargs,
+        )
+    )
+    results = []
+    for level, keys in wanted:
+        result = level.select(*keys).copy()
+        for key in keys:
+            result.set(key, next(grads))
+        results.append(result)
+    return results[0] if inputs._lazy_members() is None else inputs._restack(results)
 
 
 def _like(func: Any, td: Any, args: tuple, kwargs: dict[str, Any]) -> Any:

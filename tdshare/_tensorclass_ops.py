@@ -494,6 +494,12 @@ class TensorClassOps(TensorClassIO, TensorClassState):
             return second.where(cond.logical_not(), first, **kwargs)
         if func in LIKE_FUNCTIONS and args and is_tensorclass(args[0]):  # torch.zeros_like(obj)...
             return _rewrap(args[0], func(args[0]._tensordict, *args[1:], **kwargs))
+        if func is torch.autograd.grad and args:  # torch.autograd.grad(outputs, inputs, grad_outputs)
+            unwrap = lambda a: a._tensordict if is_tensorclass(a) else a  # noqa: E731
+            parts: list[Any] = [tuple(unwrap(x) for x in a) if isinstance(a, tuple) else unwrap(a) for a in args]
+            inputs = args[1][0] if isinstance(args[1], tuple) and len(args[1]) == 1 else args[1]
+            grad: Any = func
+            return _rewrap(inputs, grad(*parts, **{k: unwrap(v) for k, v in kwargs.items()}))
         if func in LOSS_FUNCTIONS and args and is_tensorclass(args[0]):  # F.mse_loss(obj, target)...
             inputs = [a._tensordict if is_tensorclass(a) else a for a in args]
             return _rewrap(args[0], func(*inputs, **kwargs))

@@ -243,3 +243,18 @@ def test_as_tensor_keeps_the_leaves_and_filter_empty_drops_empty_levels(tmp_path
     ref.set("e", {})
     ref.set(("f", "g"), {})
     assert c.filter_empty_() is c and sorted(c.keys()) == sorted(ref.filter_empty_().keys()) == ["a", "n", "s"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_torch_autograd_grad_and_backward_over_collections_as_the_reference(kind: str) -> None:
+    inputs = build(kind).float().requires_grad_()
+    outputs = inputs * 3 + 1
+    grads = torch.autograd.grad(outputs, inputs, torch.ones_like(outputs))
+    assert type(grads) is type(inputs) and (grads == 3).all()
+    assert grads.get(("n", "b")).shape == inputs.get(("n", "b")).shape
+    fresh = build(kind).float().requires_grad_()
+    (fresh * 2).backward(torch.ones_like(fresh))
+    assert (fresh.grad.get("a") == 2).all() and (fresh.grad.get(("n", "b")) == 2).all()
+    ref_in = _ref().float().requires_grad_()
+    ref_grads = torch.autograd.grad(ref_in * 3 + 1, ref_in, torch.ones_like(ref_in))
+    assert torch.equal(grads.get("a"), ref_grads.get("a"))
