@@ -31,9 +31,10 @@ from ._errors import (
     NotSupportedError,
 )
 from ._format import LAZY_STACK_TYPE, STACK
-from ._indexing import index_dims, is_first_class_dim, is_key, normalize_index
+from ._indexing import is_key
 from ._key_ops import NO_DEFAULT
 from ._keys import NestedKey, unravel_key
+from ._lazy_index import LazyIndexOps
 from ._lazy_memmap import LazyStackMemmap
 from ._lazy_ops import LazyStackOps
 from ._nodes import NodeKind, kind_of, register
@@ -81,41 +82,7 @@ def _collection(item: Any) -> Any:
     return item
 
 
-def _broadcast_indices(parts: tuple[Any, ...]) -> bool:
-    """Whether the normalized index ``parts`` needs the dense stack: two or more index sequences
-    (tensors, lists, ranges, arrays), which torch broadcasts together into one set of positions, or
-    one index tensor or mask of two dims or more."""
-    sequences = sum(
-        1
-        for p in parts
-        if isinstance(p, range) or (getattr(p, "ndim", 0) > 0 and not is_first_class_dim(p))  # a tensor, an array
-    )
-    # an index tensor (or mask) of two dims or more too: it spans or multiplies dims of the stack
-    return sequences > 1 or any(getattr(p, "ndim", 0) > 1 and not is_first_class_dim(p) for p in parts)
-
-
-def _new_axes(parts: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int]]:
-    """``parts`` without its ``None`` items, and the dims of the result where those add a dim of size 1
-    (as torch places them: after the dims that the items before them give)."""
-    kept: list[Any] = []
-    positions: list[int] = []
-    dims = 0
-    for p in parts:
-        if p is None:
-            positions.append(dims)
-            dims += 1
-            continue
-        kept.append(p)
-        if isinstance(p, int) or (isinstance(p, torch.Tensor) and p.dim() == 0):
-            continue
-        if isinstance(p, torch.Tensor) and p.dtype == torch.bool:
-            dims += 1
-        elif not is_first_class_dim(p):
-            dims += getattr(p, "ndim", 1)  # a slice or a range: 1; an index tensor or array: its dims
-    return tuple(kept), positions
-
-
-class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, RaggedReads, PublicTensorDictBase):
+class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedReads, PublicTensorDictBase):
     """Tensordicts stacked along ``stack_dim`` lazily: the members stay as they are.
 
     Args:
@@ -414,55 +381,6 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, RaggedReads, PublicTe
             raise MissingKeyError(f"Cannot read {key!r}: {part!r} is a leaf, not a nested tensordict.")
         return value._get_leaf(key[1:], default)
 
-    def get(
-        self,
-        key: NestedKey,
-        default: Any = _NO_DEFAULT,
-        *,
-        as_list: bool = False,
-        as_padded_tensor: bool = False,
-        as_nested_tensor: bool = False,
-        layout: Any = None,
-        padding_side: str = "right",
-        padding_value: float | bool = 0.0,
-    ) -> Any:
-        """The entry ``key`` stacked across the members (a non-tensor entry gives its value).
-
-        Args:
-            key: a key or nested key that every member holds.
-            default: returned when a member lacks ``key`` (None if not given, as the reference).
-            as_list: give the members' values as a list instead of stacking them.
-            as_padded_tensor: pad the members' tensors to the largest size of each dim (across the
-                levels of a stack of stacks too) and stack them along a new first dim.
-            as_nested_tensor: give the members' tensors as one ``torch.nested`` tensor, its first
-                dim the stack's.
-            layout: with ``as_nested_tensor``, ``torch.jagged`` (the default) or ``torch.strided``.
-            padding_side, padding_value: with ``as_padded_tensor``, where the padding goes
-                (``"right"`` or ``"left"``) and its value.
-
-        Raises:
-            NotSupportedError: the members' values cannot be stacked (e.g. their shapes differ:
-                "Failed to stack tensors within a tensordict", a ``RuntimeError``).
-            InvalidArgumentError: more than one of ``as_list``, ``as_padded_tensor``,
-                ``as_nested_tensor``; ``as_nested_tensor`` on a stack of lazy stacks.
-
-        >>> from tdshare import TensorDict, LazyStackedTensorDict
-        >>> ls = LazyStackedTensorDict(TensorDict(x=torch.zeros(2), batch_size=[2]),
-        ...                            TensorDict(x=torch.ones(2), batch_size=[2]))
-        >>> ls.get("x").tolist()
-        [[0.0, 0.0], [1.0, 1.0]]
-        >>> ragged = LazyStackedTensorDict(TensorDict(x=torch.ones(1)), TensorDict(x=torch.ones(3)))
-        >>> ragged.get("x", as_padded_tensor=True).tolist()
-        [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
-        """
-        if as_list + as_padded_tensor + as_nested_tensor > 1:
-            raise InvalidArgumentError("get(): as_list, as_padded_tensor and as_nested_tensor exclude each other.")
-        if as_list:
-            return [td.get(key, default) for td in self._members]
-        if as_padded_tensor or as_nested_tensor:
-            return self._ragged(key, default, as_padded_tensor, layout, padding_side, padding_value)
-        return super().get(key, default)
-
     def __contains__(self, key: object) -> bool:
         if isinstance(key, PublicTensorDictBase):  # `member in ls`: one of the members, itself
             return any(td is key for td in self._members)
@@ -487,97 +405,6 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, RaggedReads, PublicTe
     ) -> Iterator[tuple[Any, Any]]:
         for key in self._iter_keys(include_nested, leaves_only, prefix):
             yield key, self._get_leaf(key[len(prefix) :] if isinstance(key, tuple) else (key,))
-
-    def __iter__(self) -> Iterator[Any]:
-        for i in range(self.batch_size[0]):
-            yield self._index(i)
-
-    # -- indexing ----------------------------------------------------------------------------
-    def _split_index(self, normalized: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...], int]:
-        """(the index at the stack dimension, the members' index, the dimensions dropped before it), from
-        an index that ``normalize_index`` gave."""
-        parts = list(normalized)
-        if any(p is None for p in parts) or any(index_dims(p) > 1 for p in parts):
-            raise NotSupportedError(
-                "A LazyStackedTensorDict is indexed with integers, slices, Ellipsis and one-dimensional index "
-                "tensors; convert it with to_tensordict() for other indices."
-            )
-        parts += [_FULL] * (self.batch_dims - len(parts))
-        d = self._stack_dim
-        if is_first_class_dim(parts[d]):
-            raise InvalidArgumentError(
-                f"Cannot index a LazyStackedTensorDict with a first-class dimension at its stack dimension {d}: "
-                "stack it densely first (to_tensordict()) or index the other dimensions."
-            )
-        dropped = sum(
-            1
-            for p in parts[:d]
-            if isinstance(p, int) or (isinstance(p, torch.Tensor) and p.dim() == 0) or is_first_class_dim(p)
-        )
-        return parts[d], tuple(parts[:d] + parts[d + 1 :]), dropped
-
-    def _index(self, idx: Any) -> Any:
-        parts = normalize_index(idx, self.batch_dims)
-        if _broadcast_indices(parts):
-            # two or more index tensors broadcast together, pairing the members with their rows: the
-            # result is a copy, as torch's advanced indexing gives, of the dense stack
-            return self.to_tensordict()._index(idx)
-        if any(p is None for p in parts):  # the rest indexed, then a new dim of size 1 for each None
-            kept, positions = _new_axes(parts)
-            out = self._index(kept)
-            for pos in positions:
-                out = out.unsqueeze(pos)
-            return out
-        at, rest, dropped = self._split_index(parts)
-        trivial = all(isinstance(p, slice) and p == _FULL for p in rest)
-
-        def pick(td: TensorDictBase) -> TensorDictBase:
-            return td if trivial else td._index(rest)
-
-        if isinstance(at, int) or (isinstance(at, torch.Tensor) and at.dim() == 0):
-            return pick(self._members[int(at)])
-        chosen = torch.arange(len(self._members))[at].tolist()
-        members = [pick(self._members[j]) for j in chosen]
-        if not members:
-            raise NotSupportedError("Indexing a LazyStackedTensorDict down to no member is not supported.")
-        out = type(self)(*members, stack_dim=self._stack_dim - dropped, stack_dim_name=self._stack_dim_name)
-        out._is_locked, out._is_memmap, out._is_shared = self._is_locked, self._is_memmap, self._is_shared
-        return out
-
-    def _set_at(self, idx: Any, value: Any) -> None:
-        """``ls[idx] = value``: written into the members in place (``ls[i] = td`` updates member ``i``)."""
-        parts = normalize_index(idx, self.batch_dims)
-        if _broadcast_indices(parts):  # (see _index): written into a dense copy, then back
-            dense = self.to_tensordict()
-            dense._set_at(idx, value)
-            self.update_(dense)
-            return
-        at, rest, _ = self._split_index(parts)
-        trivial = all(isinstance(p, slice) and p == _FULL for p in rest)
-        if isinstance(at, int) or (isinstance(at, torch.Tensor) and at.dim() == 0):
-            member = self._members[int(at)]
-            if isinstance(value, (TensorDictBase, Mapping)) and trivial:
-                if isinstance(value, TensorDictBase) and value.batch_size != member.batch_size:
-                    raise BatchSizeError(
-                        f"ls[{int(at)}] = value: the value's batch size {list(value.batch_size)} differs from "
-                        f"member {int(at)}'s {list(member.batch_size)}."
-                    )
-                member.update(value, inplace=True)
-            else:
-                member._set_at(rest, value)
-            return
-        chosen = torch.arange(len(self._members))[at].tolist()
-        pieces = value.unbind(self._stack_dim) if isinstance(value, TensorDictBase) else [value] * len(chosen)
-        if len(pieces) != len(chosen):
-            raise BatchSizeError(
-                f"ls[...] = value: the value's batch size {list(value.batch_size)} differs from the source batch "
-                f"size that the index selects ({len(pieces)} pieces along the stack dim for {len(chosen)} members)."
-            )
-        for j, piece in zip(chosen, pieces, strict=True):
-            if trivial and isinstance(piece, (TensorDictBase, Mapping)):
-                self._members[j].update(piece, inplace=True)
-            else:
-                self._members[j]._set_at(rest, piece)
 
     # -- writing -----------------------------------------------------------------------------
     def _pieces(self, key: Any, value: Any) -> list[Any]:

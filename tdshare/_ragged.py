@@ -66,10 +66,19 @@ def read_through_lazy(td: Any, parts: tuple[str, ...], default: Any, ragged: dic
     """``td.get(key, as_list=/as_padded_tensor=/as_nested_tensor=...)`` of any collection: read by the
     lazy stack that ``parts`` runs through; a dense entry is read as usual, the options ignored as the
     reference does (with a ``FutureWarning`` for ``as_list`` and ``as_nested_tensor``)."""
+    if ragged["as_list"] + ragged["as_padded_tensor"] + ragged["as_nested_tensor"] > 1:
+        raise InvalidArgumentError("get(): as_list, as_padded_tensor and as_nested_tensor exclude each other.")
     node: Any = td
     for depth in range(len(parts)):
-        if node._lazy_members() is not None:
-            return node.get(parts[depth:], default, **ragged)
+        members = node._lazy_members()
+        if members is not None:  # the lazy stack the key runs through reads the rest
+            rest = parts[depth:]
+            if ragged["as_list"]:
+                return [m.get(rest, default) for m in members]
+            if not (ragged["as_padded_tensor"] or ragged["as_nested_tensor"]):
+                return node.get(rest, default)
+            side, value = ragged["padding_side"], ragged["padding_value"]
+            return node._ragged(rest, default, ragged["as_padded_tensor"], ragged["layout"], side, value)
         child = node._tensordict.get(parts[depth]) if depth < len(parts) - 1 else None
         if getattr(child, "_lazy_members", None) is None:  # a leaf, or the end of the key
             break

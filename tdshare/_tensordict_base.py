@@ -350,19 +350,29 @@ class TensorDictBase(
         Args:
             key: a key or nested key (tuple of keys).
             default: what a missing key returns (default None).
-            as_list, as_padded_tensor, as_nested_tensor, layout, padding_side, padding_value: for an
-                entry inside a lazy stack, how to read it when its shapes differ (see
-                ``LazyStackedTensorDict.get``); a dense entry ignores them, as the reference does
-                (with a ``FutureWarning`` for ``as_list`` and ``as_nested_tensor``).
+            as_list: for an entry of (or inside) a lazy stack, the members' values as a list.
+            as_padded_tensor: ... padded to the largest size of each dim (across the levels of a
+                stack of stacks too) and stacked along a new first dim (the stack's).
+            as_nested_tensor: ... as one ``torch.nested`` tensor, its first dim the stack's.
+            layout: with ``as_nested_tensor``, ``torch.jagged`` (the default) or ``torch.strided``.
+            padding_side, padding_value: with ``as_padded_tensor``, where the padding goes
+                (``"right"`` or ``"left"``) and its value.  A dense entry ignores these options, as
+                the reference does (with a ``FutureWarning`` for ``as_list`` and ``as_nested_tensor``).
 
         Raises:
             InvalidArgumentError: without a ``default``, a nested key runs through a tensor or
-                non-tensor leaf (e.g. ``("a", "b")`` where ``"a"`` is a tensor).
+                non-tensor leaf (e.g. ``("a", "b")`` where ``"a"`` is a tensor); more than one of
+                ``as_list``, ``as_padded_tensor``, ``as_nested_tensor``.
+            NotSupportedError: a lazy stack's entry whose shapes differ across its members, read
+                without those options ("Failed to stack tensors within a tensordict").
 
-        >>> from tdshare import TensorDict
+        >>> from tdshare import LazyStackedTensorDict, TensorDict
         >>> td = TensorDict(s="x")
         >>> type(td.get("s")).__name__, td["s"], td.get("zz", 0), td.get("zz")
         ('NonTensorData', 'x', 0, None)
+        >>> ragged = LazyStackedTensorDict(TensorDict(x=torch.ones(1)), TensorDict(x=torch.ones(3)))
+        >>> ragged.get("x", as_padded_tensor=True).tolist()
+        [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
         """
         parts = unravel_key(key)
         if as_list or as_padded_tensor or as_nested_tensor:

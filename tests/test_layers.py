@@ -137,6 +137,7 @@ LAYERS: dict[str, list[str]] = {
         "_typed",
         "_params",
         "_lazy_ops",
+        "_lazy_index",
         "_lazy_memmap",
         "_lazy",
         "_tensorclass_io",
