@@ -510,5 +510,7 @@ class WriteBack:
         if not changed:
             return
         backed = self.back(out.select(*changed))  # the changed entries under the source's keys
+        if backed is None:  # no way back (a dtype view)
+            return
         for key, value in leaves(backed):
             self.source.set(key, value, inplace=self.source.is_locked)

@@ -26,7 +26,7 @@ from ._settings import list_to_stack
 from ._sub_views import sub_view_entry
 from ._unbatched import UnbatchedEntry, UnbatchedTensor
 
-__all__ = ["SetOps", "is_level", "pop_missing"]
+__all__ = ["SetOps", "is_level", "pop_missing", "selected_batch"]
 
 T = TypeVar("T", bound="SetOps")
 
@@ -45,12 +45,32 @@ def pop_missing(key: NestedKey, detail: str) -> MissingKeyError:
     )
 
 
+def selected_batch(batch: torch.Size, idx: Any) -> torch.Size:
+    """The batch shape that the normalized index ``idx`` selects: computed for integers and slices
+    (``td[i] = row`` in a loop: ~1 µs), else read from a zero-stride view (~20 µs, nothing allocated).
+
+    >>> selected_batch(torch.Size([10, 4]), (slice(2, 8, 2), 1))
+    torch.Size([3])
+    >>> selected_batch(torch.Size([3]), (torch.tensor([0, 2]),))
+    torch.Size([2])
+    """
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    if len(parts) <= len(batch) and all(type(p) is int or type(p) is slice for p in parts):
+        out = []
+        for p, size in zip(parts, batch, strict=False):
+            if type(p) is slice:
+                out.append(len(range(*p.indices(size))))
+        return torch.Size(out + list(batch[len(parts) :]))
+    return torch.zeros(()).expand(batch)[idx].shape
+
+
 def _check_broadcast(given: torch.Size, selected: torch.Size) -> None:
     """``td[idx] = value``: the value's batch size must be the one ``idx`` selects, or broadcast to it."""
-    try:
-        fits = torch.broadcast_shapes(given, selected) == selected
-    except RuntimeError:
-        fits = False
+    # the usual case, equal sizes, in one comparison; torch.broadcast_shapes costs ~40 µs a call
+    fits = given == selected or (
+        len(given) <= len(selected)
+        and all(g in (1, s) for g, s in zip(reversed(given), reversed(selected), strict=False))
+    )
     if not fits:
         raise BatchSizeError(
             f"td[index] = value: the value's batch size {list(given)} differs from the source batch size "
@@ -317,7 +337,7 @@ class SetOps:
         host: Any = self
         idx = normalize_index(idx, host.batch_dims)
         if isinstance(value, SetOps):
-            _check_broadcast(value.batch_size, torch.zeros(()).expand(host.batch_size)[idx].shape)  # type: ignore[attr-defined]
+            _check_broadcast(value.batch_size, selected_batch(host.batch_size, idx))  # type: ignore[attr-defined]
         if isinstance(value, (Mapping, SetOps)):
             # non-tensor entries first: the one that cannot take the value raises before any tensor is written
             items = sorted(_items_of(value), key=lambda kv: not isinstance(self._tensordict.get(kv[0]), NonTensorData))
@@ -337,7 +357,7 @@ class SetOps:
         host: Any = self
         batch = host.batch_size
         # the batch shape that idx selects, read from a zero-stride view (nothing is allocated)
-        selected = torch.zeros(()).expand(batch)[idx].shape
+        selected = selected_batch(batch, idx)
         device = host.device
         entry: Any
         if isinstance(value, NonTensorData) and not isinstance(value, NonTensorStack):

@@ -37,9 +37,12 @@ def writes_back(back_of: Callable[..., Callable[[Any], Any] | None]) -> Callable
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             out = method(self, *args, **kwargs)
             if out is not self and not kwargs.get("inplace") and hasattr(out, "_last_op"):
-                back = back_of(self, *args, **kwargs)
-                if back is not None:
-                    out._last_op[:] = [WriteBack(out, self, back)]
+
+                def back(view: Any) -> Any:  # worked out when a block closes, not at each call
+                    way = back_of(self, *args, **kwargs)
+                    return None if way is None else way(view)
+
+                out._last_op[:] = [WriteBack(out, self, back)]
             return out
 
         return wrapper  # type: ignore[return-value]
