@@ -23,6 +23,7 @@ import torch
 
 from ._errors import ArgumentTypeError
 from ._format import LEVEL, STACK
+from ._key_ops import tensor_entries
 from ._tree_walk import binary, check_keys, node_layout, operand, prepare, walk
 
 __all__ = ["ArithmeticOps", "OPERATORS"]
@@ -548,11 +549,7 @@ def with_default(td: Any, other: Any, default: Any) -> tuple[Any, Any]:
     """
     if default is None or node_layout(other) is None:
         return td, other
-
-    def tensor_keys(c: Any) -> dict[Any, torch.Tensor]:
-        return {k: v for k in c.keys(True, True) if isinstance(v := c.get(k), torch.Tensor)}
-
-    mine, theirs = tensor_keys(td), tensor_keys(other)
+    mine, theirs = tensor_entries(td), tensor_entries(other)
     if isinstance(default, str):
         if default != "intersection":
             raise ArgumentTypeError(f"default={default!r}: pass 'intersection', a number or a tensor.")

@@ -17,6 +17,7 @@ import torch
 
 from ._errors import ArgumentTypeError, MissingKeyError, NotSupportedError
 from ._format import VALUE, VALUE_STACK
+from ._key_ops import tensor_entries
 from ._keys import unravel_key
 from ._nodes import kind_of
 
@@ -375,11 +376,10 @@ class DictOps:
         >>> x.grad.tolist()
         [3.0, 3.0, 3.0]
         """
-        node: Any = self
-        keys = [k for k in node.keys(True, True) if isinstance(node.get(k), torch.Tensor) and node.get(k).requires_grad]
-        if not keys:
+        graded = {k: t for k, t in tensor_entries(self).items() if t.requires_grad}
+        if not graded:
             raise NotSupportedError("backward(): no leaf of the tensordict requires grad.")
-        tensors = [node.get(k) for k in keys]
+        keys, tensors = list(graded), list(graded.values())
         grads: list[torch.Tensor] | None = None
         if gradient is None:
             big = [k for k, t in zip(keys, tensors, strict=True) if t.numel() != 1]

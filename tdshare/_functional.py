@@ -13,7 +13,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from ._errors import ArgumentTypeError, InvalidArgumentError, NotSupportedError
 from ._keys import NestedKey, unravel_key
-from ._lazy import LazyStackedTensorDict, dense_compatible
+from ._lazy import LazyStackedTensorDict, dense_compatible, into
 from ._nontensor import NonTensorData, NonTensorStack, stack_non_tensor
 from ._pad import pad_non_tensor
 from ._settings import set_lazy_legacy
@@ -39,13 +39,6 @@ def _check_list(input: Any, what: str) -> list[Any]:
     if not items:
         raise InvalidArgumentError(f"{what} needs at least one tensordict.")
     return items
-
-
-def _into(out: Any, result: Any) -> Any:
-    if out is None:
-        return result
-    out.update_(result)
-    return out
 
 
 def stack(
@@ -89,7 +82,7 @@ def stack(
         result = torch.stack(items, dim)
     if device is not None:
         result = result.to(device)
-    return _into(out, result)
+    return into(out, result)
 
 
 def cat(input: Sequence[Any], dim: int = 0, *, out: Any = None) -> Any:
@@ -99,7 +92,7 @@ def cat(input: Sequence[Any], dim: int = 0, *, out: Any = None) -> Any:
     >>> tdshare.cat([tdshare.TensorDict(a=torch.zeros(3), batch_size=[3])] * 2).batch_size
     torch.Size([6])
     """
-    return _into(out, torch.cat(_check_list(input, "cat"), dim))
+    return into(out, torch.cat(_check_list(input, "cat"), dim))
 
 
 def lazy_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs: Any) -> Any:
@@ -115,8 +108,8 @@ def lazy_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs:
     """
     items = _check_list(input, "lazy_stack")
     if is_tensorclass(items[0]):  # a tdshare tensorclass holds a dense tensordict
-        return _into(out, torch.stack(items, dim))
-    return _into(out, LazyStackedTensorDict(*items, stack_dim=dim, **kwargs))
+        return into(out, torch.stack(items, dim))
+    return into(out, LazyStackedTensorDict(*items, stack_dim=dim, **kwargs))
 
 
 def maybe_dense_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs: Any) -> Any:

@@ -22,7 +22,17 @@ from ._keys import NestedKey, unravel_key
 from ._nodes import kind_of
 from ._nontensor import NonTensorData
 
-__all__ = ["WriteBack", "KeyOps", "KeysView", "NO_DEFAULT", "inner_collection", "is_node", "leaves", "place"]
+__all__ = [
+    "WriteBack",
+    "KeyOps",
+    "KeysView",
+    "NO_DEFAULT",
+    "inner_collection",
+    "is_node",
+    "leaves",
+    "place",
+    "tensor_entries",
+]
 
 T = TypeVar("T", bound="KeyOps")
 
@@ -450,6 +460,17 @@ def leaves(td: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[Any, Any]]:
             yield from leaves(kind.unwrap(value)[0], full)
         else:
             yield (full if prefix else key), value
+
+
+def tensor_entries(td: Any) -> dict[Any, torch.Tensor]:
+    """Every tensor entry of a collection by its (nested) key, as ``td.get`` gives it (a lazy stack's
+    stacked), non-tensor values left out.
+
+    >>> from tdshare import TensorDict
+    >>> list(tensor_entries(TensorDict(a=torch.zeros(2), n={"b": torch.ones(2)}, s="x", batch_size=[2])))
+    ['a', ('n', 'b')]
+    """
+    return {k: v for k in td.keys(True, True) if isinstance(v := td.get(k), torch.Tensor)}
 
 
 def place(td: Any, parts: tuple[str, ...], value: Any) -> None:

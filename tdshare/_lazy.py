@@ -46,11 +46,20 @@ from ._tensordict import TensorDict
 from ._tensordict import TensorDictBase as PublicTensorDictBase  # the model's TensorDictBase is imported too
 from ._tensordict_base import TensorDictBase
 
-__all__ = ["LazyStackedTensorDict", "LAZY_STACK", "dense_compatible"]
+__all__ = ["LazyStackedTensorDict", "LAZY_STACK", "dense_compatible", "into"]
 
 T = TypeVar("T", bound="LazyStackedTensorDict")
 _NO_DEFAULT: Any = NO_DEFAULT  # the one marker TensorDictBase.get knows
 _FULL = slice(None)
+
+
+def into(out: Any, result: Any) -> Any:
+    """``result``, or, with ``out``, ``result`` written into ``out``'s tensors in place and ``out`` (the
+    ``out=`` of the stacking functions)."""
+    if out is None:
+        return result
+    out.update_(result)
+    return out
 
 
 def dense_compatible(items: Sequence[Any]) -> bool:
@@ -154,11 +163,7 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
         >>> LazyStackedTensorDict.lazy_stack([TensorDict(batch_size=[2])] * 3, 1).batch_size
         torch.Size([2, 3])
         """
-        stacked = cls(*tds, stack_dim=dim, **kwargs)
-        if out is None:
-            return stacked
-        out.update_(stacked)
-        return out
+        return into(out, cls(*tds, stack_dim=dim, **kwargs))
 
     @classmethod
     def maybe_dense_stack(cls, tds: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs: Any) -> Any:
@@ -177,11 +182,7 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
             return cls.lazy_stack(items, dim, out=out, **kwargs)
         if all(isinstance(i, TensorDictBase) for i in items):
             return TensorDict.stack(items, dim, out=out)
-        stacked = torch.stack(items, dim)  # tensorclass instances: an instance of their class
-        if out is None:
-            return stacked
-        out.update_(stacked)
-        return out
+        return into(out, torch.stack(items, dim))  # tensorclass instances: an instance of their class
 
     @classmethod
     def _new_stack(cls: type[T], members: Sequence[Any], stack_dim: int, name: str | None) -> T:

@@ -207,9 +207,14 @@ class MemmapFamily(
         if archive and prefix is None:
             like.memmap(None, archive=True)  # refused by name
         if prefix is not None and (archive or (archive is None and os.fspath(prefix).endswith(".tdz"))):
-            if return_early:
-                like.memmap(prefix, archive=True, num_threads=num_threads, return_early=True)  # refused by name
-            like.memmap(prefix, existsok=existsok, num_threads=num_threads, robust_key=robust_key, archive=True)
+            like.memmap(  # return_early is refused by name for an archive
+                prefix,
+                existsok=existsok,
+                num_threads=num_threads,
+                return_early=return_early,
+                robust_key=robust_key,
+                archive=True,
+            )
             return type(self).load_memmap(prefix, robust_key=robust_key, mode="r+")
         return like.memmap_(
             prefix,

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ._errors import ArgumentTypeError
+from ._key_ops import tensor_entries
 from ._tree_walk import foreach_leaves, walk
 
 __all__ = ["LIKE_FUNCTIONS", "LOSS_FUNCTIONS", "PointwiseOps", "TORCH_FUNCTIONS", "UNARY"]
@@ -249,25 +250,21 @@ def _grad(outputs: Any, inputs: Any, grad_outputs: Any = None, **kwargs: Any) ->
         inputs = inputs[0]
     if isinstance(grad_outputs, tuple) and len(grad_outputs) == 1:
         grad_outputs = grad_outputs[0]
-
-    def tensor_keys(td: Any) -> list[Any]:
-        return [k for k in td.keys(True, True) if isinstance(td.get(k), torch.Tensor)]
-
-    out_keys = tensor_keys(outputs)
+    outs = tensor_entries(outputs)
     levels = inputs._lazy_members() or [inputs]
-    wanted = [(level, tensor_keys(level)) for level in levels]
+    wanted = [(level, tensor_entries(level)) for level in levels]
     grads = iter(
         torch.autograd.grad(
-            [outputs.get(k) for k in out_keys],
-            [level.get(k) for level, keys in wanted for k in keys],
-            None if grad_outputs is None else [grad_outputs.get(k) for k in out_keys],
+            list(outs.values()),
+            [leaf for _, leaves in wanted for leaf in leaves.values()],
+            None if grad_outputs is None else [grad_outputs.get(k) for k in outs],
             **kwargs,
         )
     )
     results = []
-    for level, keys in wanted:
-        result = level.select(*keys).copy()
-        for key in keys:
+    for level, leaves in wanted:
+        result = level.select(*leaves).copy()
+        for key in leaves:
             result.set(key, next(grads))
         results.append(result)
     return results[0] if inputs._lazy_members() is None else inputs._restack(results)

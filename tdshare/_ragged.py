@@ -75,8 +75,6 @@ def read_through_lazy(td: Any, parts: tuple[str, ...], default: Any, ragged: dic
             rest = parts[depth:]
             if ragged["as_list"]:
                 return [m.get(rest, default) for m in members]
-            if not (ragged["as_padded_tensor"] or ragged["as_nested_tensor"]):
-                return node.get(rest, default)
             side, value = ragged["padding_side"], ragged["padding_value"]
             return node._ragged(rest, default, ragged["as_padded_tensor"], ragged["layout"], side, value)
         child = node._tensordict.get(parts[depth]) if depth < len(parts) - 1 else None
@@ -177,11 +175,7 @@ class RaggedReads:
             DeprecationWarning,
             stacklevel=2,
         )
-        values = self._member_values(key, default)
-        if values is None:
-            return default
-        plain = [torch.Tensor.as_subclass(v, torch.Tensor) for v in values]
-        return torch.nested.as_nested_tensor(plain, layout=torch.strided if layout is None else layout)
+        return self._ragged(key, default, False, torch.strided if layout is None else layout, "right", 0.0)
 
 
 class DensifyOps:

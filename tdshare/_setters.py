@@ -113,10 +113,7 @@ class SetOps:
         short, batch = value.batch_size, self._batch_size
         if len(short) >= len(batch) or batch[: len(short)] != short or not is_level(value):
             return value
-        wide = value.copy()
-        was_locked = wide.is_locked
-        if was_locked:
-            wide.unlock_()
+        wide = value.copy()  # a shallow copy, unlocked: its batch size can change
         try:
             wide.batch_size = batch
         except BatchSizeError as err:
@@ -124,8 +121,6 @@ class SetOps:
                 f"batch dimension mismatch for key {key!r}: the tensordict value has batch size {list(short)}, and "
                 f"giving it this tensordict's {list(batch)} failed: {err}"
             ) from None
-        if was_locked:
-            wide.lock_()
         return wide
 
     def _convert(self, key: str, value: Any) -> Any:

@@ -228,6 +228,11 @@ def test_memmap_like_zeroes_every_kind_and_keeps_the_original(tmp_path: Path, ki
     if prefix is None:
         with pytest.raises(ValueError, match="archive=True needs a prefix"):
             obj.memmap_like(None, archive=True)
+    if backend == "archive":  # refused before anything is written, whatever num_threads says
+        for threads in (0, 2):
+            with pytest.raises(NotImplementedError, match="return_early"):
+                obj.memmap_like(tmp_path / f"early{threads}.tdz", num_threads=threads, return_early=True)
+            assert not (tmp_path / f"early{threads}.tdz").exists()
 
 
 @pytest.mark.parametrize("backend", ["folder", "anonymous"])
