@@ -115,6 +115,78 @@ class ConversionOps:
         return type(self).from_dict(converted, names=names, **kwargs)  # type: ignore[arg-type]
 
     @classmethod
+    def from_list(
+        cls,
+        input: Sequence[Any],
+        *,
+        auto_batch_size: bool | None = None,
+        batch_size: Sequence[int] | torch.Size | None = None,
+        device: torch.device | str | None = None,
+        batch_dims: int | None = None,
+        names: Sequence[str | None] | None = None,
+        lazy: bool | None = None,
+    ) -> Any:
+        """A tensordict stacking the dicts (or tensor collections) of ``input`` along a new first dim.
+
+        Each dict goes through :meth:`from_dict` (with ``batch_size[1:]``, ``auto_batch_size``,
+        ``batch_dims - 1``); a tensordict or tensorclass in the list is stacked as it is.
+
+        Args:
+            input: the dicts or tensor collections, at least one.
+            auto_batch_size: give each element the longest leading shape its entries share.
+            batch_size: the result's batch size, the list's length first.
+            device: the device of the result (its leaves are moved there).
+            batch_dims: at most this many batch dims in the result (the list's included); turns
+                ``auto_batch_size`` on when it is None.  Not with ``batch_size``.
+            names: the names of the result's batch dims, the list's first.
+            lazy: ``True`` a lazy stack, ``False`` a dense one; None: dense when the elements share
+                keys and shapes, lazy otherwise.
+
+        Raises:
+            InvalidArgumentError: ``batch_size[0]`` is not the list's length, both ``batch_size`` and
+                ``batch_dims``, or an empty list (a ``ValueError``).
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> rows = [{"a": torch.zeros(3)}, {"a": torch.ones(3)}]
+        >>> td = TensorDict.from_list(rows, batch_size=[2, 3], names=["x", "y"])
+        >>> td.batch_size, td.names
+        (torch.Size([2, 3]), ['x', 'y'])
+        """
+        if batch_size is not None and batch_dims is not None:
+            raise InvalidArgumentError("from_list: pass batch_size or batch_dims, not both.")
+        items = list(input)
+        if not items:
+            raise InvalidArgumentError("from_list needs at least one element to stack; got an empty list.")
+        size = None if batch_size is None else as_size(batch_size)
+        if size is not None and (not size or size[0] != len(items)):
+            raise InvalidArgumentError(
+                f"from_list: the batch size {list(size)} does not match the length of the list ({len(items)}); "
+                "its first dimension is the list's."
+            )
+        level: Any = cls._level_class()  # type: ignore[attr-defined]
+        options: dict[str, Any] = {"auto_batch_size": auto_batch_size}
+        if size is not None:
+            options["batch_size"] = size[1:]
+        if batch_dims is not None:
+            options["batch_dims"] = max(batch_dims - 1, 0)
+        elements = [
+            level.from_dict(item, **options) if isinstance(item, Mapping) and inner_collection(item) is None else item
+            for item in items
+        ]
+        if lazy:
+            out = level.lazy_stack(elements)
+        elif lazy is None:
+            out = level.maybe_dense_stack(elements)
+        else:
+            out = torch.stack(elements)
+        if device is not None:
+            out = out.to(device)
+        if names is not None:
+            out.names = names
+        return out
+
+    @classmethod
     def fromkeys(cls, keys: Sequence[NestedKey], value: Any = 0) -> Any:
         """A tensordict of batch size ``[]`` with ``value`` at each of ``keys``.
 

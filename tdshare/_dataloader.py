@@ -13,6 +13,7 @@ stack, tensorclass), through a marker class whose ``isinstance`` asks the node r
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -77,6 +78,29 @@ class LoaderOps:
 
     def _map(self: T, fn: Callable[[torch.Tensor], Any], *args: Any) -> T:
         raise NotImplementedError
+
+    def pin_memory_(self: T, num_threads: int = 0) -> T:
+        """Deprecated: ``pin_memory(num_threads, inplace=True)`` (pinning makes new storage, so the
+        reference renames it and removes ``pin_memory_`` in its 0.17).  Emits a ``DeprecationWarning``.
+
+        Raises:
+            RuntimeError: no accelerator to pin memory for (raised by torch).
+
+        >>> import torch, warnings
+        >>> from tdshare import TensorDict
+        >>> td = TensorDict(x=torch.zeros(2), batch_size=[2])
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore", DeprecationWarning)
+        ...     out = td.pin_memory_() if torch.cuda.is_available() else td
+        >>> out is td
+        True
+        """
+        warnings.warn(
+            "pin_memory_() is deprecated (tensordict removes it in 0.17); use pin_memory(inplace=True) instead.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.pin_memory(num_threads, inplace=True)
 
     def pin_memory(self: T, num_threads: int | None = None, inplace: bool = False) -> T:
         """A copy whose tensor leaves are in pinned (page-locked) memory, for fast copies to a GPU.

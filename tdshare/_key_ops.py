@@ -448,6 +448,18 @@ def inner_collection(value: Any) -> Any:
     return None
 
 
+def collection_of(value: Any) -> Any:
+    """The collection whose keys sit below ``value``: a tensordict or lazy stack itself, a
+    tensorclass's tensordict; None for a leaf."""
+    if is_node(value):
+        return value
+    if inner_collection(value) is None:
+        return None
+    kind = kind_of(value)
+    assert kind is not None and kind.unwrap is not None  # inner_collection checked it
+    return kind.unwrap(value)[0]
+
+
 def leaves(td: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[Any, Any]]:
     """(key, stored leaf) for every leaf, walking into nested collections (tensorclasses included)."""
     for key in td.keys():

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Literal, TypeVar, overload
 
 from ._files import zero_broadcast
@@ -539,3 +540,23 @@ class MemmapFamily(
         True ['a'] [1.0, 1.0, 1.0]
         """
         return load_into(self, prefix, robust_key, allow_pickle=allow_pickle, mode=mode)
+
+    def load_(self: T, prefix: PathLike, *args: Any, **kwargs: Any) -> T:
+        """Deprecated alias of :meth:`load_memmap_` (as in the reference, removed in its 0.17).
+
+        Emits a ``DeprecationWarning``, then calls ``load_memmap_(prefix, *args, **kwargs)``.
+
+        >>> import tempfile, warnings
+        >>> from tdshare import TensorDict
+        >>> with tempfile.TemporaryDirectory() as path, warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore", DeprecationWarning)
+        ...     _ = TensorDict(a=torch.ones(3), batch_size=[3]).save(path)
+        ...     TensorDict(a=torch.zeros(3), batch_size=[3]).load_(path)["a"].tolist()
+        [1.0, 1.0, 1.0]
+        """
+        warnings.warn(
+            "load_() is deprecated (tensordict removes it in 0.17); use load_memmap_() instead.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.load_memmap_(prefix, *args, **kwargs)

@@ -20,7 +20,7 @@ from torch import nn
 
 from ._errors import InvalidArgumentError, MissingKeyError, NotSupportedError, StateDictKeysError
 from ._format import LAZY_STACK_TYPE
-from ._key_ops import is_node
+from ._key_ops import collection_of, is_node
 from ._keys import unravel_key
 from ._nodes import kind_for_tag
 
@@ -213,11 +213,12 @@ class NnOps:
         out._metadata[prefix[:-1]] = {"batch_size": td.batch_size, "device": td.device}
         for key in td.keys():
             value = td._get_leaf((key,))
-            if is_node(value):
+            inner = collection_of(value)  # a tensordict, a lazy stack, a tensorclass's tensordict
+            if inner is not None:
                 if flatten:
-                    value.state_dict(out, f"{prefix}{key}.", keep_vars, True)
+                    inner.state_dict(out, f"{prefix}{key}.", keep_vars, True)
                 else:
-                    out[prefix + key] = value.state_dict(keep_vars=keep_vars, flatten=False)
+                    out[prefix + key] = inner.state_dict(keep_vars=keep_vars, flatten=False)
             elif isinstance(value, torch.Tensor):
                 out[prefix + key] = value if keep_vars else value.detach()
         return out
@@ -251,8 +252,9 @@ class NnOps:
         mine = {unravel_key(k) for k, v in _tensor_items(td)}
         if strict and set(given) != mine:
             missing, extra = sorted(map(".".join, mine - set(given))), sorted(map(".".join, set(given) - mine))
+            lead = f"Key '{extra[0]}' wasn't expected in the state-dict. " if extra else ""  # the reference's words
             raise StateDictKeysError(
-                f"load_state_dict(strict=True): missing keys {missing}, unexpected keys {extra}; "
+                f"{lead}load_state_dict(strict=True): missing keys {missing}, unexpected keys {extra}; "
                 "pass strict=False to load what matches."
             )
         for key, value in given.items():
@@ -349,7 +351,7 @@ def _nested_items(state: Mapping[str, Any], flat: bool, prefix: tuple[str, ...] 
 def _tensor_items(td: Any, prefix: tuple[str, ...] = ()) -> Any:
     for key in td.keys():
         value = td._get_leaf((key,))
-        if is_node(value):
-            yield from _tensor_items(value, (*prefix, key))
+        if (inner := collection_of(value)) is not None:
+            yield from _tensor_items(inner, (*prefix, key))
         elif isinstance(value, torch.Tensor):
             yield (*prefix, key), value

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._errors import InvalidArgumentError, MissingKeyError, NotSupportedError
+from ._errors import BatchSizeError, InvalidArgumentError, MissingKeyError, NotSupportedError
 from ._key_ops import NO_DEFAULT
 from ._keys import NestedKey, unravel_key
 
@@ -207,6 +207,33 @@ class DensifyOps:
         ('TensorDict', True, [1.0, 1.0, 1.0, 1.0])
         """
         return _densified(self, layout)
+
+    def to_padded_tensor(self, padding: float = 0.0, mask_key: NestedKey | None = None) -> Any:
+        """A tensordict whose nested-tensor leaves are padded dense tensors
+        (``torch.nested.to_padded_tensor``); the other leaves are kept.
+
+        Args:
+            padding: the value of the padding.
+            mask_key: where the reference writes a mask of the valid elements when a batch dim is
+                ragged; tdshare has no ragged batch dims, so any ``mask_key`` is refused.
+
+        Raises:
+            BatchSizeError: ``mask_key`` was given (a ``RuntimeError``, as the reference's without a
+                ragged batch dim).
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged)
+        >>> TensorDict(a=nested, batch_size=[2]).to_padded_tensor(1.0)["a"].tolist()
+        [[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
+        """
+        if mask_key is not None:
+            raise BatchSizeError(
+                f"to_padded_tensor(mask_key={mask_key!r}): a mask is written only for a ragged batch dimension, "
+                "and tdshare's batch dimensions are never ragged; read the nested leaves' lengths instead."
+            )
+        td: Any = self
+        return td._map(lambda t: torch.nested.to_padded_tensor(t, padding) if t.is_nested else t)
 
 
 def _densified(node: Any, layout: Any) -> Any:

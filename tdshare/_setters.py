@@ -168,6 +168,10 @@ class SetOps:
                 child = node._from_leaves({}, node._batch_size, node._device, node._names)
                 node._tensordict[part] = child
             elif not isinstance(child, SetOps):
+                if _is_wrapped(child):
+                    rest = key[depth + 1 :]  # a tensorclass entry sets its own fields (and checks them)
+                    child.set(rest if len(rest) > 1 else rest[0], value, inplace=inplace)
+                    return
                 raise MissingKeyError(f"Cannot set {key!r}: {part!r} is a leaf, not a nested tensordict.")
             node = child
         last = key[-1]
@@ -264,6 +268,9 @@ class SetOps:
         parent = td._get_leaf(parts[:-1]) if len(parts) > 1 else self
         if parent is not self and isinstance(parent, SetOps) and not is_level(parent):
             parent.set_(parts[-1], value)  # a lazy stack writes into its members
+            return self
+        if _is_wrapped(parent):  # a tensorclass entry writes its own field
+            parent.set_(parts[-1], value)
             return self
         if not isinstance(parent, SetOps) or parts[-1] not in parent._tensordict:
             where = sorted(parent._tensordict, key=str) if isinstance(parent, SetOps) else []
@@ -490,3 +497,9 @@ def _regular_dims(nested: torch.Tensor, count: int) -> list[int]:
         except RuntimeError:  # ragged: the pieces differ in this dim
             dims.append(-1)
     return dims
+
+
+def _is_wrapped(value: Any) -> bool:
+    """Whether ``value`` is a registered class around a collection (a tensorclass instance)."""
+    kind = kind_of(value)
+    return kind is not None and kind.unwrap is not None

@@ -78,6 +78,12 @@ class DtypeCasts:
     int32 = _cast(torch.int32, "int32")
     int64 = _cast(torch.int64, "int64")
     uint8 = _cast(torch.uint8, "uint8")
+    uint16 = _cast(torch.uint16, "uint16")
+    uint32 = _cast(torch.uint32, "uint32")
+    uint64 = _cast(torch.uint64, "uint64")
+    complex32 = _cast(torch.complex32, "complex32")
+    complex64 = _cast(torch.complex64, "complex64")
+    complex128 = _cast(torch.complex128, "complex128")
 
 
 class SurfaceOps(DtypeCasts):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import sys
 import types
 from types import FunctionType
@@ -76,7 +77,8 @@ _RESERVED_FIELDS = frozenset(n for n in _OPS if n.startswith("_") and not n.star
 )
 
 
-_CONSTRUCTOR = frozenset({"batch_size", "device", "names"})  # the constructor's own keywords
+_CONSTRUCTOR_ORDER = ("batch_size", "device", "names")
+_CONSTRUCTOR = frozenset(_CONSTRUCTOR_ORDER)  # the constructor's own keywords
 
 
 def tensorclass(
@@ -176,6 +178,7 @@ def _decorate(cls: Any, options: TensorClassOptions) -> Any:
         if any(name in vars(base) for base in cls.__mro__[1:]):  # inherited (a TensorClass subclass): the field wins
             setattr(cls, name, _FieldSlot(name))
     setattr(cls, FIELDS_ATTR, tuple(f.name for f in fields))
+    cls.__signature__ = _signature(fields, options)  # type: ignore[attr-defined]
     cls.__tdshare_defaults__ = defaults  # type: ignore[attr-defined]
     cls.__tdshare_options__ = options  # type: ignore[attr-defined]
     if options.frozen:
@@ -192,6 +195,40 @@ def _decorate(cls: Any, options: TensorClassOptions) -> Any:
         )
     )
     return cls
+
+
+class _Factory:
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_FACTORY = _Factory()
+
+
+def _signature(fields: list[dataclasses.Field], options: TensorClassOptions) -> inspect.Signature:
+    """The constructor's signature, as ``inspect.signature(cls)`` shows it: the fields, then
+    ``batch_size``, ``device`` and ``names``."""
+    kind = inspect.Parameter.KEYWORD_ONLY if options.kw_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = []
+    for f in fields:
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = _FACTORY  # made per instance: not called here
+        else:
+            default = inspect.Parameter.empty
+        params.append(inspect.Parameter(f.name, kind, default=default, annotation=f.type))
+    if not options.kw_only and any(p.default is not inspect.Parameter.empty for p in params):
+        # a field without a default after one with: the signature reads it as keyword-only, as Python would
+        seen_default = False
+        for i, p in enumerate(params):
+            seen_default = seen_default or p.default is not inspect.Parameter.empty
+            if seen_default and p.default is inspect.Parameter.empty:
+                params[i:] = [q.replace(kind=inspect.Parameter.KEYWORD_ONLY) for q in params[i:]]
+                break
+    for name in _CONSTRUCTOR_ORDER:
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None))
+    return inspect.Signature(params)
 
 
 def _check_field_name(cls: type, name: str, options: TensorClassOptions) -> None:

@@ -11,7 +11,7 @@ None has no entry at all, as in the reference.  Other TensorDict methods are rea
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -33,6 +33,7 @@ from ._keys import NestedKey, unravel_key
 from ._nontensor import NonTensorData
 from ._pointwise import LIKE_FUNCTIONS, LOSS_FUNCTIONS, TORCH_FUNCTIONS
 from ._shape_torch import shape_torch_function
+from ._tensorclass_build import TensorClassBuild
 from ._tensorclass_io import TensorClassIO
 from ._tensorclass_options import TensorClassOptions, stored_value
 from ._tensorclass_stack import combine_instances, plain_collection
@@ -64,7 +65,7 @@ def is_tensorclass(obj: Any) -> bool:
     return isinstance(getattr(cls, FIELDS_ATTR, None), tuple)
 
 
-class TensorClassOps(TensorClassIO, TensorClassState):
+class TensorClassOps(TensorClassIO, TensorClassState, TensorClassBuild):
     """The in-memory methods that :func:`tensorclass` gives a class (see its docstring)."""
 
     _tensordict: TensorDict
@@ -104,8 +105,10 @@ class TensorClassOps(TensorClassIO, TensorClassState):
             values[name] = value
         missing = [n for n in fields if n not in values and n not in cls.__tdshare_defaults__]
         if missing:
+            plural = "s" if len(missing) > 1 else ""
             raise ArgumentTypeError(
-                f"{cls.__name__}() is missing the required field(s) {missing}: pass them, or give them defaults."
+                f"{cls.__name__}.__init__() missing {len(missing)} required positional argument{plural}: "
+                f"{', '.join(map(repr, missing))}; pass them, or give the fields defaults."
             )
         self.__dict__["_tensordict"] = TensorDict({}, batch_size=batch_size, device=device)
         for name in fields:
@@ -308,22 +311,62 @@ class TensorClassOps(TensorClassIO, TensorClassState):
             self.get(parts[0]).set_(parts[1:] if len(parts) > 2 else parts[1], value)
         return self
 
-    def update(self: T, other: Any, inplace: bool = False, **kwargs: Any) -> T:
-        """Set every field of ``other`` (an instance, a TensorDict or a mapping) on ``self``; return ``self``.
+    def update(self: T, input_dict_or_td: Any = None, clone: bool = False, inplace: bool = False, **kwargs: Any) -> T:
+        """Set every field of ``input_dict_or_td`` (an instance, a TensorDict or a mapping) and of the
+        field keywords on ``self`` (the keywords win); return ``self``.
+
+        A mapping or collection for a field that holds a collection updates it, level by level.  The
+        other keywords are those of :meth:`tdshare.TensorDict.update` (``keys_to_update``...).
+
+        Raises:
+            FieldError: a key that is not a field.
 
         >>> import torch, tdshare
         >>> @tdshare.tensorclass
         ... class Obs:
         ...     x: torch.Tensor
-        >>> Obs(x=torch.ones(1), batch_size=[1]).update({"x": torch.zeros(1)}).x.tolist()
-        [0.0]
+        ...     y: torch.Tensor
+        >>> obs = Obs(x=torch.ones(1), y=torch.ones(1), batch_size=[1])
+        >>> obs.update({"x": torch.zeros(1)}, y=torch.full((1,), 2.0)).x.tolist(), obs.y.tolist()
+        ([0.0], [2.0])
         """
-        if kwargs:  # the keywords of TensorDict.update (clone, keys_to_update, ...): the tensordict does it
-            self._tensordict.update(other._tensordict if is_tensorclass(other) else other, inplace=inplace, **kwargs)
+        entries = {k: kwargs.pop(k) for k in list(kwargs) if k in type(self).__tdshare_fields__}
+        source = input_dict_or_td._tensordict if is_tensorclass(input_dict_or_td) else input_dict_or_td
+        if kwargs:  # the keywords of TensorDict.update (keys_to_update, ...): the tensordict does it
+            self._tensordict.update(source, clone, inplace, **kwargs, **entries)
             return self
-        items = other._tensordict._tensordict.items() if is_tensorclass(other) else _items(other)
-        for key, value in list(items):
-            self.set(key, value, inplace=inplace)
+        items = list(_items(source)) if source is not None else []
+        for key, value in [*items, *entries.items()]:
+            current = self.get(key) if is_key(key) and unravel_key(key)[0] in type(self).__tdshare_fields__ else None
+            if (
+                current is not None
+                and (isinstance(current, TensorDictBase) or is_tensorclass(current))
+                and (isinstance(value, Mapping) or isinstance(value, TensorDictBase) or is_tensorclass(value))
+                and not isinstance(value, NonTensorData)
+            ):
+                current.update(value, clone, inplace)
+                continue
+            self.set(key, value.clone() if clone and hasattr(value, "clone") else value, inplace=inplace)
+        return self
+
+    def update_(self: T, input_dict_or_td: Any = None, clone: bool = False, **kwargs: Any) -> T:
+        """Write every field of ``input_dict_or_td`` and of the field keywords into the existing
+        fields (allowed while locked); return ``self``.  Other keywords are those of
+        :meth:`tdshare.TensorDict.update_`.
+
+        Raises:
+            MissingKeyError: a field that is unset.
+
+        >>> import torch, tdshare
+        >>> @tdshare.tensorclass
+        ... class Obs:
+        ...     x: torch.Tensor
+        >>> obs = Obs(x=torch.ones(2), batch_size=[2]).lock_()
+        >>> obs.update_(x=torch.zeros(2)).x.tolist()
+        [0.0, 0.0]
+        """
+        source = input_dict_or_td._tensordict if is_tensorclass(input_dict_or_td) else input_dict_or_td
+        self._tensordict.update_(source, clone, **kwargs)
         return self
 
     # -- indexing -----------------------------------------------------------------------------
@@ -515,8 +558,10 @@ def rebuild_tensorclass(cls: type[T], td: TensorDictBase) -> T:
 
 
 def _forward(tc: Any, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call a TensorDict method of ``tc``'s tensordict; a tensordict result becomes an instance again."""
-    return _rewrap(tc, method(*args, **kwargs))
+    """Call a TensorDict method of ``tc``'s tensordict; a tensordict result becomes an instance again
+    (except where the call asks for a tensordict: ``select(..., as_tensordict=True)``)."""
+    result = method(*args, **kwargs)
+    return result if kwargs.get("as_tensordict") else _rewrap(tc, result)
 
 
 def _rewrap(tc: Any, result: Any) -> Any:

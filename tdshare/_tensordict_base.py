@@ -23,6 +23,7 @@ from ._consolidate import ConsolidateOps
 from ._conversions import ConversionOps
 from ._dataloader import LoaderOps
 from ._dict_ops import DictOps
+from ._entry_queries import EntryQueryOps
 from ._errors import (
     ArgumentTypeError,
     ContainsKeyTypeError,
@@ -51,6 +52,7 @@ from ._pytree_convert import PytreeOps
 from ._ragged import DensifyOps, read_through_lazy
 from ._reduce_ops import ReduceOps
 from ._reductions import decode_level, encode_level
+from ._rename_keys import RenameOps
 from ._setters import SetOps
 from ._shape_ops import ShapeOps
 from ._sub_views import SubViewOps, pull_from_parent
@@ -101,6 +103,8 @@ class TensorDictBase(
     SubViewOps,
     PytreeOps,
     NewOps,
+    EntryQueryOps,
+    RenameOps,
 ):
     """A dictionary of tensors whose leading dimensions all equal ``batch_size``.
 
@@ -315,6 +319,9 @@ class TensorDictBase(
             if depth and isinstance(node, TensorDictBase) and not is_collection(node):
                 return node._get_leaf(key[depth:], default)  # a lazy stack reads its members
             if not isinstance(node, TensorDictBase) or part not in node._tensordict:
+                inner = None if isinstance(node, TensorDictBase) else wrapped_collection(node)
+                if inner is not None:  # a tensorclass entry: its fields are the keys below it
+                    return inner._get_leaf(key[depth:], default)
                 if isinstance(node, TensorDictBase) and pull_from_parent(node, part):
                     node = node._tensordict[part]  # a key the parent of a sub-tensordict view got later
                     continue
@@ -446,11 +453,11 @@ class TensorDictBase(
         a pending leaf mapped)."""
         for key, leaf in raw_items(self._tensordict):
             full = (*prefix, key)
-            is_td = isinstance(leaf, TensorDictBase)
-            if not (is_td and leaves_only):
+            node = _walked(leaf)
+            if node is None or not leaves_only:
                 yield full if prefix else key
-            if is_td and include_nested:
-                yield from leaf._iter_keys(True, leaves_only, full)
+            if node is not None and include_nested:
+                yield from node._iter_keys(True, leaves_only, full)
 
     def _stored_tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor this tree stores (a lazy stack's members' own), for in-place work on them."""
@@ -508,11 +515,11 @@ class TensorDictBase(
     ) -> Iterator[tuple[Any, Any]]:
         for key, leaf in self._tensordict.items():
             full = (*prefix, key)
-            is_td = isinstance(leaf, TensorDictBase)
-            if not (is_td and leaves_only):
+            node = _walked(leaf)
+            if node is None or not leaves_only:
                 yield (full if prefix else key), leaf
-            if is_td and include_nested:
-                yield from leaf._iter_items(True, leaves_only, full)
+            if node is not None and include_nested:
+                yield from node._iter_items(True, leaves_only, full)
 
     def __iter__(self) -> Iterator[Any]:
         if not self._batch_size:
@@ -631,6 +638,14 @@ def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
 
 
 TENSORDICT = register(NodeKind("TensorDict", LEVEL, "TensorDict", TensorDictBase, TD_TYPE))
+
+
+def _walked(leaf: Any) -> TensorDictBase | None:
+    """The collection that nested keys walk into at ``leaf``: a tensordict or lazy stack, or the
+    tensordict of a tensorclass instance (as the reference's ``keys(True)``); None for a leaf."""
+    if isinstance(leaf, torch.Tensor):
+        return leaf if isinstance(leaf, TensorDictBase) else None
+    return leaf if isinstance(leaf, TensorDictBase) else wrapped_collection(leaf)
 
 
 def wrapped_collection(value: Any) -> TensorDictBase | None:
