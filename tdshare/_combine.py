@@ -78,6 +78,8 @@ class CombineOps:
             if isinstance(leaf, CombineOps):
                 leaves[key] = leaf._compare(theirs, op)
             elif isinstance(leaf, NonTensorData):
+                if not keyed:
+                    continue  # a value against a number or tensor: left out, as the reference leaves it empty
                 equal = leaf == theirs  # a NonTensorStack compares element-wise
                 if isinstance(equal, torch.Tensor):
                     leaves[key] = op(equal, True)

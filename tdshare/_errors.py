@@ -15,6 +15,7 @@ __all__ = [
     "ContainsKeyTypeError",
     "LockedError",
     "BatchSizeError",
+    "DeviceError",
     "MemmapError",
     "FileExistsRuntimeError",
     "NotMemmapError",
@@ -77,6 +78,18 @@ class BatchSizeError(TdshareError, RuntimeError):
     ... except RuntimeError as err:  # BatchSizeError is a RuntimeError
     ...     print(type(err).__name__)
     BatchSizeError
+    """
+
+
+class DeviceError(TdshareError, RuntimeError):
+    """A device change asked of a tensordict in place (``td.device = ...``): use ``td.to(device)``.
+
+    >>> from tdshare import TensorDict
+    >>> try:
+    ...     TensorDict(a=torch.zeros(2)).device = "cpu"
+    ... except RuntimeError as err:  # DeviceError is a RuntimeError
+    ...     print(type(err).__name__)
+    DeviceError
     """
 
 

@@ -44,7 +44,7 @@ from ._ragged import RaggedReads
 from ._setters import pop_missing
 from ._tensordict import TensorDict
 from ._tensordict import TensorDictBase as PublicTensorDictBase  # the model's TensorDictBase is imported too
-from ._tensordict_base import TensorDictBase
+from ._tensordict_base import TensorDictBase, device_set_refused
 
 __all__ = ["LazyStackedTensorDict", "LAZY_STACK", "dense_compatible", "into"]
 
@@ -60,6 +60,14 @@ def into(out: Any, result: Any) -> Any:
         return result
     out.update_(result)
     return out
+
+
+def _holds_collection(td: Any, key: str) -> bool:
+    """Whether ``td``'s entry ``key`` is a tensordict (in every member, for a lazy stack)."""
+    stack = td._stack_parts()
+    if stack is not None:
+        return all(_holds_collection(member, key) for member in stack[0])
+    return isinstance(td._tensordict.get(key), TensorDictBase)
 
 
 def dense_compatible(items: Sequence[Any]) -> bool:
@@ -95,17 +103,20 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
     """Tensordicts stacked along ``stack_dim`` lazily: the members stay as they are.
 
     Args:
-        *tensordicts: the members (``TensorDict`` or lazy stacks), all of one batch size.
+        *tensordicts: the members (``TensorDict`` or lazy stacks), all of one batch size; none
+            makes an empty stack (its stack dim of size 0).
         stack_dim: the position of the new batch dimension (negative counts from the end).
         stack_dim_name: the name of that dimension, if any.
         strict_shape: accepted as the reference takes it; the members must agree on the batch size
             whatever its value (the reference, without it, allows ragged batch dims).
+        batch_size, device: for an empty stack, its members' batch size (default ``[]``) and the
+            device (default None); with members, they are the members'.
 
     Returns a stack whose batch size is the members' with ``len(tensordicts)`` inserted at
     ``stack_dim``.
 
     Raises:
-        InvalidArgumentError: no members, or ``stack_dim`` outside the batch dimensions.
+        InvalidArgumentError: ``stack_dim`` outside the batch dimensions.
         ArgumentTypeError: a member that is not a tensordict (the message names it).
         BatchSizeError: members whose batch sizes differ (the message names the member).
 
@@ -128,16 +139,19 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
         stack_dim: int = 0,
         stack_dim_name: str | None = None,
         strict_shape: bool = False,
+        batch_size: Sequence[int] | torch.Size | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
         del strict_shape  # tdshare's members always agree on the batch size (see the class docstring)
         members = list(tensordicts)
-        if not members:
-            raise InvalidArgumentError("A LazyStackedTensorDict needs at least one member tensordict.")
+        # an empty stack's own batch size and device (a stack with members follows them)
+        self._empty_batch = torch.Size(batch_size or [])
+        self._empty_device = None if device is None else torch.device(device)
         base = TensorDictBase
         if not all(isinstance(td, base) for td in members):  # (one pass each: a stack of a thousand members)
             i, td = next((i, td) for i, td in enumerate(members) if not isinstance(td, base))
             raise ArgumentTypeError(f"Member {i} of the lazy stack is a {type(td).__name__}, not a tensordict.")
-        sizes = [td.batch_size for td in members]
+        sizes = [td.batch_size for td in members] or [self._empty_batch]
         if sizes.count(sizes[0]) != len(sizes):
             i = next(i for i, size in enumerate(sizes) if size != sizes[0])
             raise BatchSizeError(
@@ -145,7 +159,7 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
                 "batch sizes in tensordicts differs, and stacking tensordicts requires them to agree on the batch "
                 "dimensions (tdshare has no ragged batch dims: pad or index the members first)."
             )
-        ndim = members[0].batch_dims + 1
+        ndim = len(sizes[0]) + 1
         if not -ndim <= stack_dim < ndim:
             raise InvalidArgumentError(f"stack_dim {stack_dim} is out of range for {ndim} batch dimension(s).")
         self._members = []  # before _init_empty: the batch size is computed from the members
@@ -185,8 +199,8 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
         return into(out, torch.stack(items, dim))  # tensorclass instances: an instance of their class
 
     @classmethod
-    def _new_stack(cls: type[T], members: Sequence[Any], stack_dim: int, name: str | None) -> T:
-        return cls(*members, stack_dim=stack_dim, stack_dim_name=name)
+    def _new_stack(cls: type[T], members: Sequence[Any], stack_dim: int, name: str | None, **empty: Any) -> T:
+        return cls(*members, stack_dim=stack_dim, stack_dim_name=name, **empty)
 
     @classmethod
     def _level_class(cls) -> type[TensorDictBase]:
@@ -224,7 +238,10 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
     @property
     def _batch_size(self) -> torch.Size:
         if not self._members:
-            return torch.Size([])
+            batch = list(self._empty_batch)
+            if hasattr(self, "_stack_dim"):  # (not yet while __init__ runs)
+                batch.insert(self._stack_dim, 0)
+            return torch.Size(batch)
         batch = list(self._members[0].batch_size)
         batch.insert(self._stack_dim, len(self._members))
         return torch.Size(batch)
@@ -278,7 +295,7 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
         >>> LazyStackedTensorDict(a, b, stack_dim_name="s").names
         ['s', 'n']
         """
-        names = list(self._members[0].names)
+        names = list(self._members[0].names) if self._members else [None] * len(self._empty_batch)
         names.insert(self._stack_dim, self._stack_dim_name)
         return names
 
@@ -307,8 +324,14 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
         >>> cpu.device, LazyStackedTensorDict(TensorDict(device="cpu"), TensorDict()).device
         (device(type='cpu'), None)
         """
+        if not self._members:
+            return self._empty_device
         devices = {td.device for td in self._members}
         return devices.pop() if len(devices) == 1 else None
+
+    @device.setter
+    def device(self, value: Any) -> None:
+        raise device_set_refused("tensordict")
 
     @property
     def is_locked(self) -> bool:
@@ -335,6 +358,8 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
 
     # -- reading -----------------------------------------------------------------------------
     def _shared_keys(self) -> list[str]:
+        if not self._members:
+            return []
         first = self._members[0]
         others = [set(td.keys()) for td in self._members[1:]]
         return [k for k in first.keys() if all(k in o for o in others)]
@@ -394,11 +419,11 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
     def _iter_keys(self, include_nested: bool, leaves_only: bool, prefix: tuple[str, ...] = ()) -> Iterator[Any]:
         for key in self._shared_keys():
             full = (*prefix, key)
-            values = [td._get_leaf((key,)) for td in self._members]
-            is_td = all(isinstance(v, TensorDictBase) for v in values)
+            is_td = all(_holds_collection(td, key) for td in self._members)  # no leaf is read (or stacked)
             if not (is_td and leaves_only):
                 yield full if prefix else key
             if is_td and include_nested:
+                values = [td._get_leaf((key,)) for td in self._members]
                 yield from LazyStackedTensorDict(*values, stack_dim=self._stack_dim)._iter_keys(True, leaves_only, full)
 
     def _iter_items(
@@ -538,7 +563,7 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
 
     def __reduce__(self) -> tuple[Any, ...]:
         state = (
-            self._members,
+            self._members or (self._empty_batch, self._empty_device),
             self._stack_dim,
             self._stack_dim_name,
             self._is_locked,
@@ -553,7 +578,10 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
 
 def _rebuild(cls: type[LazyStackedTensorDict], state: tuple[Any, ...]) -> LazyStackedTensorDict:
     members, dim, name, locked, memmap, shared, prefix, anon_store, generation = state
-    out = cls(*members, stack_dim=dim, stack_dim_name=name)
+    if isinstance(members, tuple):  # an empty stack: its members' batch size and its device
+        out = cls(stack_dim=dim, stack_dim_name=name, batch_size=members[0], device=members[1])
+    else:
+        out = cls(*members, stack_dim=dim, stack_dim_name=name)
     out._is_locked, out._is_memmap, out._is_shared = locked, memmap, shared
     out._memmap_prefix, out._anon_store, out._generation = prefix, anon_store, generation
     if locked:

@@ -110,10 +110,12 @@ class LazyIndexOps(TensorDictBase):
             return pick(self._members[int(at)])
         chosen = torch.arange(len(self._members))[at].tolist()
         members = [pick(self._members[j]) for j in chosen]
-        if not members:
-            raise NotSupportedError("Indexing a LazyStackedTensorDict down to no member is not supported.")
         stack: Any = type(self)  # the lazy stack's class (this is its mixin)
-        out = stack(*members, stack_dim=self._stack_dim - dropped, stack_dim_name=self._stack_dim_name)
+        empty: dict[str, Any] = {}
+        if not members:  # an empty stack: its members' batch size is what the index leaves of theirs
+            sample = pick(self._members[0]) if self._members else None
+            empty = {"batch_size": sample.batch_size if sample is not None else None, "device": self.device}
+        out = stack(*members, stack_dim=self._stack_dim - dropped, stack_dim_name=self._stack_dim_name, **empty)
         out._is_locked, out._is_memmap, out._is_shared = self._is_locked, self._is_memmap, self._is_shared
         return out
 

@@ -44,9 +44,17 @@ class LazyStackOps(TensorDictBase):
     _stack_dim_name: str | None
 
     @classmethod
-    def _new_stack(cls: type[T], members: Sequence[Any], stack_dim: int, name: str | None) -> T:
-        """A stack of this class over ``members`` (the subclass builds it)."""
+    def _new_stack(cls: type[T], members: Sequence[Any], stack_dim: int, name: str | None, **empty: Any) -> T:
+        """A stack of this class over ``members`` (the subclass builds it); ``empty``: the
+        ``batch_size``/``device`` of a stack without members."""
         raise NotImplementedError
+
+    def _empty_options(self, members: Sequence[Any]) -> dict[str, Any]:
+        """What a stack built from ``members`` needs to keep this one's shape when it has none."""
+        if members:
+            return {}
+        batch = self._members[0].batch_size if self._members else self._empty_batch  # type: ignore[attr-defined]
+        return {"batch_size": batch, "device": self.device}  # type: ignore[attr-defined]
 
     # -- derived stacks -----------------------------------------------------------------------
     def _stack_parts(self) -> tuple[list[Any], int] | None:
@@ -54,13 +62,13 @@ class LazyStackOps(TensorDictBase):
 
     def _restack(self, members: Sequence[Any], stack_dim: int | None = None, keep_name: bool = True) -> Any:
         dim = self._stack_dim if stack_dim is None else stack_dim
-        out = self._new_stack(members, dim, self._stack_dim_name if keep_name else None)
+        out = self._new_stack(members, dim, self._stack_dim_name if keep_name else None, **self._empty_options(members))
         if self._is_locked:
             out.lock_()
         return out
 
     def _like(self: T, members: Sequence[TensorDictBase]) -> T:
-        return self._new_stack(members, self._stack_dim, self._stack_dim_name)
+        return self._new_stack(members, self._stack_dim, self._stack_dim_name, **self._empty_options(members))
 
     def _lazy_members(self) -> Sequence[TensorDictBase]:
         return self._members  # key operations run member by member (see tdshare._key_ops)
@@ -198,6 +206,10 @@ class LazyStackOps(TensorDictBase):
         >>> type(dense).__name__, dense.batch_size, dense["x"].tolist()
         ('TensorDict', torch.Size([2, 2]), [[0.0, 1.0], [0.0, 1.0]])
         """
+        if not self._members:  # an empty stack: an empty tensordict of its batch size
+            return TensorDict(
+                batch_size=self.batch_size, device=self.device, names=self.names if self._has_names() else None
+            )
         dense = [td.to_tensordict() if isinstance(td, LazyStackOps) else td for td in self._members]
         keys = [set(td.keys(True, True)) for td in dense]
         for i, k in enumerate(keys):

@@ -73,8 +73,8 @@ def read_through_lazy(td: Any, parts: tuple[str, ...], default: Any, ragged: dic
         members = node._lazy_members()
         if members is not None:  # the lazy stack the key runs through reads the rest
             rest = parts[depth:]
-            if ragged["as_list"]:
-                return [m.get(rest, default) for m in members]
+            if ragged["as_list"]:  # a lazy member gives its own list (a stack of stacks: nested lists)
+                return [m.get(rest, default, as_list=m._lazy_members() is not None) for m in members]
             side, value = ragged["padding_side"], ragged["padding_value"]
             return node._ragged(rest, default, ragged["as_padded_tensor"], ragged["layout"], side, value)
         child = node._tensordict.get(parts[depth]) if depth < len(parts) - 1 else None

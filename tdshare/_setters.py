@@ -73,8 +73,8 @@ def _check_broadcast(given: torch.Size, selected: torch.Size) -> None:
     )
     if not fits:
         raise BatchSizeError(
-            f"td[index] = value: the value's batch size {list(given)} differs from the source batch size "
-            f"{list(selected)} that the index selects (Cannot broadcast the tensordict to it). Index the value, "
+            f"td[index] = value: the indexed destination TensorDict batch size is {list(selected)}, which differs "
+            f"from the source batch size {list(given)} (Cannot broadcast the tensordict to it). Index the value, "
             "or the tensordict, so that the two agree."
         )
 
@@ -102,8 +102,9 @@ class SetOps:
             return
         if shape[: len(batch)] != batch:
             raise BatchSizeError(
-                f"batch dimension mismatch for key {key!r}: the value has shape {list(shape)}, but the "
-                f"tensordict's batch size is {list(batch)}; every entry must start with the batch dimensions."
+                f"batch dimension mismatch for key {key!r}: the {type(value).__name__} {key} has shape "
+                f"{torch.Size(shape)} which is incompatible with the batch-size {torch.Size(batch)}; every entry must "
+                "start with the batch dimensions."
             )
 
     def _widened(self, key: str, value: Any) -> Any:

@@ -169,18 +169,22 @@ def _decorate(cls: Any, options: TensorClassOptions) -> Any:
             delattr(cls, f.name)  # the value lives in the tensordict: no class attribute may hide it
     own = vars(cls)
     names = {f.name for f in fields}
+    inherits = issubclass(cls, TensorClassOps)  # a TensorClass subclass: super() reaches the storage's methods
     for name, value in _OPS.items():
         if name in names:
             continue  # a shadowing field: its value hides the method
-        if name not in own or name in _ALWAYS_OURS:  # a method of the class body wins, except the storage's
+        if name not in own or (name in _ALWAYS_OURS and not inherits):  # the class body's wins, but the storage's
             setattr(cls, name, value)
     for name in names & set(dir(cls)):
         if any(name in vars(base) for base in cls.__mro__[1:]):  # inherited (a TensorClass subclass): the field wins
             setattr(cls, name, _FieldSlot(name))
     setattr(cls, FIELDS_ATTR, tuple(f.name for f in fields))
+    cls.__expected_keys__ = {f.name for f in fields}  # type: ignore[attr-defined]  # the reference's name
     cls.__signature__ = _signature(fields, options)  # type: ignore[attr-defined]
     cls.__tdshare_defaults__ = defaults  # type: ignore[attr-defined]
     cls.__tdshare_options__ = options  # type: ignore[attr-defined]
+    for flag in ("autocast", "nocast", "frozen", "shadow", "tensor_only"):
+        setattr(cls, f"_{flag}", getattr(options, flag))  # the reference's class attributes (``Cls._autocast``)
     if options.frozen:
         cls.__hash__ = object.__hash__  # type: ignore[assignment]  # a frozen instance is a dict key, by identity
     register(
@@ -233,14 +237,14 @@ def _signature(fields: list[dataclasses.Field], options: TensorClassOptions) -> 
 
 def _check_field_name(cls: type, name: str, options: TensorClassOptions) -> None:
     if name in _RESERVED_FIELDS or name in _CONSTRUCTOR or name.startswith("__tdshare"):
-        what = "a key of the saved format or an argument of the constructor"
+        what, fix = "a key of the saved format or an argument of the constructor", "rename the field"
     elif name in _MEMBERS and not options.shadow and name not in _FREE_MEMBERS:
-        what = "a method of tensorclasses; pass shadow=True to let the field hide it, or"
+        what, fix = "a method of tensorclasses", "rename the field, or pass shadow=True to let it hide the method"
     else:
         return
     raise ReservedFieldError(
-        f"{cls.__qualname__}: the field {name!r} cannot be a tensorclass field, because the class or the saved "
-        f"format uses that name ({what}); rename it."
+        f"Attribute name {name} can't be used with @tensorclass ({cls.__qualname__}): the class or the saved format "
+        f"uses that name ({what}); {fix}."
     )
 
 
@@ -272,12 +276,19 @@ class TensorClass(TensorClassOps):
     """
 
     __tdshare_flags__: ClassVar[dict[str, bool]] = {}
+    _autocast: ClassVar[bool] = False
+    _nocast: ClassVar[bool] = False
+    _frozen: ClassVar[bool] = False
+    _shadow: ClassVar[bool] = False
+    _tensor_only: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        known = {f.name for f in dataclasses.fields(TensorClassOptions)}
+        flags = {**cls.__tdshare_flags__, **{k: bool(kwargs.pop(k)) for k in list(kwargs) if k in known}}
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("__tdshare_flag_base__"):
             return  # the class TensorClass["..."] made: its subclasses are the tensorclasses
-        _decorate(cls, TensorClassOptions(**cls.__tdshare_flags__))
+        _decorate(cls, TensorClassOptions(**flags))
 
     def __class_getitem__(cls, flags: str | tuple[str, ...]) -> type[TensorClass]:
         chosen = (flags,) if isinstance(flags, str) else tuple(flags)

@@ -111,13 +111,15 @@ class TensorClassOps(TensorClassIO, TensorClassState, TensorClassBuild):
                 f"{', '.join(map(repr, missing))}; pass them, or give the fields defaults."
             )
         self.__dict__["_tensordict"] = TensorDict({}, batch_size=batch_size, device=device)
+        # a subclass's own __setattr__ sees the constructor's fields too, as the reference's does
+        put = self.__setattr__ if cls.__setattr__ is not TensorClassOps.__setattr__ else self._set_field
         for name in fields:
             if name in values:
                 value = values[name]
             else:
                 factory, value = cls.__tdshare_defaults__[name]
                 value = value() if factory else value
-            self._set_field(name, value)
+            put(name, value)
         if names is not None:
             self._tensordict.names = names
         post_init = getattr(self, "__post_init__", None)
@@ -171,6 +173,12 @@ class TensorClassOps(TensorClassIO, TensorClassState, TensorClassBuild):
             out._set_field(out._field_key(name), value)  # type: ignore[arg-type]
         return out
 
+    @property
+    def _non_tensordict(self) -> dict[str, Any]:
+        """The reference's store of non-tensor fields kept beside the tensordict: always empty, as
+        every field (non-tensor ones as ``NonTensorData``) lives in the tensordict."""
+        return {}
+
     # -- fields -------------------------------------------------------------------------------
     def _field_key(self, key: NestedKey) -> NestedKey:
         parts = unravel_key(key)
@@ -210,7 +218,7 @@ class TensorClassOps(TensorClassIO, TensorClassState, TensorClassBuild):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         if callable(attr):
             return functools.partial(_forward, self, attr)
-        return attr
+        return _rewrap(self, attr) if isinstance(attr, TensorDictBase) else attr  # ``grad``, ``data``...
 
     def __setattr__(self, name: str, value: Any) -> None:
         cls = type(self)
@@ -385,6 +393,14 @@ class TensorClassOps(TensorClassIO, TensorClassState, TensorClassBuild):
             self.set(idx, value)
             return
         if is_tensorclass(value):
+            if type(value) is not type(self) and set(type(value).__tdshare_fields__) != set(
+                type(self).__tdshare_fields__
+            ):
+                raise InvalidArgumentError(
+                    f"__setitem__ is only allowed for same-class or compatible class (i.e. same members) assignment: "
+                    f"{type(self).__name__} has the fields {sorted(type(self).__tdshare_fields__)}, the value, a "
+                    f"{type(value).__name__}, {sorted(type(value).__tdshare_fields__)}."
+                )
             value = value._tensordict
         self._tensordict[idx] = value
 

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from ._tensordict_base import device_set_refused
+
 if TYPE_CHECKING:
     from ._tensordict import TensorDict
 
@@ -89,6 +91,10 @@ class TensorClassState:
         (None, device(type='cpu'))
         """
         return self._tensordict.device
+
+    @device.setter
+    def device(self, value: Any) -> None:
+        raise device_set_refused("tensorclass")
 
     @property
     def batch_dims(self) -> int:

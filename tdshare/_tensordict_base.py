@@ -27,6 +27,7 @@ from ._entry_queries import EntryQueryOps
 from ._errors import (
     ArgumentTypeError,
     ContainsKeyTypeError,
+    DeviceError,
     InvalidArgumentError,
     LockedError,
     MissingKeyError,
@@ -294,6 +295,10 @@ class TensorDictBase(
         (None, device(type='cpu'))
         """
         return self._device
+
+    @device.setter
+    def device(self, value: Any) -> None:
+        raise device_set_refused("tensordict")
 
     def __len__(self) -> int:
         return self._batch_size[0] if self._batch_size else 0
@@ -638,6 +643,14 @@ def rebuild_tensordict(cls: type[T], state: tuple[Any, ...]) -> T:
 
 
 TENSORDICT = register(NodeKind("TensorDict", LEVEL, "TensorDict", TensorDictBase, TD_TYPE))
+
+
+def device_set_refused(kind: str) -> DeviceError:
+    """The error of ``x.device = ...`` (``kind``: the word the message calls ``x``), as the reference's."""
+    return DeviceError(
+        f"device cannot be set using {kind}.device = device, because device cannot be updated in-place. To update "
+        f"device, use {kind}.to(new_device), which returns a new {kind} on the new device."
+    )
 
 
 def _walked(leaf: Any) -> TensorDictBase | None:

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import torch
 
 from ._errors import ArgumentTypeError, BatchSizeError, LockedError, MissingKeyError
-from ._key_ops import NO_DEFAULT, inner_collection, is_node
+from ._key_ops import NO_DEFAULT, collection_of, inner_collection, is_node
 from ._keys import NestedKey, unravel_key
 from ._nodes import kind_of
 from ._nontensor import NonTensorData
@@ -175,15 +175,32 @@ class UpdateOps:
         td: Any = self
         if isinstance(keys_to_update, (str, tuple)):
             keys_to_update = [keys_to_update]
+        stack = td._stack_parts()
+        source = collection_of(input_dict_or_td) if not kwargs else None
+        if stack is not None and source is not None and source.batch_size == td.batch_size:
+            members, dim = stack  # member by member: a ragged entry is never stacked
+            for member, piece in zip(members, source.unbind(dim), strict=True):
+                member.update_(piece, clone, keys_to_update=keys_to_update)
+            return self
         selected = _key_filter(keys_to_update)
-        for key, value in _leaf_items(input_dict_or_td, kwargs):
-            if selected(key):
-                if td._get_leaf(key, None) is None:
-                    raise MissingKeyError(
-                        f"update_: key {key!r} was not found in the tensordict; update_ writes into existing entries, "
-                        "use update() to add it."
-                    )
-                td.set_(key, value)
+        for key, value in _items_of(input_dict_or_td, kwargs):
+            parts = unravel_key(key)
+            mine = collection_of(td._get_leaf(parts, None))
+            theirs = None if isinstance(value, NonTensorData) else collection_of(value)
+            if theirs is None and isinstance(value, Mapping) and not isinstance(value, NonTensorData):
+                theirs = value
+            if mine is not None and theirs is not None and selected(parts):
+                sub = [k[len(parts) :] for k in map(unravel_key, keys_to_update or ()) if k[: len(parts)] == parts]
+                mine.update_(theirs, clone, keys_to_update=[k for k in sub if k] or None)  # level by level
+                continue
+            for sub_key, leaf in _leaf_items({key: value}, {}):
+                if selected(sub_key):
+                    if td._get_leaf(sub_key, None) is None:
+                        raise MissingKeyError(
+                            f"update_: key {sub_key!r} was not found in the tensordict; update_ writes into existing "
+                            "entries, use update() to add it."
+                        )
+                    td.set_(sub_key, leaf)
         return self
 
     def update_at_(

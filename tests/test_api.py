@@ -20,6 +20,7 @@ PUBLIC = [
     "BatchSizeError",
     "ContainsKeyTypeError",
     "CorruptDataError",
+    "DeviceError",
     "DimensionError",
     "FieldError",
     "FileExistsRuntimeError",

@@ -308,3 +308,12 @@ def test_tensorclass_signature_lists_the_fields_then_the_constructor_keywords() 
 def test_tensorclass_select_as_tensordict_gives_a_tensordict() -> None:
     c = build("tensorclass")
     assert type(c.select("a", as_tensordict=True)) is TensorDict and type(c.select("a")) is Sample
+
+
+def test_non_tensor_entries_are_leaves() -> None:
+    ours = TensorDict(a=torch.zeros(3), s="x", n=TensorDict(t="y", b=torch.zeros(3), batch_size=[3]), batch_size=[3])
+    assert sorted(map(str, ours.keys(True, True))) == ["('n', 'b')", "('n', 't')", "a", "s"]
+    ref = tensordict.TensorDict(
+        a=torch.zeros(3), s="x", n=tensordict.TensorDict(t="y", b=torch.zeros(3), batch_size=[3]), batch_size=[3]
+    )
+    assert sorted(map(str, ref.keys(True, True))) == ["('n', 'b')", "a"]  # the difference the README states

@@ -75,8 +75,7 @@ def test_bad_members_name_the_member() -> None:
         LazyStackedTensorDict(a, TensorDict({}, batch_size=[4]))
     with pytest.raises(tdshare.ArgumentTypeError, match="Member 1"):
         LazyStackedTensorDict(a, torch.zeros(3))  # type: ignore[arg-type]
-    with pytest.raises(tdshare.InvalidArgumentError):
-        LazyStackedTensorDict()
+    assert LazyStackedTensorDict().batch_size == torch.Size([0])  # an empty stack, as the reference's
     with pytest.raises(tdshare.InvalidArgumentError, match="stack_dim"):
         LazyStackedTensorDict(a, stack_dim=3)
 

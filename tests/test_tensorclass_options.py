@@ -134,7 +134,7 @@ def test_frozen_refuses_assignment_but_allows_in_place_writes() -> None:
 
 
 def test_shadow_lets_a_field_hide_a_method() -> None:
-    with pytest.raises(AttributeError, match=r"'exclude'.*shadow=True") as info:
+    with pytest.raises(AttributeError, match=r"Attribute name exclude can't.*shadow=True") as info:
 
         @tensorclass
         class NoShadow:
@@ -191,3 +191,92 @@ def test_tensorclass_base_class(tmp_path: Path) -> None:
 def test_tensorclass_base_refuses_an_unknown_flag() -> None:
     with pytest.raises(tdshare.ArgumentTypeError, match="'fast'"):
         TensorClass["fast"]
+
+
+# -- subclassing and the reference's class attributes ---------------------------------------------
+def test_subclass_keywords_set_the_flags_and_its_setattr_sees_every_field() -> None:
+    seen: list[str] = []
+
+    class Sub(TensorClass, autocast=True):
+        a: int
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            seen.append(name)
+            super().__setattr__(name, value)
+
+    class RefSub(tensordict.TensorClass, autocast=True):
+        a: int
+
+    obj = Sub(torch.ones(()))
+    assert seen == ["a"] and type(obj.a) is int and type(RefSub(torch.ones(())).a) is int
+    obj.a = 2
+    assert obj.a == 2 and seen == ["a", "a"]
+    assert (Sub._autocast, Sub._nocast, TensorClass._autocast) == (True, False, False)
+    assert (RefSub._autocast, RefSub._nocast) == (True, False)
+    assert Sub.__expected_keys__ == {"a"} and not obj._non_tensordict
+
+
+def test_setting_the_device_in_place_is_refused_as_the_reference() -> None:
+    @tensorclass
+    class Obs:
+        x: torch.Tensor
+
+    for target, word in [(Obs(x=torch.zeros(2), batch_size=[2]), "tensorclass"), (TensorDict(), "tensordict")]:
+        with pytest.raises(RuntimeError, match=f"device cannot be set using {word}.device = device") as info:
+            target.device = torch.device("cpu")
+        assert isinstance(info.value, tdshare.DeviceError)
+    with pytest.raises(RuntimeError, match="device cannot be set"):
+        tensordict.TensorDict().device = torch.device("cpu")
+
+
+def test_rows_of_another_class_need_the_same_fields() -> None:
+    @tensorclass
+    class A:
+        x: torch.Tensor
+
+    @tensorclass
+    class B:
+        x: torch.Tensor
+
+    @tensorclass
+    class C:
+        y: torch.Tensor
+
+    a = A(x=torch.zeros(3), batch_size=[3])
+    a[1:] = B(x=torch.ones(2), batch_size=[2])
+    assert a.x.tolist() == [0.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="same-class or compatible class"):
+        a[1:] = C(y=torch.ones(2), batch_size=[2])
+
+
+def test_grad_and_data_come_back_as_the_class() -> None:
+    @tensorclass
+    class Loss:
+        x: torch.Tensor
+        tag: str
+        z: Any = None
+
+    a = Loss(x=torch.randn(3, requires_grad=True), tag="t", z=torch.randn(2))
+    (a + 1).sum().x.backward()
+    assert type(a.grad) is Loss and a.grad.x.tolist() == [1.0, 1.0, 1.0] and a.grad.z is None
+    assert type(a.data) is Loss and not a.data.x.requires_grad
+
+
+def test_a_reserved_field_name_is_refused_in_the_reference_s_words() -> None:
+    with pytest.raises(AttributeError, match="Attribute name reshape can't be used with @tensorclass"):
+
+        @tensorclass
+        class Bad:
+            reshape: torch.Tensor
+
+
+def test_comparing_with_a_number_leaves_non_tensor_fields_out() -> None:
+    @tensorclass
+    class Row:
+        x: torch.Tensor
+        z: list
+
+    row = Row(x=torch.zeros(2, 3), z=["a", "b"], batch_size=[2])
+    assert (row == 0).all() and not (row != 0).any()
+    ref = tensordict.TensorDict(x=torch.zeros(2, 3), z=["a", "b"], batch_size=[2])
+    assert (ref == 0).all() and (TensorDict(x=torch.zeros(2, 3), z=["a", "b"], batch_size=[2]) == 0).all()
