@@ -187,6 +187,81 @@ class ConversionOps:
         return out
 
     @classmethod
+    def from_schema(
+        cls,
+        schema: Mapping[NestedKey, tuple[Sequence[int] | torch.Size, torch.dtype]],
+        *,
+        batch_size: Sequence[int] | torch.Size | None = None,
+        storage: str | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """A zero-filled tensordict with an entry ``[*batch_size, *shape]`` of ``dtype`` for each
+        ``key: (shape, dtype)`` of ``schema``, stored where ``storage`` says.
+
+        Args:
+            schema: each key (a string or nested key) to its ``(element_shape, dtype)``.
+            batch_size: the batch size, before every element shape (default ``[]``).
+            storage: None (ordinary tensors), ``"memmap"`` (files in ``prefix=``, made by
+                :meth:`memmap_like`: sparse, nothing of the data's size is allocated; without a
+                prefix, anonymous shared memory) or ``"shared"`` (``share_memory_``).  The
+                reference's ``"h5"``, ``"zarr"``, ``"redis"`` and ``"dragonfly"`` backends are not
+                in tdshare.
+            device: the device of the result (``"memmap"`` ignores it).
+            **kwargs: for ``"memmap"``, the arguments of :meth:`memmap_like` (``prefix``,
+                ``existsok``, ``num_threads``...).
+
+        Returns:
+            A new zero-filled :class:`tdshare.TensorDict`.
+
+        Raises:
+            InvalidArgumentError: an unknown ``storage`` ("Unknown storage backend"), or keywords
+                that storage does not take (a ``ValueError``).
+            NotSupportedError: a storage backend of the reference that tdshare does not have.
+            ArgumentTypeError: a schema entry that is not an ``(element_shape, dtype)`` pair.
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> schema = {"obs": ([84, 84, 3], torch.uint8), "reward": ([], torch.float32)}
+        >>> td = TensorDict.from_schema(schema, batch_size=[1000])
+        >>> td["obs"].shape, td["reward"].dtype
+        (torch.Size([1000, 84, 84, 3]), torch.float32)
+        """
+        if storage not in (None, "memmap", "shared"):
+            if storage in ("h5", "zarr", "redis", "dragonfly"):
+                raise NotSupportedError(
+                    f"from_schema(storage={storage!r}): tdshare has no {storage} backend; use storage='memmap' (files) "
+                    "or 'shared' (shared memory)."
+                )
+            raise InvalidArgumentError(
+                f"Unknown storage backend {storage!r} for from_schema: pass None, 'memmap' or 'shared'."
+            )
+        if kwargs and storage != "memmap":
+            raise InvalidArgumentError(
+                f"from_schema(storage={storage!r}) takes no further keywords, got {sorted(kwargs)}; they are for "
+                "storage='memmap' (the arguments of memmap_like)."
+            )
+        batch = torch.Size([]) if batch_size is None else as_size(batch_size)
+        level: Any = cls._level_class()  # type: ignore[attr-defined]
+        out = level({}, batch_size=batch, device=None if storage == "memmap" else device)
+        for key, entry in schema.items():
+            if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[1], torch.dtype)):
+                raise ArgumentTypeError(
+                    f"from_schema: the entry of {key!r} must be a pair (element_shape, dtype), got {entry!r}."
+                )
+            shape = (*batch, *as_size(entry[0]))
+            if storage == "memmap":  # a zero broadcast: memmap_like makes the file without writing it
+                value = torch.zeros((), dtype=entry[1]).expand(shape)
+            else:
+                value = torch.zeros(shape, dtype=entry[1], device=device)
+            out.set(key, value)
+        if storage == "memmap":
+            return out.memmap_like(**kwargs)
+        if storage == "shared":
+            out.share_memory_()
+        return out
+
+    @classmethod
     def fromkeys(cls, keys: Sequence[NestedKey], value: Any = 0) -> Any:
         """A tensordict of batch size ``[]`` with ``value`` at each of ``keys``.
 

@@ -26,6 +26,7 @@ __all__ = [
     "dense_stack_tds",
     "is_tensor_collection",
     "lazy_stack",
+    "make_tensordict",
     "maybe_dense_stack",
     "merge_tensordicts",
     "pad",
@@ -339,3 +340,42 @@ def is_tensor_collection(datatype: Any) -> bool:
     if not isinstance(cls, type):
         raise ArgumentTypeError(f"is_tensor_collection takes a class or an instance, got {datatype!r}.")
     return issubclass(cls, (TensorDictBase, NonTensorData)) or is_tensorclass(cls)
+
+
+def make_tensordict(
+    input_dict: Mapping[NestedKey, Any] | TensorDictBase | None = None,
+    batch_size: Sequence[int] | torch.Size | int | None = None,
+    device: torch.device | str | int | None = None,
+    auto_batch_size: bool | None = None,
+    **kwargs: Any,
+) -> TensorDict:
+    """A :class:`TensorDict` of ``input_dict`` and the keyword entries (``input_dict`` wins on a shared
+    key), as :meth:`TensorDict.from_dict` builds it: nested dicts become nested tensordicts, and with
+    ``auto_batch_size=True`` (and no ``batch_size``) every level gets the longest leading shape its
+    entries share.
+
+    Args:
+        input_dict: a mapping (tuple keys allowed) or a tensor collection.
+        batch_size: the batch size (an int is one dim); default ``[]`` unless ``auto_batch_size``.
+        device: the device of the result (leaves moved there).
+        auto_batch_size: find the batch sizes from the entries.
+        **kwargs: more entries.
+
+    Raises:
+        BatchSizeError: an entry that does not start with ``batch_size``.
+
+    >>> import torch, tdshare
+    >>> tdshare.make_tensordict(a=torch.zeros(3, 4), b=torch.zeros(3)).batch_size
+    torch.Size([])
+    >>> td = tdshare.make_tensordict({"a": torch.zeros(3), "b": {"c": torch.zeros(3, 4)}}, auto_batch_size=True)
+    >>> td.batch_size, td["b"].batch_size
+    (torch.Size([3]), torch.Size([3, 4]))
+    """
+    entries: dict[Any, Any] = dict(kwargs)
+    if input_dict is not None:
+        collection = isinstance(input_dict, TensorDictBase) or is_tensorclass(input_dict)
+        source: Any = input_dict.to_dict() if collection else input_dict  # type: ignore[union-attr]
+        entries.update(source.items())
+    size = [batch_size] if isinstance(batch_size, int) else batch_size
+    where = torch.device(device) if device is not None else None
+    return TensorDict.from_dict(entries, batch_size=size, device=where, auto_batch_size=auto_batch_size)

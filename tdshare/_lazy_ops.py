@@ -41,6 +41,7 @@ class LazyStackOps(TensorDictBase):
 
     _members: list[TensorDictBase]
     _stack_dim: int
+    _empty_batch: torch.Size  # an empty stack's members' batch size (set by the class's constructor)
     _stack_dim_name: str | None
 
     @classmethod
@@ -53,8 +54,9 @@ class LazyStackOps(TensorDictBase):
         """What a stack built from ``members`` needs to keep this one's shape when it has none."""
         if members:
             return {}
-        batch = self._members[0].batch_size if self._members else self._empty_batch  # type: ignore[attr-defined]
-        return {"batch_size": batch, "device": self.device}  # type: ignore[attr-defined]
+        batch = self._members[0].batch_size if self._members else self._empty_batch
+        host: Any = self
+        return {"batch_size": batch, "device": host.device}
 
     # -- derived stacks -----------------------------------------------------------------------
     def _stack_parts(self) -> tuple[list[Any], int] | None:

@@ -91,6 +91,18 @@ def _resize(size: torch.Size, dropped: int | None, added: tuple[int, int] | None
 def _unflatten(leaves: Any, context: Any) -> TensorDict:
     keys, others, batch, device, nested, shapes = context
     leaves = list(leaves)
+    if leaves and all(isinstance(leaf, TensorDict) for leaf in leaves):
+        # a tree of tensordicts over this structure (torch.func.jacrev/hessian: one per output leaf)
+        # the batch: the one the leaves share (the recorded one may hold a dim vmap took away since)
+        common: list[int] = []
+        for sizes in list(zip(*(leaf.batch_size for leaf in leaves), strict=False))[: len(batch)]:
+            if len(set(sizes)) != 1:
+                break
+            common.append(sizes[0])
+        nested_out = TensorDict(batch_size=common, device=device)
+        for key, leaf in zip(keys, leaves, strict=True):
+            nested_out.set(key, leaf)
+        return nested_out
     if not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
         # a tree of other values over this structure (vmap's in_dims broadcast): a plain dict of them
         return dict(zip(keys, leaves, strict=True))  # type: ignore[return-value]

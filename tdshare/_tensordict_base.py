@@ -458,7 +458,7 @@ class TensorDictBase(
         a pending leaf mapped)."""
         for key, leaf in raw_items(self._tensordict):
             full = (*prefix, key)
-            node = _walked(leaf)
+            node = None if type(leaf) is torch.Tensor else _walked(leaf)  # (the common leaf: no call)
             if node is None or not leaves_only:
                 yield full if prefix else key
             if node is not None and include_nested:
@@ -520,7 +520,7 @@ class TensorDictBase(
     ) -> Iterator[tuple[Any, Any]]:
         for key, leaf in self._tensordict.items():
             full = (*prefix, key)
-            node = _walked(leaf)
+            node = None if type(leaf) is torch.Tensor else _walked(leaf)  # (the common leaf: no call)
             if node is None or not leaves_only:
                 yield (full if prefix else key), leaf
             if node is not None and include_nested:
@@ -656,9 +656,13 @@ def device_set_refused(kind: str) -> DeviceError:
 def _walked(leaf: Any) -> TensorDictBase | None:
     """The collection that nested keys walk into at ``leaf``: a tensordict or lazy stack, or the
     tensordict of a tensorclass instance (as the reference's ``keys(True)``); None for a leaf."""
-    if isinstance(leaf, torch.Tensor):
-        return leaf if isinstance(leaf, TensorDictBase) else None
-    return leaf if isinstance(leaf, TensorDictBase) else wrapped_collection(leaf)
+    if type(leaf) is torch.Tensor:  # the common leaf, in one comparison
+        return None
+    if isinstance(leaf, TensorDictBase):
+        return leaf
+    if isinstance(leaf, (torch.Tensor, NonTensorData)):
+        return None
+    return wrapped_collection(leaf)
 
 
 def wrapped_collection(value: Any) -> TensorDictBase | None:

@@ -185,22 +185,23 @@ class UpdateOps:
         selected = _key_filter(keys_to_update)
         for key, value in _items_of(input_dict_or_td, kwargs):
             parts = unravel_key(key)
-            mine = collection_of(td._get_leaf(parts, None))
-            theirs = None if isinstance(value, NonTensorData) else collection_of(value)
-            if theirs is None and isinstance(value, Mapping) and not isinstance(value, NonTensorData):
-                theirs = value
-            if mine is not None and theirs is not None and selected(parts):
-                sub = [k[len(parts) :] for k in map(unravel_key, keys_to_update or ()) if k[: len(parts)] == parts]
-                mine.update_(theirs, clone, keys_to_update=[k for k in sub if k] or None)  # level by level
-                continue
-            for sub_key, leaf in _leaf_items({key: value}, {}):
-                if selected(sub_key):
-                    if td._get_leaf(sub_key, None) is None:
-                        raise MissingKeyError(
-                            f"update_: key {sub_key!r} was not found in the tensordict; update_ writes into existing "
-                            "entries, use update() to add it."
-                        )
-                    td.set_(sub_key, leaf)
+            mine = td._get_leaf(parts, None)
+            if type(value) is not torch.Tensor and not isinstance(value, NonTensorData):  # (tensors: no walk)
+                theirs = collection_of(value)
+                if theirs is None and isinstance(value, Mapping):
+                    theirs = value
+                if theirs is not None and (inner := collection_of(mine)) is not None and selected(parts):
+                    sub = [k[len(parts) :] for k in map(unravel_key, keys_to_update or ()) if k[: len(parts)] == parts]
+                    inner.update_(theirs, clone, keys_to_update=[k for k in sub if k] or None)  # level by level
+                    continue
+                if theirs is not None:
+                    for sub_key, leaf in _leaf_items(theirs, {}):
+                        _write_existing(td, (*parts, *sub_key), leaf, selected)
+                    continue
+            if selected(parts):
+                if mine is None:
+                    _missing_for_update_(parts)
+                td.set_(parts, value)
         return self
 
     def update_at_(
@@ -366,3 +367,17 @@ def _prune_empty(td: Any) -> bool:
         if is_node(value) and _prune_empty(value):
             td._tensordict.pop(key)
     return not td._tensordict
+
+
+def _missing_for_update_(key: tuple[str, ...]) -> None:
+    raise MissingKeyError(
+        f"update_: key {key!r} was not found in the tensordict; update_ writes into existing entries, use update() "
+        "to add it."
+    )
+
+
+def _write_existing(td: Any, key: tuple[str, ...], value: Any, selected: Callable[[tuple[str, ...]], bool]) -> None:
+    if selected(key):
+        if td._get_leaf(key, None) is None:
+            _missing_for_update_(key)
+        td.set_(key, value)

@@ -77,6 +77,7 @@ PUBLIC = [
     "list_to_stack",
     "load",
     "load_memmap",
+    "make_tensordict",
     "max_mapped_leaves",
     "maybe_dense_stack",
     "memmap",

@@ -317,3 +317,56 @@ def test_non_tensor_entries_are_leaves() -> None:
         a=torch.zeros(3), s="x", n=tensordict.TensorDict(t="y", b=torch.zeros(3), batch_size=[3]), batch_size=[3]
     )
     assert sorted(map(str, ref.keys(True, True))) == ["('n', 'b')", "a"]  # the difference the README states
+
+
+# -- from_schema ----------------------------------------------------------------------------------
+_SCHEMA = {"obs": ([4, 4], torch.float32), "action": ([2], torch.int64), "reward": ([], torch.float32)}
+
+
+@pytest.mark.parametrize("storage", [None, "memmap", "shared"])
+def test_from_schema_allocates_zeros_in_the_storage_asked_for(storage: str | None, tmp_path: Path) -> None:
+    kwargs = {"prefix": str(tmp_path / "buf")} if storage == "memmap" else {}
+    ours = TensorDict.from_schema(_SCHEMA, batch_size=[8], storage=storage, **kwargs)
+    ref_kwargs = {"prefix": str(tmp_path / "ref")} if storage == "memmap" else {}
+    ref = tensordict.TensorDict.from_schema(_SCHEMA, batch_size=[8], storage=storage, **ref_kwargs)
+    for key in _SCHEMA:
+        assert ours[key].shape == ref[key].shape and ours[key].dtype == ref[key].dtype and (ours[key] == 0).all()
+    assert ours.is_memmap() == ref.is_memmap() == (storage == "memmap")
+    assert ours.is_shared() == (storage == "shared")
+    ours[0] = TensorDict(obs=torch.ones(4, 4), action=torch.ones(2, dtype=torch.int64), reward=torch.tensor(1.0))
+    assert (ours[0]["obs"] == 1).all() and (ours[1]["obs"] == 0).all()
+    if storage == "memmap":
+        back = TensorDict.load_memmap(tmp_path / "buf")
+        assert (
+            back["action"][0].tolist() == [1, 1]
+            and tensordict.TensorDict.load_memmap(tmp_path / "buf")["obs"].sum() == 16
+        )
+
+
+def test_from_schema_refusals() -> None:
+    with pytest.raises(ValueError, match="Unknown storage backend"):
+        TensorDict.from_schema(_SCHEMA, storage="foobar")
+    with pytest.raises(ValueError, match="Unknown storage backend"):
+        tensordict.TensorDict.from_schema(_SCHEMA, storage="foobar")
+    with pytest.raises(NotImplementedError, match="h5"):
+        TensorDict.from_schema(_SCHEMA, storage="h5", filename="x.h5")
+    with pytest.raises(TypeError, match="pair"):
+        TensorDict.from_schema({"x": [3]})  # type: ignore[dict-item]
+    assert tdshare.TensorDictBase.from_schema({"x": ([3], torch.float32)}, batch_size=[2])["x"].shape == (2, 3)
+
+
+@pytest.mark.parametrize("as_td", [False, True])
+def test_make_tensordict_matches_the_reference(as_td: bool) -> None:
+    entries = {"a": {"b": torch.randn(3, 4), "c": torch.randn(3, 4, 5)}, "d": torch.randn(3)}
+    source: Any = TensorDict(entries, []) if as_td else entries
+    ref_source: Any = tensordict.TensorDict(entries, []) if as_td else entries
+    ours, ref = (
+        tdshare.make_tensordict(source, auto_batch_size=True),
+        tensordict.make_tensordict(ref_source, auto_batch_size=True),
+    )
+    assert ours.batch_size == ref.batch_size == torch.Size([3]) and ours["a"].batch_size == ref["a"].batch_size
+    assert torch.equal(ours["a", "c"], entries["a"]["c"])
+    assert tdshare.make_tensordict(a=torch.zeros(3, 4)).batch_size == torch.Size([])
+    assert tdshare.make_tensordict(a=torch.zeros(3, 4), batch_size=3).batch_size == torch.Size([3])
+    both = tdshare.make_tensordict({"a": torch.ones(2)}, a=torch.zeros(2), b=torch.zeros(2))
+    assert both["a"].tolist() == [1.0, 1.0] and sorted(both.keys()) == ["a", "b"]

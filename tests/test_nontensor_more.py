@@ -888,7 +888,7 @@ def test_a_field_named_data_needs_no_shadow() -> None:
 
         frame = Frame(data=torch.arange(3.0), fields="x", batch_size=[3])
         assert frame.data.tolist() == [0.0, 1.0, 2.0] and frame[1].data.item() == 1.0 and frame.fields == "x"
-    with pytest.raises(tdshare_lib.ReservedFieldError, match="'apply'"):
+    with pytest.raises(tdshare_lib.ReservedFieldError, match="Attribute name apply can't"):
 
         @tdshare_lib.tensorclass
         class Bad:

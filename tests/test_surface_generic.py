@@ -162,6 +162,23 @@ def test_vmap_over_stacked_parameters() -> None:
     assert all(p.grad is not None for p in params.values(True, True))
 
 
+@pytest.mark.parametrize("transform", ["jacrev", "jacfwd"])
+def test_jacobians_of_a_tensordict_function_are_tensordicts_of_tensordicts(transform: str) -> None:
+    td = TensorDict(a=torch.randn(3, 2), b=torch.randn(3, 2), batch_size=[3])
+
+    def f(x: Any) -> Any:
+        return type(x)({"x": x["a"] ** 2, "y": x["b"] ** 3}, batch_size=x.batch_size)
+
+    jac = getattr(torch.func, transform)(f)(td)
+    ref_td = tensordict.TensorDict(a=td["a"], b=td["b"], batch_size=[3])
+    ref = getattr(torch.func, transform)(f)(ref_td)
+    assert jac.batch_size == ref.batch_size == td.batch_size
+    for out_key in ("x", "y"):
+        for in_key in ("a", "b"):
+            torch.testing.assert_close(jac[out_key, in_key], ref[out_key, in_key])
+    assert torch.allclose(jac["x", "a"].flatten(-2).flatten(end_dim=-2), torch.diag(2 * td["a"].flatten()))
+
+
 def test_from_modules_expand_identical_keeps_grads_to_the_shared_tensor() -> None:
     shared = nn.Linear(3, 3)
     modules = [nn.Sequential(shared, nn.Linear(3, 4)) for _ in range(2)]
