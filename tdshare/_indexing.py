@@ -81,8 +81,12 @@ def index_names(names: list | None, idx: tuple, ndim: int) -> list | None:
             pos += 1
         elif isinstance(item, torch.Tensor) and item.ndim > 0:
             tensors += 1
-            out.append(names[pos] if item.ndim == 1 else None)
-            pos += item.ndim if item.dtype == torch.bool else 1
+            if item.dtype == torch.bool:  # a mask of k dims makes one
+                out.append(names[pos] if item.ndim == 1 else None)
+                pos += item.ndim
+            else:  # an index tensor of k dims puts k dims in place of one: unnamed unless k == 1, as the reference
+                out.extend([names[pos]] if item.ndim == 1 else [None] * item.ndim)
+                pos += 1
         else:  # an integer removes its dimension
             pos += 1
     out += names[pos:]

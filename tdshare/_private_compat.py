@@ -2,6 +2,11 @@
 
 ``_has_names()``: whether any batch dimension is named.
 
+``_fast_apply(fn, *others, named=, nested_keys=, ...)``: :meth:`apply` / :meth:`named_apply`.
+
+``_has_non_tensor``: whether a non-tensor entry sits in the tree; ``_check_device()``: every leaf
+on the tensordict's device.
+
 ``_lock_parents_weakrefs``: which locked ancestors hold a nested collection locked.
 
 ``_check_batch_size()``: every entry starts with the batch dimensions (raises otherwise).
@@ -29,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ._errors import BatchSizeError
+from ._errors import BatchSizeError, DeviceError
 from ._nontensor import NonTensorData
 
 __all__ = ["PrivateCompatOps", "forget_lock_parents", "note_lock_parent", "record_lock_parents"]
@@ -150,6 +155,65 @@ class PrivateCompatOps:
         """
         host: Any = self
         return [v for v in host.values(include_nested, leaves_only, **kwargs) if not isinstance(v, NonTensorData)]
+
+    def _fast_apply(
+        self,
+        fn: Callable[..., Any],
+        *others: Any,
+        named: bool = False,
+        nested_keys: bool = False,
+        filter_empty: bool | None = False,
+        num_threads: int = 0,
+        checked: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """The reference's private ``_fast_apply``: :meth:`apply` (``named=True``: :meth:`named_apply`,
+        with ``nested_keys``), its ``filter_empty`` off by default; ``num_threads`` and ``checked``
+        are accepted.
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.ones(2), batch_size=[2])._fast_apply(lambda t: t * 3)["a"].tolist()
+        [3.0, 3.0]
+        """
+        del num_threads, checked  # one thread; the results are always checked
+        host: Any = self
+        if named:
+            return host.named_apply(fn, *others, nested_keys=nested_keys, filter_empty=filter_empty, **kwargs)
+        return host.apply(fn, *others, filter_empty=filter_empty, **kwargs)
+
+    @property
+    def _has_non_tensor(self) -> bool:
+        """Whether a non-tensor entry sits anywhere in the tree (the reference's private flag).
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(1), n=TensorDict(s="x"))._has_non_tensor
+        True
+        """
+        host: Any = self
+        return any(isinstance(v, NonTensorData) for v in host.values(True, True))
+
+    def _check_device(self, *, raise_exception: bool = True) -> bool:
+        """Whether every leaf is on the tensordict's device (always, when it has none); else raise
+        a ``RuntimeError`` naming both devices, or return False without ``raise_exception``.
+
+        >>> import torch
+        >>> from tdshare import TensorDict
+        >>> TensorDict(a=torch.zeros(1), device="cpu")._check_device()
+        True
+        """
+        host: Any = self
+        device = host.device
+        if device is None:
+            return True
+        for value in host.values(True, True):
+            where = getattr(value, "device", None)
+            if isinstance(value, torch.Tensor) and where != device:
+                if raise_exception:
+                    raise DeviceError(f"devices are incongruent, got value with device {where}, -- expected {device}.")
+                return False
+        return True
 
     def _has_names(self) -> bool:
         """Whether any batch dimension has a name (``td.names`` holds something else than None).

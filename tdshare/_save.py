@@ -17,6 +17,7 @@ from ._bulk import bulk
 from ._errors import MemmapError
 from ._options import SaveOptions
 from ._plan import TreeWriter
+from ._sub_views import is_sub_view
 from ._tensordict_base import TensorDictBase
 from ._write import FolderWriter
 from ._write_anon import AnonymousWriter
@@ -44,13 +45,19 @@ def save_tree(td: TensorDictBase, prefix: str | os.PathLike | None, opts: SaveOp
     :class:`tdshare.TensorDictFuture` for ``return_early=True`` with ``num_threads > 1``.
 
     Raises:
-        MemmapError: ``inplace`` on a tensordict in shared memory.
+        MemmapError: ``inplace`` on a tensordict in shared memory, or on a sub-tensordict view.
         NotSupportedError, InvalidArgumentError: an option the backend cannot honour.
     """
     if inplace and td._is_shared:
         raise MemmapError(
             "memmap and shared memory are mutually exclusive features: this tensordict is in shared memory "
             "(share_memory_()); use memmap() to make a memory-mapped copy instead."
+        )
+    if inplace and is_sub_view(td):
+        raise MemmapError(
+            "Converting a sub-tensordict values to memmap cannot be done: its leaves are views of its parent's rows, "
+            "and memmap_ would replace them by files the parent never sees. memmap_ the parent, or use memmap() "
+            "for a memory-mapped copy of the rows."
         )
     writer = writer_for(td, prefix, opts)
     writer.check(opts)

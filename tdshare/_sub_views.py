@@ -15,7 +15,7 @@ from typing import Any
 
 from ._errors import LockedError, NotSupportedError
 
-__all__ = ["SubViewOps", "mark_sub_view", "pull_from_parent", "sub_view_entry"]
+__all__ = ["SubViewOps", "is_sub_view", "mark_sub_view", "pull_from_parent", "sub_view_entry"]
 
 _ATTR = "_sub_view_parent"
 
@@ -24,6 +24,11 @@ def mark_sub_view(view: Any, parent: Any, idx: Any) -> Any:
     """Record that ``view`` is ``parent`` at ``idx`` (new keys set on it reach the parent); return it."""
     view.__dict__[_ATTR] = (parent, idx)
     return view
+
+
+def is_sub_view(td: Any) -> bool:
+    """Whether ``td`` is a sub-tensordict view (``parent._get_sub_tensordict(idx)``)."""
+    return _ATTR in getattr(td, "__dict__", {})
 
 
 def sub_view_entry(view: Any, key: str, value: Any) -> Any:

@@ -123,7 +123,9 @@ class TensorPropsOps:
         leaves of ``self`` (nested tensordicts keep their identity) and returns ``self``.
 
         Args:
-            *args: what ``torch.Tensor.to`` takes: a device, a dtype, or both.
+            *args: what ``torch.Tensor.to`` takes: a device, a dtype, both, or an example tensor;
+                or an example tensordict (also as ``other=``): its device, and its leaves' dtype
+                when they share one.
             inplace: replace the leaves of ``self`` instead of making a new tensordict.
             **kwargs: ``device=``, ``dtype=``, ``non_blocking=``, as ``torch.Tensor.to`` takes them.
 
@@ -132,6 +134,11 @@ class TensorPropsOps:
         torch.float64
         """
         self_: Any = self
+        other = kwargs.pop("other", args[0] if args and is_node(args[0]) else None)
+        if other is not None:  # another tensordict as the example: its device, and its dtype if it has one
+            dtypes = {t.dtype for _, t in leaves(other) if isinstance(t, torch.Tensor)}
+            args = ()
+            kwargs = {"device": other.device, "dtype": dtypes.pop() if len(dtypes) == 1 else None, **kwargs}
         device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
         target = None if device is None else torch.device(device)
         if target is None and dtype is None:

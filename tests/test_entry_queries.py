@@ -370,3 +370,32 @@ def test_make_tensordict_matches_the_reference(as_td: bool) -> None:
     assert tdshare.make_tensordict(a=torch.zeros(3, 4), batch_size=3).batch_size == torch.Size([3])
     both = tdshare.make_tensordict({"a": torch.ones(2)}, a=torch.zeros(2), b=torch.zeros(2))
     assert both["a"].tolist() == [1.0, 1.0] and sorted(both.keys()) == ["a", "b"]
+
+
+# -- the reference's private helpers, device examples and names ------------------------------------
+def test_private_apply_and_flags_behave_as_the_reference() -> None:
+    td = TensorDict(a=torch.ones(2), n={"b": torch.ones(2)}, batch_size=[2])
+    ref = tensordict.TensorDict(a=torch.ones(2), n={"b": torch.ones(2)}, batch_size=[2])
+    ours, theirs = td._fast_apply(lambda t: t * 3), ref._fast_apply(lambda t: t * 3)
+    assert torch.equal(ours["n", "b"], theirs["n", "b"])
+    named = td._fast_apply(lambda k, t: t + len(k), named=True, nested_keys=True)
+    assert named["n", "b"].tolist() == [3.0, 3.0] and named["a"].tolist() == [2.0, 2.0]
+    assert not td._has_non_tensor and TensorDict(n=TensorDict(s="x"))._has_non_tensor
+    assert tensordict.TensorDict(n=tensordict.TensorDict(s="x"))._has_non_tensor
+    assert TensorDict(a=torch.zeros(1), device="cpu")._check_device() is True
+
+
+def test_to_takes_an_example_tensordict() -> None:
+    td = TensorDict(a=torch.zeros(2), b=torch.zeros(2, dtype=torch.int64), batch_size=[2])
+    one = td.to(other=TensorDict({"a": torch.randn(3, dtype=torch.half)}, [], device="cpu"))
+    assert one.device == torch.device("cpu") and {t.dtype for t in one.values()} == {torch.half}
+    many = td.to(TensorDict({"a": torch.zeros(1, dtype=torch.half), "b": torch.zeros(1)}, [], device="cpu"))
+    assert many.device == torch.device("cpu") and many["b"].dtype == torch.int64
+
+
+def test_an_index_tensor_of_two_dims_leaves_its_dims_unnamed_and_keeps_the_others() -> None:
+    index = torch.tensor([[0, 1, 2], [1, 2, 0], [2, 0, 1]])
+    for lib in (tdshare, tensordict):
+        td = lib.TensorDict(a=torch.zeros(4, 3, 2), batch_size=[4, 3, 2], names=["a", "b", "c"])
+        assert td[:, index].names == ["a", None, None, "c"] and td[0, index].names == [None, None, "c"]
+        assert td[:, index].shape == (4, 3, 3, 2) and td[:, torch.tensor([0, 2])].names == ["a", "b", "c"]

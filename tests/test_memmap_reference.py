@@ -192,3 +192,16 @@ def test_from_handler_warns_deprecation() -> None:
         MemoryMappedTensor.from_handler(t._handler, torch.float32, (2,))
     assert [w.category for w in caught] == [DeprecationWarning]
     assert caught[0].filename == __file__  # attributed to the caller
+
+
+def test_memmap_in_place_of_a_sub_tensordict_view_is_refused_as_the_reference(tmp_path: Path) -> None:
+    import tensordict
+
+    for lib in (tdshare, tensordict):
+        td = lib.TensorDict(a=torch.zeros(4, 3), batch_size=[4, 3])
+        sub = td._get_sub_tensordict((slice(None), slice(0, 2)))
+        with pytest.raises(RuntimeError, match="Converting a sub-tensordict values to memmap cannot be done"):
+            sub.memmap_(tmp_path / lib.__name__)
+        assert not os.path.exists(tmp_path / lib.__name__ / "meta.json")
+        copy = sub.memmap(tmp_path / f"{lib.__name__}-copy", copy_existing=True)
+        assert copy.is_memmap() and copy["a"].shape == (4, 2)
