@@ -270,16 +270,19 @@ class NotSupportedError(TdshareError, NotImplementedError):
     """
 
 
-class KeyTypeError(TdshareError, TypeError):
-    """A key that is neither a string nor a non-empty tuple of strings.
+class KeyTypeError(TdshareError, TypeError, KeyError):
+    """A key that is neither a string nor a non-empty tuple of strings: a ``TypeError``, and the
+    ``KeyError`` the reference raises there (``get``, ``set``, ``pop`` of ``3`` or ``()``).
 
     >>> from tdshare import TensorDict
     >>> try:
     ...     TensorDict(a=torch.zeros(2), batch_size=[2]).get(3)
-    ... except TypeError as err:  # KeyTypeError is a TypeError
-    ...     print(type(err).__name__)
-    KeyTypeError
+    ... except KeyError as err:  # KeyTypeError is a KeyError and a TypeError
+    ...     print(type(err).__name__, isinstance(err, TypeError))
+    KeyTypeError True
     """
+
+    __str__ = Exception.__str__  # the message as written (a KeyError would quote it)
 
 
 class ContainsKeyTypeError(KeyTypeError, RuntimeError):

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import tdshare
 from tdshare import _errors
@@ -302,3 +303,17 @@ def test_make_memmap_from_tensor_of_a_list_is_an_argument_type_error(tmp_path: P
     with pytest.raises(tdshare.ArgumentTypeError, match=r"expects a torch.Tensor, got list"):
         td.make_memmap_from_tensor("k", [1, 2])  # type: ignore[arg-type]
     assert "k" not in td.keys() and not (tmp_path / "k.memmap").exists()
+
+
+@pytest.mark.parametrize("call", ["get", "set", "pop"])
+def test_a_key_of_the_wrong_type_is_a_key_error_as_in_the_reference(call: str) -> None:
+    import tensordict
+
+    for lib, error in ((tdshare, tdshare.KeyTypeError), (tensordict, KeyError)):
+        td = lib.TensorDict(a=torch.zeros(2))
+        args: tuple = (5, torch.zeros(2)) if call == "set" else (5,)
+        with pytest.raises(KeyError) as info:
+            getattr(td, call)(*args)
+        assert isinstance(info.value, error)
+    with pytest.raises(TypeError, match="Keys must be strings"):
+        tdshare.TensorDict(a=torch.zeros(2)).get(5)
