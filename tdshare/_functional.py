@@ -99,7 +99,8 @@ def cat(input: Sequence[Any], dim: int = 0, *, out: Any = None) -> Any:
 def lazy_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs: Any) -> Any:
     """A :class:`LazyStackedTensorDict` of the tensordicts along ``dim`` (nothing is copied).
 
-    Tensorclass instances are stacked densely (``torch.stack``): an instance of their class.
+    Instances of one tensorclass give an instance of that class around a lazy stack of their
+    tensordicts.
 
     >>> import tdshare
     >>> a = tdshare.TensorDict(x=torch.zeros(2), batch_size=[])
@@ -108,9 +109,7 @@ def lazy_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs:
     'LazyStackedTensorDict'
     """
     items = _check_list(input, "lazy_stack")
-    if is_tensorclass(items[0]):  # a tdshare tensorclass holds a dense tensordict
-        return into(out, torch.stack(items, dim))
-    return into(out, LazyStackedTensorDict(*items, stack_dim=dim, **kwargs))
+    return LazyStackedTensorDict.lazy_stack(items, dim, out=out, **kwargs)  # instances: their class around one
 
 
 def maybe_dense_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs: Any) -> Any:

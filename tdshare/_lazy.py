@@ -62,6 +62,21 @@ def into(out: Any, result: Any) -> Any:
     return out
 
 
+def wrapped_stack(values: Sequence[Any], dim: int, **kwargs: Any) -> Any:
+    """Instances of one registered class around a collection (a tensorclass), stacked lazily: that
+    class around a lazy stack of their tensordicts; None for anything else."""
+    kind = kind_of(values[0]) if values else None
+    if kind is None or kind.unwrap is None or kind.wrap is None or kind.layout == STACK:
+        return None
+    if any(kind_of(v) is not kind for v in values):
+        return None
+    parts = [kind.unwrap(v) for v in values]
+    inner = [p[0] for p in parts]
+    if not all(isinstance(i, TensorDictBase) for i in inner):
+        return None
+    return kind.wrap(LazyStackedTensorDict(*inner, stack_dim=dim, **kwargs), parts[0][1])
+
+
 def _holds_collection(td: Any, key: str) -> bool:
     """Whether ``td``'s entry ``key`` is a tensordict (in every member, for a lazy stack)."""
     stack = td._stack_parts()
@@ -177,6 +192,9 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
         >>> LazyStackedTensorDict.lazy_stack([TensorDict(batch_size=[2])] * 3, 1).batch_size
         torch.Size([2, 3])
         """
+        wrapped = wrapped_stack(list(tds), dim, **kwargs)
+        if wrapped is not None:  # instances of one tensorclass: that class around a lazy stack of theirs
+            return into(out, wrapped)
         return into(out, cls(*tds, stack_dim=dim, **kwargs))
 
     @classmethod
@@ -372,6 +390,9 @@ class LazyStackedTensorDict(LazyStackOps, LazyStackMemmap, LazyIndexOps, RaggedR
         d = self._stack_dim
         if all(isinstance(v, TensorDictBase) for v in values):
             return LazyStackedTensorDict(*values, stack_dim=d)
+        wrapped = wrapped_stack(values, d)
+        if wrapped is not None:
+            return wrapped
         if all(isinstance(v, NonTensorData) for v in values):
             return stack_non_tensor(values, [td.batch_size for td in self._members], d, True)
         if all(isinstance(v, torch.Tensor) for v in values):

@@ -15,6 +15,7 @@ import torch
 
 from ._errors import InvalidArgumentError
 from ._keys import NestedKey
+from ._lazy import dense_compatible, wrapped_stack
 from ._tensorclass_options import annotations_of
 from ._tensordict import TensorDict
 from ._tensordict_base import TensorDictBase
@@ -80,7 +81,7 @@ class TensorClassBuild:
         """An instance stacking the dicts (or instances) of ``input`` along a new first dim.
 
         The arguments are those of :meth:`tdshare.TensorDict.from_list`; ``lazy`` is accepted and
-        the stack is dense (a tensorclass holds a dense tensordict).
+        the rows are stacked densely.
 
         Raises:
             InvalidArgumentError: an empty list, or ``batch_size[0]`` is not its length.
@@ -148,23 +149,25 @@ class TensorClassBuild:
 
     @classmethod
     def lazy_stack(cls: type[T], input: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs: Any) -> T:
-        """The stack of instances of the class along ``dim``: a dense one, as a tensorclass holds a
-        dense tensordict (the keywords of ``LazyStackedTensorDict.lazy_stack`` are accepted).
+        """The instances stacked lazily along ``dim``: an instance of the class around a
+        :class:`tdshare.LazyStackedTensorDict` of their tensordicts (nothing is copied; the keywords
+        of ``LazyStackedTensorDict.lazy_stack`` are accepted).
 
         >>> import torch, tdshare
         >>> @tdshare.tensorclass
         ... class Obs:
         ...     x: torch.Tensor
-        >>> obs = Obs(x=torch.zeros(3), batch_size=[3])
-        >>> type(Obs.lazy_stack([obs, obs])).__name__
-        'Obs'
+        >>> both = Obs.lazy_stack([Obs(x=torch.zeros(2), batch_size=[]), Obs(x=torch.ones(3), batch_size=[])])
+        >>> type(both).__name__, type(both._tensordict).__name__, both[1].x.tolist()
+        ('Obs', 'LazyStackedTensorDict', [1.0, 1.0, 1.0])
         """
-        del kwargs
-        return _into(out, torch.stack(_of_class(cls, input, "lazy_stack"), dim))
+        stacked = wrapped_stack(_of_class(cls, input, "lazy_stack"), dim, **kwargs)
+        return _into(out, stacked)
 
     @classmethod
     def maybe_dense_stack(cls: type[T], input: Sequence[Any], dim: int = 0, *, out: Any = None, **kwargs: Any) -> T:
-        """The stack of instances of the class along ``dim`` (dense: see :meth:`lazy_stack`).
+        """The instances stacked along ``dim``: densely when their fields agree in shape, else lazily
+        (see :meth:`lazy_stack`).
 
         >>> import torch, tdshare
         >>> @tdshare.tensorclass
@@ -174,8 +177,10 @@ class TensorClassBuild:
         >>> Obs.maybe_dense_stack([obs, obs]).batch_size
         torch.Size([2, 3])
         """
-        del kwargs
-        return _into(out, torch.stack(_of_class(cls, input, "maybe_dense_stack"), dim))
+        items = _of_class(cls, input, "maybe_dense_stack")
+        if not dense_compatible(items):
+            return cls.lazy_stack(items, dim, out=out, **kwargs)  # type: ignore[attr-defined]
+        return _into(out, torch.stack(items, dim))
 
 
 def _of_class(cls: type, input: Sequence[Any], what: str) -> list[Any]:

@@ -162,7 +162,7 @@ class TensorClassOps(TensorClassIO, TensorClassState, TensorClassBuild):
         """
         if not isinstance(td, TensorDictBase):
             raise ArgumentTypeError(f"{cls.__name__}.from_tensordict expects a TensorDict, got {type(td).__name__}.")
-        unknown = [k for k in td._tensordict if k not in cls.__tdshare_fields__]
+        unknown = [k for k in td.keys() if k not in cls.__tdshare_fields__]  # (a lazy stack has no one level)
         if unknown:
             raise FieldError(
                 f"{cls.__name__}.from_tensordict: the keys {unknown} are not fields of {cls.__name__} "
@@ -196,7 +196,7 @@ class TensorClassOps(TensorClassIO, TensorClassState, TensorClassBuild):
     def _set_field(self, name: str, value: Any, inplace: bool = False) -> None:
         td = self._tensordict
         if value is None:  # a None field has no entry, as in the reference
-            if name in td._tensordict:
+            if name in td.keys():
                 td.pop(name)
             return
         value = stored_value(type(self), type(self).__tdshare_options__, name, value, td.batch_size)
@@ -209,7 +209,7 @@ class TensorClassOps(TensorClassIO, TensorClassState, TensorClassBuild):
         # only called when normal lookup fails: fields (no class attributes) and TensorDict methods
         td = self.__dict__.get("_tensordict")
         if td is not None and name in type(self).__tdshare_fields__:  # private field names too (``_c``)
-            leaf = td._tensordict.get(name)
+            leaf = td._tensordict.get(name) if td._stack_parts() is None else td._get_leaf((name,), None)
             return leaf.data if isinstance(leaf, NonTensorData) else leaf
         if td is None or name.startswith("_"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -239,8 +239,10 @@ class TensorClassOps(TensorClassIO, TensorClassState, TensorClassBuild):
         else:
             object.__delattr__(self, name)
 
-    def get(self, key: NestedKey, default: Any = _NO_DEFAULT) -> Any:
-        """The value of the field ``key`` (a nested key reads inside a nested field).
+    def get(self, key: NestedKey, default: Any = _NO_DEFAULT, **options: Any) -> Any:
+        """The value of the field ``key`` (a nested key reads inside a nested field); the keywords of
+        :meth:`tdshare.TensorDict.get` (``as_list=``, ``as_padded_tensor=``...) read through the
+        instance's tensordict (a lazy stack's ragged entries).
 
         Returns:
             The field's value (None for a field that is unset), or ``default`` (None if not given,
@@ -258,6 +260,9 @@ class TensorClassOps(TensorClassIO, TensorClassState, TensorClassBuild):
         'a'
         """
         parts = unravel_key(key)
+        if options:  # as_list=, as_padded_tensor=, as_nested_tensor=...: the tensordict reads them
+            self._field_key(key)
+            return self._tensordict.get(key, None if default is _NO_DEFAULT else default, **options)
         if parts[0] not in type(self).__tdshare_fields__:
             if len(parts) == 1 and isinstance(getattr(type(self), parts[0], None), property):
                 return getattr(self, parts[0])  # as the reference: get("batch_size") reads the property
@@ -585,7 +590,7 @@ def _rewrap(tc: Any, result: Any) -> Any:
         return tc
     if isinstance(result, TensorDictFuture):  # memmap*(return_early=True): the future of an instance
         return TensorDictFuture(result.futures, _rewrap(tc, result.resulting_td))
-    if isinstance(result, TensorDictBase) and all(k in type(tc).__tdshare_fields__ for k in result._tensordict):
+    if isinstance(result, TensorDictBase) and all(k in type(tc).__tdshare_fields__ for k in result.keys()):
         return type(tc)._from_tensordict(result)
     if isinstance(result, tuple) and result and all(isinstance(r, TensorDictBase) for r in result):
         items = [_rewrap(tc, r) for r in result]

@@ -280,3 +280,60 @@ def test_comparing_with_a_number_leaves_non_tensor_fields_out() -> None:
     assert (row == 0).all() and not (row != 0).any()
     ref = tensordict.TensorDict(x=torch.zeros(2, 3), z=["a", "b"], batch_size=[2])
     assert (ref == 0).all() and (TensorDict(x=torch.zeros(2, 3), z=["a", "b"], batch_size=[2]) == 0).all()
+
+
+# -- a tensorclass around a lazy stack ------------------------------------------------------------
+def _nested_pair(lib: Any) -> tuple[Any, Any, type]:
+    @lib.tensorclass
+    class Nested:
+        X: torch.Tensor
+        z: str
+        y: Any = None
+
+    def make(x: torch.Tensor) -> Any:
+        inner = Nested(X=x, z="t", batch_size=[3, 4])
+        return Nested(X=x, y=inner, z="t", batch_size=[3, 4])
+
+    return make(torch.ones(3, 4, 5)), make(torch.zeros(3, 4, 4)), Nested
+
+
+@pytest.mark.parametrize("how", ["lazy_stack", "maybe_dense_stack", "functional", "class"])
+def test_instances_stack_lazily_into_their_class_as_the_reference(how: str) -> None:
+    for lib in (tdshare, tensordict):
+        a, b, cls = _nested_pair(lib)
+        if how == "functional":
+            out = lib.lazy_stack([a, b])
+        elif how == "class":
+            if lib is tensordict:
+                continue
+            out = cls.lazy_stack([a, b])
+        else:
+            out = getattr(lib.LazyStackedTensorDict, how)([a, b], 0)
+        assert type(out) is cls and isinstance(out._tensordict, lib.LazyStackedTensorDict)
+        assert type(out.y) is cls and isinstance(out.y._tensordict, lib.LazyStackedTensorDict)
+        assert out.batch_size == torch.Size([2, 3, 4])
+        assert out[0].X.shape == (3, 4, 5) and out[1].y.X.shape == (3, 4, 4) and (out[0].y.X == 1).all()
+
+
+def test_to_lazystack_and_from_tensordict_of_a_lazy_stack_read_ragged_fields() -> None:
+    class Pair(TensorClass):
+        foo: torch.Tensor
+        bar: torch.Tensor
+
+    tc = Pair(foo=torch.zeros(1, 2), bar=torch.ones(1, 2), batch_size=[1, 2])
+    lazy = tc.to_lazystack(1)
+    assert type(lazy) is Pair and isinstance(lazy._tensordict, tdshare.LazyStackedTensorDict)
+    assert lazy.foo.shape == (1, 2) and lazy[0, 1].bar.item() == 1.0
+
+    class Ragged(TensorClass):
+        X: torch.Tensor
+        y: torch.Tensor
+        z: str
+
+    stack = tdshare.LazyStackedTensorDict(
+        TensorDict(X=torch.ones(3), y=0, z="s"), TensorDict(X=torch.ones(2) * 2, y=0, z="s")
+    )
+    obj = Ragged.from_tensordict(stack)
+    assert isinstance(obj.get("X", as_list=True), list) and obj.get("X", as_nested_tensor=True).is_nested
+    padded = obj.get("X", as_padded_tensor=True)
+    assert padded.shape == (2, 3) and padded[1, -1] == 0 and obj[1].X.tolist() == [2.0, 2.0]
